@@ -1,0 +1,507 @@
+"""Channel layer tests: in-process twins as unit tests, the remote channels on real clusters.
+
+Receivers run as small Dask actors (their sync methods block the worker's actor thread, not
+its event loop), senders and publishers as plain tasks or actors on other workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+import zlib
+
+import cloudpickle
+import numpy as np
+import pytest
+import torch
+from distributed import Client, LocalCluster, Security, get_worker
+from distributed.comm import connect
+
+from tianji_dask.channels import (
+    ChannelError,
+    ChannelPlugin,
+    ChannelService,
+    Item,
+    LocalQueue,
+    LocalTopic,
+    QueueSender,
+    TopicPublisher,
+)
+
+# Workers cannot import this test module: ship its helpers by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+KIB = 1024
+
+
+# ---------------------------------------------------------------------------- helpers
+def make_payload(sender: str, seq: int, nbytes: int) -> dict:
+    """Deterministic item of about ``nbytes`` bytes: mixed dtypes, shapes and a strided view."""
+    rng = np.random.default_rng([zlib.crc32(sender.encode()), seq])
+    n = max(1, nbytes // 4 - 16)
+    return {
+        "obs": rng.standard_normal(n, dtype=np.float32),
+        "act": rng.integers(0, 1 << 40, size=(2, 3), dtype=np.int64),
+        "done": np.array([seq % 2 == 0, True]),
+        "seq": np.array([seq], dtype=np.uint32),
+    }
+
+
+def payload_matches(item: Item) -> bool:
+    want = make_payload(item.sender, item.seq, 4 * (len(item.payload["obs"]) + 16))
+    got = item.payload
+    return set(got) == set(want) and all(
+        got[k].dtype == want[k].dtype and got[k].shape == want[k].shape and np.array_equal(got[k], want[k])
+        for k in want
+    )
+
+
+class Receiver:
+    """Actor that owns one queue inbox on its worker."""
+
+    def __init__(self, name: str, capacity_bytes: int):
+        self.name = name
+        self.service = ChannelService.current()
+        self.inbox = self.service.open_queue(name, capacity_bytes)
+
+    async def address(self) -> str:
+        return self.service.address
+
+    async def stats(self) -> dict:
+        return self.inbox.stats()
+
+    def drain(self, target=None, delay=0.0, idle=None, timeout=30.0) -> dict:
+        """Take items until ``target`` items arrived, or nothing came for ``idle`` seconds.
+        ``delay`` > 0 makes a slow consumer (one item per ``delay`` seconds)."""
+        got, bad, over = [], [], []
+        cap = self.inbox.capacity_bytes
+        start = last = time.monotonic()
+        while time.monotonic() - start < timeout:
+            queued = self.inbox.stats()["queued_bytes"]
+            if queued > cap:
+                over.append(queued)
+            items = self.inbox.get(0.05, max_items=1 if delay else None)
+            for item in items:
+                got.append((item.sender, item.seq, item.nbytes))
+                if not payload_matches(item):
+                    bad.append((item.sender, item.seq))
+            if items:
+                last = time.monotonic()
+                if delay:
+                    time.sleep(delay)
+            if target is not None and len(got) >= target:
+                break
+            if idle is not None and time.monotonic() - last > idle:
+                break
+        return {"got": got, "bad": bad, "over": over, "stats": self.inbox.stats()}
+
+    def close_channel(self) -> None:
+        self.service.close(self.name)
+
+
+class Pusher:
+    """Actor that keeps one QueueSender across calls."""
+
+    def __init__(self, address, channel, sender_id, capacity_bytes, **kw):
+        self.sender = QueueSender(address, channel, sender_id, capacity_bytes, **kw)
+        self.seq = 0
+
+    def push(self, n: int, nbytes: int) -> list:
+        out = []
+        for _ in range(n):
+            out.append(self.sender.push(make_payload(self.sender.sender_id, self.seq, nbytes)))
+            self.seq += 1
+        return out
+
+    def push_until_error(self, nbytes: int, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.sender.push(make_payload(self.sender.sender_id, self.seq, nbytes))
+            except ChannelError as exc:
+                return str(exc)
+            self.seq += 1
+            time.sleep(0.02)
+        return ""
+
+    async def stats(self) -> dict:
+        return self.sender.stats()
+
+
+class Subscriber:
+    """Actor that owns one latest-version inbox."""
+
+    def __init__(self, name: str):
+        self.service = ChannelService.current()
+        self.inbox = self.service.open_latest(name)
+
+    async def address(self) -> str:
+        return self.service.address
+
+    def watch(self, last_version: int, timeout: float) -> dict:
+        seen, bad = [], []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.inbox.probe()
+            if got is None:
+                time.sleep(0.002)
+                continue
+            version, payload = got
+            seen.append(version)
+            if not (
+                np.all(payload["w"] == version)
+                and payload["version"] == version
+                and isinstance(payload["t"], torch.Tensor)
+                and bool((payload["t"] == version).all())
+            ):
+                bad.append(version)
+            if version == last_version:
+                break
+        return {"seen": seen, "bad": bad, "stats": self.inbox.stats()}
+
+
+def send_items(address, channel, sender_id, n, nbytes, capacity, policy="wait", batch=1 << 20):
+    sender = QueueSender(address, channel, sender_id, capacity, full_policy=policy, max_batch_bytes=batch)
+    accepted = [sender.push(make_payload(sender_id, i, nbytes)) for i in range(n)]
+    sender.close(timeout=30)
+    return accepted, sender.stats()
+
+
+def publish_versions(subscribers, n, nbytes, connect_timeout=None, pause=0.0):
+    pub = TopicPublisher([tuple(s) for s in subscribers], connect_timeout=connect_timeout)
+    errors = []
+    for v in range(n):
+        payload = {
+            "w": np.full(nbytes // 8, v, dtype=np.float64),
+            "t": torch.full((16,), float(v)),
+            "version": v,
+        }
+        try:
+            pub.publish(v, payload)
+        except ChannelError as exc:
+            errors.append(str(exc))
+        if pause:
+            time.sleep(pause)
+    pub.close(timeout=30)
+    return pub.stats(), errors
+
+
+def check_order(got, senders):
+    """Per sender, sequence numbers strictly increase."""
+    for s in senders:
+        seqs = [seq for sender, seq, _ in got if sender == s]
+        assert seqs == sorted(set(seqs)), f"sender {s}: out of order or duplicated: {seqs[:20]}"
+
+
+# ---------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(
+        n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as cluster, Client(cluster) as c:
+        c.register_plugin(ChannelPlugin())
+        yield c
+
+
+@pytest.fixture
+def workers(client):
+    client.wait_for_workers(3, timeout=60)
+    return sorted(client.scheduler_info()["workers"])
+
+
+def actor(client, cls, worker, *args, **kw):
+    return client.submit(cls, *args, actor=True, workers=[worker], **kw).result(timeout=30)
+
+
+# ---------------------------------------------------------------------------- local twins
+@pytest.mark.timeout(30)
+def test_local_queue_order_capacity_and_gaps():
+    q = LocalQueue(capacity_bytes=10 * KIB, full_policy="drop_oldest")
+    sizes = []
+    for i in range(10):
+        assert q.push({"x": np.full(KIB // 8, i, dtype=np.int64)}) is True
+        sizes.append(KIB)
+    items = q.poll(max_items=3)
+    assert [it.seq for it in items] == [0, 1, 2] and items[0].sender == "local"
+    assert all(np.all(it.payload["x"] == it.seq) for it in items)
+    for i in range(10, 20):  # 7 queued + 10 new in 10 KiB: the 7 oldest go
+        q.push({"x": np.full(KIB // 8, i, dtype=np.int64)})
+    st = q.stats()
+    assert st["dropped"] == 7 and st["queued_bytes"] == 10 * KIB and st["max_queued_bytes"] <= 10 * KIB
+    rest = q.get(timeout=1)
+    assert [it.seq for it in rest] == list(range(10, 20))
+    st = q.stats()
+    assert st["seq_gaps"] == 7 and st["received_items"] == 13 and st["queued_items"] == 0
+    with pytest.raises(ValueError, match="10241 bytes exceeds capacity_bytes=10240"):
+        q.push({"x": np.zeros(10 * KIB + 1, dtype=np.uint8)})
+    assert q.get(timeout=0.05) == []
+    q.close()
+    with pytest.raises(ChannelError):
+        q.push({"x": np.zeros(1)})
+
+
+@pytest.mark.timeout(30)
+def test_local_queue_wait_blocks_until_consumer_takes():
+    q = LocalQueue(capacity_bytes=4 * KIB, full_policy="wait")
+    for i in range(4):
+        q.push({"x": np.zeros(KIB, dtype=np.uint8)})
+    done = threading.Event()
+
+    def producer():
+        q.push({"x": np.zeros(KIB, dtype=np.uint8)})
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    assert not done.wait(0.3), "push into a full 'wait' queue returned without credit"
+    assert len(q.poll(max_items=1)) == 1
+    assert done.wait(5)
+    t.join()
+    st = q.stats()
+    assert st["blocked_s"] >= 0.25 and st["dropped"] == 0 and st["queued_bytes"] == 4 * KIB
+
+
+@pytest.mark.timeout(30)
+def test_local_topic_conflation():
+    topic = LocalTopic()
+    a = topic.subscribe()
+    assert a.probe() is None
+    topic.publish(1, {"v": 1})
+    topic.publish(2, {"v": 2})
+    b = topic.subscribe()  # a late subscriber sees the last version at once
+    assert a.probe() == (2, {"v": 2}) and a.probe() is None
+    assert b.probe() == (2, {"v": 2})
+    topic.publish(1, {"v": 1})  # older than what was seen: ignored
+    assert a.probe() is None and a.stats()["stale"] == 1
+    topic.publish(5, {"v": 5})
+    assert a.probe()[0] == 5 and b.probe()[0] == 5
+    assert a.stats()["replaced"] == 1 and topic.stats()["conflated"] == 1
+    assert topic.stats()["published"] == 4
+
+
+# ---------------------------------------------------------------------------- queues
+@pytest.mark.timeout(60)
+def test_queue_order_and_payload_integrity(client, workers):
+    recv = actor(client, Receiver, workers[0], "q-order", 8 << 20)
+    addr = recv.address().result()
+    assert addr == workers[0]
+    # Small batches so the 60 items travel in many messages of several items each.
+    fut = client.submit(send_items, addr, "q-order", "s0", 60, 20 * KIB, 1 << 20, batch=64 * KIB,
+                        workers=[workers[1]], pure=False)
+    out = recv.drain(target=60, timeout=40).result()
+    accepted, sstats = fut.result(timeout=40)
+    assert all(accepted)
+    assert out["bad"] == [] and out["over"] == []
+    assert [seq for _, seq, _ in out["got"]] == list(range(60))
+    st = out["stats"]
+    assert st["received_items"] == 60 and st["seq_gaps"] == 0 and st["senders"] == {"s0": 60}
+    assert st["received_bytes"] == sstats["sent_bytes"] == sum(nb for *_, nb in out["got"])
+    assert sstats["sent_items"] == 60 and 60 > sstats["messages"] > 1
+    assert sstats["errors"] == 0  # outstanding_bytes may stay > 0: close() does not wait for credit
+    recv.close_channel().result()
+
+
+@pytest.mark.timeout(60)
+def test_queue_many_to_one(client, workers):
+    recv = actor(client, Receiver, workers[0], "q-many", 4 << 20)
+    addr = recv.address().result()
+    senders = ["a", "b", "c"]
+    futs = [
+        client.submit(send_items, addr, "q-many", s, 80, 16 * KIB, 1 << 20, workers=[w], pure=False)
+        for s, w in zip(senders, workers)  # "a" sends from the receiver's own worker
+    ]
+    out = recv.drain(target=240, timeout=45).result()
+    results = client.gather(futs)
+    assert all(all(acc) for acc, _ in results)
+    assert out["bad"] == []
+    assert len(out["got"]) == 240
+    check_order(out["got"], senders)
+    assert out["stats"]["senders"] == {s: 80 for s in senders} and out["stats"]["seq_gaps"] == 0
+    recv.close_channel().result()
+
+
+@pytest.mark.timeout(60)
+def test_queue_backpressure_wait(client, workers):
+    cap = 256 * KIB
+    recv = actor(client, Receiver, workers[0], "q-wait", cap)
+    addr = recv.address().result()
+    fut = client.submit(send_items, addr, "q-wait", "w", 40, 32 * KIB, cap, "wait",
+                        workers=[workers[1]], pure=False)
+    out = recv.drain(target=40, delay=0.02, timeout=40).result()
+    accepted, sstats = fut.result(timeout=40)
+    assert all(accepted) and len(out["got"]) == 40 and out["bad"] == []
+    assert out["over"] == [] and out["stats"]["max_queued_bytes"] <= cap
+    assert sstats["blocked_s"] > 0 and sstats["dropped"] == 0
+    recv.close_channel().result()
+
+
+@pytest.mark.timeout(60)
+def test_queue_backpressure_drop_oldest(client, workers):
+    cap, n = 128 * KIB, 100
+    recv = actor(client, Receiver, workers[0], "q-drop", cap)
+    addr = recv.address().result()
+    fut = client.submit(send_items, addr, "q-drop", "d", n, 16 * KIB, cap, "drop_oldest",
+                        workers=[workers[1]], pure=False)
+    out = recv.drain(delay=0.01, idle=3.0, timeout=40).result()
+    accepted, sstats = fut.result(timeout=40)
+    got_seqs = [seq for _, seq, _ in out["got"]]
+    assert out["bad"] == [] and out["over"] == [] and out["stats"]["max_queued_bytes"] <= cap
+    assert got_seqs == sorted(set(got_seqs))
+    assert sstats["dropped"] > 0
+    assert len(got_seqs) + sstats["dropped"] == n
+    assert sum(accepted) + accepted.count(False) == n
+    # A dropped item at the very end leaves no gap the receiver can see.
+    trailing = n - 1 - max(got_seqs)
+    assert out["stats"]["seq_gaps"] == sstats["dropped"] - trailing
+    assert out["stats"]["seq_gaps"] == sum(b - a - 1 for a, b in zip([-1] + got_seqs, got_seqs))
+    recv.close_channel().result()
+
+
+@pytest.mark.timeout(60)
+def test_queue_error_when_channel_closed_or_unknown(client, workers):
+    recv = actor(client, Receiver, workers[1], "q-close", 1 << 20)
+    addr = recv.address().result()
+    pusher = actor(client, Pusher, workers[2], addr, "q-close", "p", 1 << 20)
+    assert pusher.push(3, KIB).result() == [True] * 3
+    assert len(recv.drain(target=3, timeout=20).result()["got"]) == 3
+    recv.close_channel().result()
+    msg = pusher.push_until_error(KIB, 20).result()
+    assert "closed" in msg and addr in msg and "q-close" in msg
+
+    ghost = actor(client, Pusher, workers[2], addr, "no-such-channel", "g", 1 << 20)
+    msg = ghost.push_until_error(KIB, 20).result()
+    assert "no open channel 'no-such-channel'" in msg and addr in msg
+
+    nobody = actor(client, Pusher, workers[0], "tcp://127.0.0.1:9", "x", "n", 1 << 20, connect_timeout=0.5)
+    msg = nobody.push_until_error(KIB, 20).result()
+    assert "cannot connect" in msg and "tcp://127.0.0.1:9" in msg
+
+
+async def _raw_exchange(address: str, messages: list) -> list:
+    """Speak the wire protocol by hand; returns what the receiver answered."""
+    comm = await connect(address)
+    replies = []
+    try:
+        for msg in messages:
+            await comm.write(msg)
+            replies.append(await asyncio.wait_for(comm.read(), 10))
+    except Exception as exc:  # the receiver may close right after its error reply
+        replies.append(repr(exc))
+    finally:
+        comm.abort()
+    return replies
+
+
+async def _die_now():
+    os._exit(1)
+
+
+def raw_exchange(address, messages):
+    return asyncio.run(_raw_exchange(address, messages))
+
+
+@pytest.mark.timeout(60)
+def test_malformed_messages_are_refused_not_fatal(client, workers):
+    recv = actor(client, Receiver, workers[0], "q-mal", 1 << 20)
+    addr = recv.address().result()
+    hs = {"op": "tianji_channel", "reply": False}
+
+    def run(messages):
+        return client.submit(raw_exchange, addr, messages, workers=[workers[1]], pure=False).result(30)
+
+    (reply, *_) = run([dict(hs, sender="x", kind="queue")])
+    assert "without a 'channel'" in reply["error"]
+    (reply, *_) = run([dict(hs, channel="q-mal", sender="x", kind="bogus")])
+    assert "unknown kind" in reply["error"]
+    (reply, *_) = run([dict(hs, channel="q-mal", kind="latest", sender="x")])
+    assert "not a 'latest' channel" in reply["error"]
+    window, reply, *_ = run([dict(hs, channel="q-mal", sender="x", kind="queue"), {"items": [[0, "x", 1]]}])
+    assert window == {"window": 1 << 20}
+    assert "malformed message" in reply["error"] and "q-mal" in reply["error"]
+    # The worker and the channel still work.
+    fut = client.submit(send_items, addr, "q-mal", "ok", 5, KIB, 1 << 20, workers=[workers[2]], pure=False)
+    out = recv.drain(target=5, timeout=20).result()
+    fut.result(timeout=20)
+    assert len(out["got"]) == 5 and out["bad"] == [] and out["stats"]["connected"] == 0
+    recv.close_channel().result()
+
+
+# ---------------------------------------------------------------------------- topics
+@pytest.mark.timeout(60)
+def test_topic_conflation_two_subscribers(client, workers):
+    subs = [actor(client, Subscriber, w, "params") for w in workers[1:]]
+    pairs = [(s.address().result(), "params") for s in subs]
+    n = 200
+    watches = [s.watch(n - 1, 40) for s in subs]
+    stats, errors = client.submit(publish_versions, pairs, n, 256 * KIB, workers=[workers[0]], pure=False).result(45)
+    assert errors == []
+    for w in watches:
+        out = w.result(timeout=45)
+        assert out["seen"] and out["seen"][-1] == n - 1
+        assert out["seen"] == sorted(set(out["seen"])), "probe went back to an older version"
+        assert out["bad"] == []
+        assert out["stats"]["version"] == n - 1
+    assert stats["published"] == n and stats["errors"] == 0
+    assert stats["sent"] + stats["conflated"] == n * len(subs)
+    assert stats["conflated"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_topic_failed_subscriber_does_not_stop_others(client, workers):
+    sub = actor(client, Subscriber, workers[1], "params-2")
+    good = (sub.address().result(), "params-2")
+    dead = ("tcp://127.0.0.1:9", "params-2")
+    watch = sub.watch(49, 40)
+    stats, errors = client.submit(
+        publish_versions, [good, dead], 50, KIB, 0.5, 0.02, workers=[workers[0]], pure=False
+    ).result(45)
+    out = watch.result(timeout=45)
+    assert out["seen"][-1] == 49 and out["bad"] == []
+    assert stats["errors"] == 1 and len(errors) == 1  # reported once, by one publish
+    assert "tcp://127.0.0.1:9" in errors[0] and "params-2" in errors[0]
+    assert stats["subscribers"] == 1
+
+
+# ---------------------------------------------------------------------------- peer death
+@pytest.mark.timeout(90)
+def test_queue_error_after_receiving_worker_dies(client, workers):
+    victim = workers[2]
+    recv = actor(client, Receiver, victim, "q-dead", 1 << 20)
+    addr = recv.address().result()
+    pusher = actor(client, Pusher, workers[1], addr, "q-dead", "p", 1 << 20)
+    assert pusher.push(3, KIB).result() == [True] * 3
+    assert len(recv.drain(target=3, timeout=20).result()["got"]) == 3
+    client.run(_die_now, workers=[victim], wait=False)  # hard kill, no task retry
+    msg = pusher.push_until_error(KIB, 30).result()
+    assert "connection lost" in msg and addr in msg and "q-dead" in msg
+    assert pusher.stats().result()["errors"] == 1
+    client.wait_for_workers(3, timeout=60)  # the nanny restarts it for the next tests
+
+
+# ---------------------------------------------------------------------------- TLS
+@pytest.mark.timeout(90)
+def test_tls_cluster_moves_items():
+    sec = Security.temporary()
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=None, protocol="tls://", security=sec,
+    ) as cluster, Client(cluster, security=sec) as c:
+        c.register_plugin(ChannelPlugin())
+        ws = sorted(c.scheduler_info()["workers"])
+        assert all(w.startswith("tls://") for w in ws)
+        recv = actor(c, Receiver, ws[0], "q-tls", 1 << 20)
+        addr = recv.address().result()
+        assert addr.startswith("tls://")
+        fut = c.submit(send_items, addr, "q-tls", "t", 20, 8 * KIB, 256 * KIB, workers=[ws[1]], pure=False)
+        out = recv.drain(target=20, timeout=40).result()
+        accepted, sstats = fut.result(timeout=40)
+        assert all(accepted) and out["bad"] == [] and len(out["got"]) == 20
+        assert [seq for _, seq, _ in out["got"]] == list(range(20))
+        sub = actor(c, Subscriber, ws[1], "params-tls")
+        watch = sub.watch(9, 30)
+        stats, errors = c.submit(publish_versions, [(sub.address().result(), "params-tls")], 10, KIB,
+                                 workers=[ws[0]], pure=False).result(40)
+        assert errors == [] and watch.result(timeout=40)["seen"][-1] == 9

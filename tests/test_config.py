@@ -1,0 +1,438 @@
+"""Unit tests for tianji_dask.config: the shipped config, overrides, round trips, and error texts.
+
+Every bad input must raise ConfigError (never a raw pydantic ValidationError or a YAML
+traceback) whose message names the dotted field, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tianji_dask.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    check_env,
+    default_config_path,
+    load_config,
+    parse_override,
+    read_config_file,
+    validate_config,
+)
+
+SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "cartpole_dqn.yaml"
+
+
+def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_text(overrides=(), *, path: Path = SHIPPED, env: bool = False) -> str:
+    """The message of the ConfigError that loading ``path`` with ``overrides`` raises."""
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides), check_env=env)
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# The shipped config
+# --------------------------------------------------------------------------------------------
+
+
+def test_shipped_config_loads_with_documented_values():
+    config = load_config(SHIPPED)  # builds CartPole once, checks the (cpu) device
+    assert config.seed == 0
+    assert (config.env.id, config.env.num_envs) == ("CartPole-v1", 8)
+    algo = config.algo
+    assert (algo.name, algo.gamma, algo.lr, algo.batch_size) == ("dqn", 0.99, 0.0023, 64)
+    assert (algo.buffer_size, algo.learning_starts) == (100_000, 1000)
+    assert (algo.train_freq, algo.gradient_steps, algo.target_update_interval) == (256, 128, 10)
+    assert (algo.exploration_initial_eps, algo.exploration_final_eps) == (1.0, 0.04)
+    assert algo.exploration_steps == 8000 and algo.hidden_sizes == [256, 256]
+    assert (algo.max_grad_norm, algo.ratio_tolerance) == (10.0, 0.25)
+    assert (config.topology.actors, config.topology.torch_threads) == (1, 1)
+    assert (config.channel.chunk_steps, config.channel.capacity_mb) == (32, 16.0)
+    assert config.channel.full_policy == "wait"
+    assert (config.learner.publish_interval, config.learner.device) == (10, "cpu")
+    assert (config.stop.target_return, config.stop.max_env_steps) == (300.0, 200_000)
+    assert config.stop.max_seconds == 600
+    assert (config.run.metrics_interval, config.run.heartbeat_timeout) == (0.5, 5.0)
+    assert config.run.checkpoint is True
+
+
+def test_derived_values():
+    config = load_config(SHIPPED, check_env=False)
+    assert config.algo.target_replay_ratio == 128 * 64 / 256 == 32.0
+    assert config.channel.capacity_bytes == 16_000_000
+    config = load_config(SHIPPED, ["channel.capacity_mb=0.5"], check_env=False)
+    assert config.channel.capacity_bytes == 500_000
+
+
+def test_packaged_default_is_identical_to_configs_copy():
+    assert default_config_path().is_file()
+    assert default_config_path().read_bytes() == SHIPPED.read_bytes()
+
+
+def test_model_defaults_match_shipped_file():
+    # Sections left out of a file take the model defaults; they must agree with the shipped file.
+    shipped = load_config(SHIPPED, check_env=False)
+    minimal = {
+        "env": {"id": "CartPole-v1"},
+        "algo": {"name": "dqn"},
+        "stop": shipped.stop.model_dump(),
+    }
+    assert validate_config(minimal) == shipped
+
+
+def test_header_says_how_to_run():
+    assert "tianji-dask train configs/cartpole_dqn.yaml" in SHIPPED.read_text()
+
+
+def test_check_env_returns_spaces():
+    observation_space, action_space = check_env(load_config(SHIPPED, check_env=False))
+    assert action_space.n == 2 and observation_space.shape == (4,)
+
+
+# --------------------------------------------------------------------------------------------
+# Overrides
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, path, value",
+    [
+        ("algo.lr=1e-3", ["algo", "lr"], 0.001),  # YAML 1.1 would give the string "1e-3"
+        ("algo.lr=2.5E-4", ["algo", "lr"], 0.00025),
+        ("stop.target_return=null", ["stop", "target_return"], None),
+        ("run.checkpoint=false", ["run", "checkpoint"], False),
+        ("algo.hidden_sizes=[64,64]", ["algo", "hidden_sizes"], [64, 64]),
+        ("env={id: Acrobot-v1, num_envs: 2}", ["env"], {"id": "Acrobot-v1", "num_envs": 2}),
+        ("env.id=MountainCar-v0", ["env", "id"], "MountainCar-v0"),
+        (" seed = 7", ["seed"], 7),
+        ("learner.device=cuda:1", ["learner", "device"], "cuda:1"),
+    ],
+)
+def test_parse_override(text, path, value):
+    assert parse_override(text) == (path, value)
+
+
+def test_apply_overrides_returns_new_dict_and_later_wins():
+    data = read_config_file(SHIPPED)
+    before = json.dumps(data, sort_keys=True)
+    out = apply_overrides(data, ["algo.lr=0.1", "algo.lr=0.2", (["topology", "actors"], 3)])
+    assert out["algo"]["lr"] == 0.2 and out["topology"]["actors"] == 3
+    assert json.dumps(data, sort_keys=True) == before  # input untouched
+
+
+def test_apply_overrides_sets_keys_the_file_leaves_out():
+    data = {"env": {"id": "CartPole-v1"}, "algo": {"name": "dqn"}, "stop": None}
+    out = apply_overrides(data, ["stop.max_seconds=10", "channel.full_policy=drop_oldest"])
+    assert out["stop"] == {"max_seconds": 10}
+    assert out["channel"] == {"full_policy": "drop_oldest"}
+    assert validate_config(out).channel.full_policy == "drop_oldest"
+
+
+def test_overrides_nested_lists_and_null():
+    config = load_config(
+        SHIPPED,
+        [
+            "algo.lr=1e-3",
+            "algo.hidden_sizes=[64, 64]",
+            "stop.target_return=null",
+            "topology.actors=4",
+            "learner.device=cpu",
+        ],
+        check_env=False,
+    )
+    assert config.algo.lr == 0.001
+    assert config.algo.hidden_sizes == [64, 64]
+    assert config.stop.target_return is None
+    assert config.topology.actors == 4
+
+
+@pytest.mark.parametrize("env_id", ["Acrobot-v1", "MountainCar-v0"])
+def test_switching_env_id_validates(env_id):
+    config = load_config(SHIPPED, [f"env.id={env_id}"])  # check_env builds it
+    assert config.env.id == env_id
+
+
+def test_setting_algo_name_is_allowed():
+    assert load_config(SHIPPED, ["algo.name=dqn"], check_env=False).algo.name == "dqn"
+
+
+def test_yaml_file_reads_exponent_floats(tmp_path):
+    text = SHIPPED.read_text().replace("lr: 0.0023", "lr: 1e-3")
+    assert load_config(write(tmp_path, text), check_env=False).algo.lr == 0.001
+
+
+# --------------------------------------------------------------------------------------------
+# Round trips
+# --------------------------------------------------------------------------------------------
+
+
+def test_model_dump_yaml_round_trips(tmp_path):
+    config = load_config(SHIPPED, ["algo.lr=1e-5", "stop.max_seconds=null"], check_env=False)
+    again = load_config(write(tmp_path, config.model_dump_yaml()), check_env=False)
+    assert again == config
+    assert again.model_dump_yaml() == config.model_dump_yaml()
+
+
+def test_to_json_round_trips():
+    config = load_config(SHIPPED, check_env=False)
+    text = config.to_json()
+    assert "\n" not in text
+    assert validate_config(json.loads(text)) == config
+
+
+# --------------------------------------------------------------------------------------------
+# Bad inputs: each names the dotted field, the value and what is allowed
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        pytest.param(
+            ["algo.batch_size='64'"], ["algo.batch_size='64'", "valid integer"],
+            id="string-for-int",
+        ),
+        pytest.param(["env.num_envs=true"], ["env.num_envs=true", "valid integer"], id="bool-for-int"),
+        pytest.param(["algo.lr=-1e-3"], ["algo.lr=-0.001", "greater than 0"], id="negative-lr"),
+        pytest.param(["algo.gamma=1.5"], ["algo.gamma=1.5", "less than or equal to 1"], id="gamma>1"),
+        pytest.param(["algo.gamma=.nan"], ["algo.gamma=nan", "finite"], id="nan"),
+        pytest.param(
+            ["algo.exploration_final_eps=0.5", "algo.exploration_initial_eps=0.3"],
+            ["algo.exploration_final_eps=0.5", "algo.exploration_initial_eps=0.3",
+             "0 <= final <= initial <= 1"],
+            id="final-eps>initial",
+        ),
+        pytest.param(
+            ["algo.learning_starts=50"],
+            ["algo.learning_starts=50 is below algo.batch_size=64: the first update needs at "
+             "least one full batch; raise learning_starts to >= 64"],
+            id="learning_starts<batch",
+        ),
+        pytest.param(
+            ["algo.learning_starts=200000"],
+            ["algo.learning_starts=200000 is above algo.buffer_size=100000",
+             "lower learning_starts to <= 100000"],
+            id="learning_starts>buffer",
+        ),
+        pytest.param(
+            ["algo.buffer_size=32", "algo.learning_starts=32"],
+            ["algo.buffer_size=32 is below algo.batch_size=64", "raise buffer_size to >= 64"],
+            id="buffer<batch",
+        ),
+        pytest.param(
+            ["algo.name=ppo"], ["algo.name='ppo'", "not a known algorithm", "allowed names: 'dqn'"],
+            id="unknown-algo",
+        ),
+        pytest.param(
+            ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=null"],
+            ["stop:", "all null", "never stop", "set at least one"],
+            id="no-stop-criterion",
+        ),
+        pytest.param(
+            ["stop.max_env_steps=500"],
+            ["stop.max_env_steps=500 is below algo.learning_starts=1000", "before the first update"],
+            id="stop-before-first-update",
+        ),
+        pytest.param(
+            ["run.heartbeat_timeout=1.0"],
+            ["run.heartbeat_timeout=1.0", "must be > 2 * run.metrics_interval = 2 * 0.5 = 1.0"],
+            id="heartbeat-too-small",
+        ),
+        pytest.param(
+            ["channel.full_policy=block"],
+            ["channel.full_policy='block'", "'wait' or 'drop_oldest'"],
+            id="full_policy",
+        ),
+        pytest.param(
+            ["channel.capacity_mb=0"], ["channel.capacity_mb=0", "greater than 0"], id="capacity"
+        ),
+        pytest.param(
+            ["algo.ratio_tolerance=1.0"], ["algo.ratio_tolerance=1.0", "less than 1"],
+            id="ratio_tolerance",
+        ),
+        pytest.param(
+            ["algo.hidden_sizes=[64, 0]"], ["algo.hidden_sizes[1]=0", "greater than 0"],
+            id="hidden-size-zero",
+        ),
+        pytest.param(
+            ["algo.hidden_sizes=[]"], ["algo.hidden_sizes=[]", "at least 1 item"],
+            id="hidden-sizes-empty",
+        ),
+        pytest.param(
+            ["learner.device=gpu"], ["learner.device='gpu'", "'cpu', 'cuda' or 'cuda:N'"],
+            id="device-form",
+        ),
+        pytest.param(["env=5"], ["env=5", "must be a section"], id="section-not-mapping"),
+        pytest.param(["seed=-1"], ["seed=-1", "greater than or equal to 0"], id="negative-seed"),
+    ],
+)
+def test_bad_values(overrides, expected):
+    message = error_text(overrides)
+    for fragment in expected:
+        assert fragment in message, f"{fragment!r} not in:\n{message}"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        pytest.param("algo.lr", ["--set 'algo.lr'", "no '='", "--set key.path=value"], id="no-equals"),
+        pytest.param("=3", ["empty key", "--set key.path=value"], id="empty-key"),
+        pytest.param("algo..lr=1", ["empty component", "'algo..lr'", "--set key.path=value"],
+                     id="empty-component"),
+        pytest.param(
+            "algo.lerning=1",
+            ["unknown key 'algo.lerning'", "did you mean 'learning_starts'?",
+             "valid keys at algo: name, gamma, lr, batch_size"],
+            id="unknown-nested-key",
+        ),
+        pytest.param(
+            "trainer.lr=1",
+            ["unknown key 'trainer'", "valid keys at the top level: seed, env, algo, topology"],
+            id="unknown-top-level-key",
+        ),
+        pytest.param("algo.lr.x=1", ["algo.lr is a value, not a section"], id="below-a-value"),
+        pytest.param(
+            "algo.hidden_sizes=[64", ["'[64' is not valid YAML", "line 1"], id="bad-yaml-value"
+        ),
+    ],
+)
+def test_bad_overrides(override, expected):
+    message = error_text([override])
+    for fragment in expected:
+        assert fragment in message, f"{fragment!r} not in:\n{message}"
+
+
+def test_unknown_top_level_key_in_file(tmp_path):
+    path = write(tmp_path, SHIPPED.read_text() + "\nfoo: 1\n")
+    message = error_text(path=path)
+    assert "foo=1: unknown key" in message
+    assert "valid keys at the top level: seed, env, algo, topology, channel, learner, stop, run" in message
+
+
+def test_unknown_nested_key_in_file(tmp_path):
+    text = SHIPPED.read_text().replace("  lr: 0.0023", "  lr: 0.0023\n  learning_rate: 0.1")
+    message = error_text(path=write(tmp_path, text))
+    assert "algo.learning_rate=0.1: unknown key" in message
+    assert "valid keys at algo: name, gamma, lr," in message
+
+
+def test_wrong_type_in_file(tmp_path):
+    text = SHIPPED.read_text().replace("batch_size: 64", "batch_size: sixty-four")
+    message = error_text(path=write(tmp_path, text))
+    assert "algo.batch_size='sixty-four': Input should be a valid integer" in message
+
+
+def test_several_problems_one_line_each(tmp_path):
+    text = (
+        SHIPPED.read_text()
+        .replace("gamma: 0.99", "gamma: 2")
+        .replace("num_envs: 8", "num_envs: 0")
+        .replace("full_policy: wait", "full_policy: block")
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), check_env=False)
+    problems = info.value.problems
+    assert len(problems) == 3
+    assert [p.split("=")[0] for p in problems] == ["env.num_envs", "algo.gamma", "channel.full_policy"]
+    assert str(info.value).splitlines()[0].endswith("(3 problems):")
+
+
+def test_unknown_env_id_suggests_close_matches():
+    message = error_text(["env.id=CartPol-v1"], env=True)
+    assert "env.id='CartPol-v1'" in message and "no such gymnasium environment" in message
+    assert "did you mean CartPole-v1" in message
+
+
+def test_unknown_env_version_suggests_existing_one():
+    assert "CartPole-v1" in error_text(["env.id=CartPole-v9"], env=True)
+
+
+def test_continuous_action_env_is_rejected():
+    message = error_text(["env.id=Pendulum-v1"], env=True)
+    assert "env.id='Pendulum-v1'" in message
+    assert "action space is Box(" in message and "needs a Discrete action space" in message
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    path = write(tmp_path, "seed: 0\nenv:\n  id: [CartPole-v1\n  num_envs: 8\n")
+    message = error_text(path=path)
+    assert "invalid YAML" in message and str(path) in message
+    assert "line 4" in message
+
+
+def test_duplicate_yaml_key_names_both_lines(tmp_path):
+    text = SHIPPED.read_text().replace("  lr: 0.0023", "  lr: 0.0023\n  lr: 0.1")
+    message = error_text(path=write(tmp_path, text))
+    line = text.splitlines().index("  lr: 0.0023") + 1
+    assert f"duplicate key 'lr' (first on line {line})" in message
+    assert f"line {line + 1}" in message
+
+
+def test_missing_file(tmp_path):
+    message = error_text(path=tmp_path / "nope.yaml")
+    assert "config file not found" in message and "nope.yaml" in message
+
+
+@pytest.mark.parametrize(
+    "text, got", [("- a\n- b\n", "got a list"), ("", "got an empty file"), ("42\n", "got the single value 42")]
+)
+def test_top_level_not_a_mapping(tmp_path, text, got):
+    message = error_text(path=write(tmp_path, text))
+    assert "top level must be a mapping" in message and got in message
+
+
+def test_validate_config_rejects_non_mapping():
+    with pytest.raises(ConfigError, match="top level of the config must be a mapping"):
+        validate_config(["env"])
+
+
+def _fake_torch(available: bool, count: int) -> SimpleNamespace:
+    cuda = SimpleNamespace(is_available=lambda: available, device_count=lambda: count)
+    return SimpleNamespace(cuda=cuda, version=SimpleNamespace(cuda="12.4" if available else None),
+                           __version__="0.0-fake")
+
+
+def test_cuda_device_without_cuda(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(available=False, count=0))
+    message = error_text(["learner.device=cuda"])
+    assert "learner.device='cuda'" in message
+    assert "torch.cuda.is_available() is False" in message and "learner.device=cpu" in message
+    # a saved config with a CUDA device still loads where no GPU is, when asked not to check
+    assert load_config(SHIPPED, ["learner.device=cuda"], check_env=False, check_device=False)
+
+
+def test_cuda_index_beyond_device_count(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(available=True, count=2))
+    assert load_config(SHIPPED, ["learner.device=cuda:1"], check_env=False)
+    message = error_text(["learner.device=cuda:3"])
+    assert "learner.device='cuda:3'" in message and "cuda:0 to cuda:1" in message
+
+
+def test_errors_are_config_errors_not_pydantic():
+    from pydantic import ValidationError
+
+    with pytest.raises(ConfigError) as info:
+        validate_config({"env": {"id": "CartPole-v1"}})
+    assert not isinstance(info.value, ValidationError)
+    assert "algo: required but missing" in str(info.value)
+    assert "stop: required but missing" in str(info.value)
+
+
+def test_experiment_config_is_frozen():
+    from pydantic import ValidationError
+
+    config = load_config(SHIPPED, check_env=False)
+    assert isinstance(config, ExperimentConfig)
+    with pytest.raises(ValidationError, match="frozen"):
+        config.seed = 1  # type: ignore[misc]

@@ -1,0 +1,443 @@
+"""Unit tests of results (MetricsRecorder, NetCDF), checkpoints and run directories. No cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+import threading
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from tianji_dask import checkpoint as ckpt_mod
+from tianji_dask.checkpoint import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
+from tianji_dask.results import MetricsRecorder, git_commit
+from tianji_dask.rundir import RunDirExists, prepare_run_dir, run_name, write_config
+
+T0 = 1_700_000_000.0
+
+
+def recorder(target=None, **kw) -> MetricsRecorder:
+    return MetricsRecorder(run_name="test-run", target_return=target,
+                           config_json=json.dumps({"algo": {"name": "dqn", "lr": 1e-3}}), t0=T0, **kw)
+
+
+def actor(i, t, env_steps, *, version=0, episodes=(), **c):
+    counters = {"env_steps": env_steps, "chunks_sent": env_steps // 100, "bytes_sent": env_steps * 10,
+                "dropped": 0, "blocked_s": 0.0, "throttled_s": 0.0, "param_version": version,
+                "params_received": 1, "epsilon": 0.1, **c}
+    return {"role": "actor", "id": i, "t": T0 + t, "counters": counters, "episodes": list(episodes)}
+
+
+def buffer(t, received, size=None, capacity=10_000, seq_gaps=0):
+    return {"role": "buffer", "id": 0, "t": T0 + t, "episodes": [],
+            "counters": {"received": received, "received_bytes": received * 10,
+                         "size": received if size is None else size, "capacity": capacity,
+                         "seq_gaps": seq_gaps}}
+
+
+def learner(t, updates, batch=32, version=0, loss=float("nan"), q=float("nan"), throttled=0.0):
+    return {"role": "learner", "id": 0, "t": T0 + t, "episodes": [],
+            "counters": {"updates": updates, "samples": updates * batch, "param_version": version,
+                         "throttled_s": throttled, "loss": loss, "q_mean": q}}
+
+
+def feed_group(m: MetricsRecorder) -> None:
+    """Two actors, one buffer, one learner: a start heartbeat and one 0.5 s later."""
+    for hb in (actor(0, 0.0, 0), actor(1, 0.0, 0), buffer(0.0, 0), learner(0.0, 0)):
+        m.add(hb)
+    m.add(actor(0, 0.5, 1000, version=8, blocked_s=0.25, throttled_s=0.5, dropped=2))
+    m.add(actor(1, 0.5, 500, version=6, blocked_s=0.75))
+    m.add(buffer(0.5, 1400, seq_gaps=1))
+    m.add(learner(0.5, 10, version=10, loss=0.5, q=2.0, throttled=0.125))
+
+
+# ------------------------------------------------------------------ recorder
+def test_rates_sums_and_ratios():
+    m = recorder()
+    feed_group(m)
+    r = m.row(1.0)
+    assert r["time"] == 1.0
+    assert r["env_steps"] == 1500 == m.env_steps
+    assert r["sample_fps"] == pytest.approx(3000.0)  # 1000/0.5 + 500/0.5
+    assert r["receive_fps"] == pytest.approx(2800.0)
+    assert r["train_fps"] == pytest.approx(640.0)  # 20 updates/s * 32
+    assert r["updates"] == 10
+    assert r["replay_ratio"] == pytest.approx(320 / 1400)
+    assert r["buffer_fill"] == pytest.approx(0.14)
+    assert r["param_version"] == 10
+    assert r["policy_lag"] == pytest.approx(3.0)  # 10 - mean(8, 6)
+    assert (r["loss"], r["q_mean"]) == (0.5, 2.0)
+    assert r["blocked_s"] == pytest.approx(1.0)
+    assert r["throttled_actor_s"] == pytest.approx(0.5)
+    assert r["throttled_learner_s"] == pytest.approx(0.125)
+    assert (r["dropped"], r["seq_gaps"]) == (2, 1)
+
+    ds = m.dataset()
+    assert ds.sizes == {"time": 1, "actor": 2, "buffer": 1, "learner": 1}
+    np.testing.assert_allclose(ds.actor_sample_fps.sel(time=1.0).values, [2000.0, 1000.0])
+    np.testing.assert_allclose(ds.actor_env_steps.values, [[1000.0, 500.0]])
+    np.testing.assert_allclose(ds.actor_param_version.values, [[8.0, 6.0]])
+    np.testing.assert_allclose(ds.buffer_receive_fps.values, [[2800.0]])
+    np.testing.assert_allclose(ds.learner_train_fps.values, [[640.0]])
+    assert ds.env_steps.dtype == np.int64
+
+
+def test_rate_uses_interval_between_rows_and_heartbeat_time():
+    m = recorder()
+    m.add(actor(0, 0.0, 0))
+    assert math.isnan(m.row(0.1)["sample_fps"])  # one heartbeat: no rate yet
+    m.add(actor(0, 0.5, 1000))
+    assert m.row(0.6)["sample_fps"] == pytest.approx(2000.0)
+    # No new heartbeat since the previous row (zero interval): keep the last rate, no division by 0.
+    assert m.row(0.7)["sample_fps"] == pytest.approx(2000.0)
+    m.add(actor(0, 1.5, 1500))  # 500 steps over 1.0 s of heartbeat time, whatever the row times
+    assert m.row(5.0)["sample_fps"] == pytest.approx(500.0)
+    # An out-of-order (older) heartbeat must not move the counters backwards.
+    m.add(actor(0, 1.0, 1200))
+    assert m.env_steps == 1500
+    np.testing.assert_allclose(m.dataset().sample_fps.values, [np.nan, 2000, 2000, 500])
+
+
+def test_restarted_host_keeps_totals_monotone():
+    m = recorder()
+    m.add(actor(0, 0.0, 0))
+    m.add(actor(0, 1.0, 1000))
+    m.row(1.0)
+    m.add(actor(0, 2.0, 300))  # host restarted: counters began again at 0
+    r = m.row(2.0)
+    assert r["env_steps"] == 1300
+    assert r["sample_fps"] == pytest.approx(300.0)
+
+
+def test_unpublished_param_version_is_missing_not_minus_one():
+    m = recorder()
+    m.add(actor(0, 0.0, 0, version=-1))
+    m.add(actor(1, 0.0, 0, version=4))
+    m.add(learner(0.0, 0, version=5))
+    r = m.row(0.0)
+    assert r["policy_lag"] == pytest.approx(1.0)
+    assert math.isnan(m.dataset().actor_param_version.values[0, 0])
+
+
+def test_empty_recorder_reports_nan_and_zero():
+    m = recorder()
+    r = m.row(0.0)
+    assert r["env_steps"] == 0 and r["updates"] == 0
+    for k in ("sample_fps", "receive_fps", "train_fps", "return_mean_100", "replay_ratio",
+              "buffer_fill", "param_version", "policy_lag", "loss"):
+        assert math.isnan(r[k]), k
+    assert math.isnan(m.return_mean_100) and m.episodes == 0
+
+
+def test_return_mean_100_over_more_than_100_episodes():
+    m = recorder()
+    eps = [[float(i), 10 + i, T0 + 0.01 * i] for i in range(150)]
+    m.add(actor(0, 0.5, 100, episodes=eps[:70]))
+    m.add(actor(1, 0.6, 100, episodes=eps[70:]))
+    assert m.episodes == 150
+    assert m.return_mean_100 == pytest.approx(np.mean(np.arange(50, 150)))  # 99.5
+    assert m.row(1.0)["return_mean_100"] == pytest.approx(99.5)
+    e = m.episodes_dataset()
+    assert e.sizes["episode"] == 150
+    np.testing.assert_array_equal(e["return"].values, np.arange(150.0))
+    np.testing.assert_array_equal(e["length"].values, 10 + np.arange(150))
+    np.testing.assert_array_equal(e["actor"].values, [0] * 70 + [1] * 80)
+    np.testing.assert_allclose(e["wall_time"].values, 0.01 * np.arange(150), atol=1e-6)
+    assert e["env_steps"].values[-1] == 200
+
+
+def test_time_to_target_set_when_first_reached():
+    m = recorder(target=50.0)
+    eps = [[float(i), 10, T0 + 2.0 + i] for i in range(130)]
+    m.add(actor(0, 200.0, 1000, episodes=eps))
+    # After 100 episodes (0..99) the mean is 49.5; episode 100 makes the window 1..100: 50.5.
+    assert m.time_to_target_s == pytest.approx(2.0 + 100)
+    m.row(201.0)
+    ds = m.dataset()
+    assert ds.attrs["time_to_target_s"] == pytest.approx(102.0)
+    assert ds.attrs["target_return"] == 50.0
+
+
+def test_time_to_target_needs_100_episodes_and_stays_nan_without_target():
+    m = recorder(target=0.0)
+    m.add(actor(0, 1.0, 10, episodes=[[10.0, 5, T0 + 1.0]] * 99))
+    assert math.isnan(m.time_to_target_s)
+    m.add(actor(0, 2.0, 20, episodes=[[10.0, 5, T0 + 1.5]]))
+    assert m.time_to_target_s == pytest.approx(1.5)
+    m2 = recorder(target=None)
+    m2.add(actor(0, 1.0, 10, episodes=[[10.0, 5, T0 + 1.0]] * 200))
+    assert math.isnan(m2.time_to_target_s)
+    assert math.isnan(m2.dataset().attrs["target_return"])
+
+
+def test_last_seen_and_bad_heartbeat():
+    m = recorder()
+    feed_group(m)
+    assert m.last_seen() == {("actor", 0): T0 + 0.5, ("actor", 1): T0 + 0.5,
+                             ("buffer", 0): T0 + 0.5, ("learner", 0): T0 + 0.5}
+    with pytest.raises(ValueError, match="role"):
+        m.add({"role": "planner", "id": 0, "t": T0, "counters": {}, "episodes": []})
+
+
+def test_config_json_must_be_json():
+    with pytest.raises(ValueError, match="config_json"):
+        MetricsRecorder(run_name="x", target_return=None, config_json="{not json", t0=T0)
+    with pytest.raises(TypeError, match="config_json"):
+        MetricsRecorder(run_name="x", target_return=None, config_json={"a": 1}, t0=T0)
+
+
+def test_every_variable_has_long_name_and_units():
+    m = recorder()
+    feed_group(m)
+    m.add(actor(0, 0.6, 1100, episodes=[[1.0, 3, T0 + 0.6]]))
+    m.row(1.0)
+    required = {"env_steps", "sample_fps", "receive_fps", "train_fps", "updates", "return_mean_100",
+                "replay_ratio", "buffer_fill", "param_version", "policy_lag", "loss", "q_mean",
+                "blocked_s", "throttled_actor_s", "throttled_learner_s", "dropped", "seq_gaps",
+                "actor_sample_fps", "actor_env_steps", "actor_param_version", "learner_train_fps",
+                "buffer_receive_fps"}
+    ds, eps = m.dataset(), m.episodes_dataset()
+    assert required <= set(ds.data_vars)
+    assert {"return", "length", "actor", "wall_time"} <= set(eps.data_vars)
+    assert ds.time.attrs == {"long_name": "wall time since start", "units": "s"}
+    for d in (ds, eps):
+        for name, var in d.variables.items():
+            assert var.attrs.get("long_name") and "units" in var.attrs, name
+    for key in ("run_name", "target_return", "time_to_target_s", "config_json", "tianji_dask_version",
+                "torch_version", "dask_version", "distributed_version", "gymnasium_version",
+                "numpy_version", "xarray_version", "python_version", "git_commit", "created"):
+        assert key in ds.attrs and key in eps.attrs, key
+    assert json.loads(ds.attrs["config_json"]) == {"algo": {"name": "dqn", "lr": 1e-3}}
+
+
+def _assert_same(loaded: xr.Dataset, ds: xr.Dataset) -> None:
+    xr.testing.assert_equal(loaded, ds)
+    for name in ds.variables:
+        assert loaded[name].dtype == ds[name].dtype, name
+        assert loaded[name].attrs == ds[name].attrs, name
+    assert set(loaded.attrs) == set(ds.attrs)
+    for k, v in ds.attrs.items():
+        if k == "created":
+            continue
+        w = loaded.attrs[k]
+        if isinstance(v, float) and math.isnan(v):
+            assert math.isnan(w), k
+        else:
+            assert w == v, k
+
+
+def test_netcdf_round_trip(tmp_path):
+    m = recorder(target=1.0, attrs={"env_id": "CartPole-v1", "seed": 3, "note": None,
+                                     "plan": {"actors": 2}, "serial": False})
+    feed_group(m)
+    m.add(actor(0, 0.7, 1200, episodes=[[1.5, 20, T0 + 0.7], [2.5, 30, T0 + 0.71]]))
+    m.row(0.8)
+    m.add(actor(2, 0.9, 10))  # a host that joins later: NaN before it appears
+    m.row(1.0)
+    m.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["episodes.nc", "metrics.nc"]
+    with xr.open_dataset(tmp_path / "metrics.nc") as loaded:
+        loaded.load()
+    _assert_same(loaded, m.dataset())
+    assert loaded.sizes["actor"] == 3 and math.isnan(loaded.actor_env_steps.values[0, 2])
+    assert loaded.attrs["env_id"] == "CartPole-v1" and loaded.attrs["seed"] == 3
+    assert "note" not in loaded.attrs and json.loads(loaded.attrs["plan"]) == {"actors": 2}
+    with xr.open_dataset(tmp_path / "episodes.nc") as eps:
+        eps.load()
+    _assert_same(eps, m.episodes_dataset())
+    # Writing again replaces the files (the run rewrites them periodically) and leaves no temp files.
+    m.row(2.0)
+    m.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["episodes.nc", "metrics.nc"]
+    with xr.open_dataset(tmp_path / "metrics.nc") as loaded:
+        assert loaded.sizes["time"] == 3
+
+
+def test_empty_datasets_write(tmp_path):
+    m = recorder()
+    m.write(tmp_path)
+    with xr.open_dataset(tmp_path / "metrics.nc") as ds:
+        assert ds.sizes["time"] == 0 and ds.sizes["actor"] == 0
+        assert "sample_fps" in ds and ds.attrs["run_name"] == "test-run"
+    with xr.open_dataset(tmp_path / "episodes.nc") as eps:
+        assert eps.sizes["episode"] == 0 and "return" in eps
+
+
+def test_concurrent_add_and_row():
+    m = recorder()
+    n = 300
+
+    def feed(i):
+        for k in range(1, n + 1):
+            m.add(actor(i, 0.01 * k, 10 * k, episodes=[[1.0, 10, T0 + 0.01 * k]]))
+
+    threads = [threading.Thread(target=feed, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    while any(th.is_alive() for th in threads):
+        m.row()
+    for th in threads:
+        th.join()
+    assert m.row()["env_steps"] == 4 * 10 * n
+    assert m.episodes == 4 * n
+    m.dataset()
+
+
+def test_git_commit_format_and_missing_git(monkeypatch, tmp_path):
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", git_commit())
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git executable anywhere
+    assert git_commit() == "unknown"
+
+
+# ---------------------------------------------------------------- checkpoints
+def _state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"q_net": {"w": torch.randn(4, 3, generator=g, requires_grad=True), "b": torch.zeros(3)},
+            "optimizer": {"step": torch.tensor(7, dtype=torch.int64),
+                          "mask": torch.tensor([True, False])}}
+
+
+def _assert_state_equal(a, b):
+    assert a.keys() == b.keys()
+    for comp in a:
+        assert a[comp].keys() == b[comp].keys()
+        for k in a[comp]:
+            assert torch.equal(a[comp][k].detach(), b[comp][k]), (comp, k)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    d = tmp_path / "run" / "checkpoint"
+    state = _state()
+    assert save_checkpoint(d, state, {"env_steps": 1234, "config": {"lr": 1e-3}}) == d
+    assert sorted(p.name for p in d.iterdir()) == ["checkpoint.json", "tensors.pt"]
+    loaded, meta = load_checkpoint(d)
+    _assert_state_equal(state, loaded)
+    assert meta["format_version"] == FORMAT_VERSION == 1
+    assert meta["env_steps"] == 1234 and meta["config"] == {"lr": 1e-3}
+    assert meta["torch_version"] == torch.__version__ and "created" in meta
+    assert "tianji_dask_version" in meta
+    # tensors.pt holds only plain containers of tensors: a weights-only load of the raw file works.
+    raw = torch.load(d / "tensors.pt", weights_only=True)
+    assert type(raw) is dict and type(raw["q_net"]) is dict
+
+
+def test_checkpoint_replaces_previous_and_leaves_no_temp(tmp_path):
+    d = tmp_path / "checkpoint"
+    save_checkpoint(d, _state(0), {"n": 1})
+    save_checkpoint(d, _state(1), {"n": 2})
+    loaded, meta = load_checkpoint(d)
+    assert meta["n"] == 2
+    _assert_state_equal(_state(1), loaded)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint"]
+
+
+def test_checkpoint_format_version_mismatch(tmp_path):
+    d = save_checkpoint(tmp_path / "checkpoint", _state(), {})
+    meta = json.loads((d / "checkpoint.json").read_text())
+    meta["format_version"] = 2
+    (d / "checkpoint.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="format_version 2.*reads format_version 1"):
+        load_checkpoint(d)
+
+
+def test_checkpoint_missing_dir_or_file(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint directory"):
+        load_checkpoint(tmp_path / "nope")
+    d = save_checkpoint(tmp_path / "checkpoint", _state(), {})
+    (d / "tensors.pt").unlink()
+    with pytest.raises(CheckpointError, match="tensors.pt is missing"):
+        load_checkpoint(d)
+
+
+def test_interrupted_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    d = tmp_path / "checkpoint"
+    save_checkpoint(d, _state(0), {"n": 1})
+
+    def failing_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(d, _state(1), {"n": 2})
+    monkeypatch.undo()
+    loaded, meta = load_checkpoint(d)
+    assert meta["n"] == 1
+    _assert_state_equal(_state(0), loaded)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint"]
+
+
+def test_crash_between_renames_is_recoverable(tmp_path):
+    d = save_checkpoint(tmp_path / "checkpoint", _state(0), {"n": 1})
+    old = tmp_path / ".checkpoint.old-abc"
+    d.rename(old)  # as if the process died after moving the old checkpoint aside
+    with pytest.raises(CheckpointError, match=r"\.checkpoint\.old-abc"):
+        load_checkpoint(d)
+    save_checkpoint(d, _state(1), {"n": 2})  # tidies up, then saves
+    assert load_checkpoint(d)[1]["n"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint"]
+
+
+def test_checkpoint_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="reserved"):
+        save_checkpoint(tmp_path / "c", _state(), {"format_version": 9})
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        save_checkpoint(tmp_path / "c", {"net": {"w": np.zeros(2)}}, {})
+    with pytest.raises(TypeError, match="JSON"):
+        save_checkpoint(tmp_path / "c", _state(), {"when": dt.datetime.now()})
+    assert not (tmp_path / "c").exists()
+
+
+# --------------------------------------------------------------- run dirs
+def test_run_name():
+    when = dt.datetime(2026, 1, 2, 3, 4, 5)
+    assert run_name("ALE/Pong-v5", "dqn", 1, when) == "ALE-Pong-v5__dqn__1__20260102-030405"
+    assert run_name("My Env:v0", "ppo/new", 42, when) == "My-Env-v0__ppo-new__42__20260102-030405"
+    assert re.fullmatch(r"CartPole-v1__dqn__0__\d{8}-\d{6}", run_name("CartPole-v1", "dqn", 0))
+
+
+def test_prepare_run_dir_default_suffixes(tmp_path):
+    root = tmp_path / "runs"
+    a = prepare_run_dir(None, root=root, name="CartPole-v1__dqn__0__20260102-030405")
+    b = prepare_run_dir(None, root=root, name="CartPole-v1__dqn__0__20260102-030405")
+    c = prepare_run_dir(None, root=root, name="CartPole-v1__dqn__0__20260102-030405")
+    assert [a.name, b.name, c.name] == ["CartPole-v1__dqn__0__20260102-030405",
+                                        "CartPole-v1__dqn__0__20260102-030405-2",
+                                        "CartPole-v1__dqn__0__20260102-030405-3"]
+    assert all(p.is_dir() and p.is_absolute() for p in (a, b, c))
+
+
+def test_prepare_run_dir_out(tmp_path):
+    new = prepare_run_dir(tmp_path / "a" / "b", name="ignored")
+    assert new == (tmp_path / "a" / "b").absolute() and new.is_dir()
+    assert prepare_run_dir(new, name="x") == new  # existing but empty: fine
+    (new / "metrics.nc").write_bytes(b"earlier results")
+    with pytest.raises(RunDirExists, match=r"(?s)not empty.*--out.*remove") as e:
+        prepare_run_dir(new, name="x")
+    assert isinstance(e.value, ValueError) and str(new) in str(e.value)
+    assert (new / "metrics.nc").read_bytes() == b"earlier results"
+    with pytest.raises(RunDirExists, match="file"):
+        prepare_run_dir(new / "metrics.nc", name="x")
+
+
+def test_write_config(tmp_path):
+    write_config(tmp_path, "algo:\n  name: dqn")
+    assert (tmp_path / "config.yaml").read_text() == "algo:\n  name: dqn\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_missing_or_none_counters_do_not_break_rows():
+    m = recorder()
+    m.add({"role": "actor", "id": 0, "t": T0, "counters": {"env_steps": 100}, "episodes": []})
+    m.add({"role": "actor", "id": 0, "t": T0 + 1, "counters": {"env_steps": 200, "dropped": None},
+           "episodes": []})
+    m.add({"role": "buffer", "id": 0, "t": T0 + 1, "counters": {}, "episodes": []})
+    r = m.row(1.0)
+    assert (r["env_steps"], r["dropped"], r["seq_gaps"]) == (200, 0, 0)
+    assert r["sample_fps"] == pytest.approx(100.0)
+    assert math.isnan(r["buffer_fill"]) and math.isnan(r["replay_ratio"])

@@ -1,0 +1,99 @@
+"""Pieces shared by every channel module: the error type, the item record, byte accounting,
+the wire constants and the event-loop helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, NamedTuple
+
+from dask.sizeof import sizeof
+
+logger = logging.getLogger("tianji_dask.channels")
+
+#: ``worker.handlers`` key the channel service answers on.
+HANDLER_OP = "tianji_channel"
+QUEUE_KIND = "queue"
+LATEST_KIND = "latest"
+FULL_POLICIES = ("wait", "drop_oldest")
+
+
+class ChannelError(RuntimeError):
+    """A channel cannot deliver: the peer is gone, the connection broke, or the channel is closed.
+
+    The message always names the channel and the peer's address.
+    """
+
+
+class Item(NamedTuple):
+    """One queue item as the consumer receives it."""
+
+    sender: str
+    seq: int
+    payload: dict
+    nbytes: int
+    #: ``time.time()`` on the receiver when the item's message arrived (wall clock, so that
+    #: sample ages can be compared with timestamps taken on other hosts).
+    recv_time: float
+
+
+def payload_nbytes(payload: dict) -> int:
+    """Bytes an item counts against channel capacity: array/tensor/buffer sizes, plus
+    ``dask.sizeof`` of anything else.  Sender and receiver use the sender's number, so the
+    credit accounting of both ends agrees exactly."""
+    if not isinstance(payload, dict):
+        raise TypeError(f"channel payloads are dicts, got {type(payload).__name__}")
+    total = 0
+    for value in payload.values():
+        nbytes = getattr(value, "nbytes", None)  # numpy, torch (Tensor.nbytes), memoryview
+        if isinstance(nbytes, int):
+            total += nbytes
+        elif isinstance(value, (bytes, bytearray)):
+            total += len(value)
+        else:
+            total += int(sizeof(value))
+    return total
+
+
+def on_event_loop() -> bool:
+    """True when called from a thread that is running an asyncio loop, where blocking would
+    stall every coroutine of that loop (the worker's comms included)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def resolve_loop(loop: Any, connection_args: dict | None) -> tuple[asyncio.AbstractEventLoop, dict]:
+    """Fill in the defaults of the sending classes: the current Dask worker's asyncio loop and
+    its worker-role connection arguments (TLS context included).  Outside a worker, ``loop``
+    is required and the connection arguments default to none (plain tcp://)."""
+    worker = None
+    if loop is None or connection_args is None:
+        from distributed import get_worker
+
+        try:
+            worker = get_worker()
+        except ValueError:
+            if loop is None:
+                raise ValueError(
+                    "no Dask worker in this context: pass loop= (an asyncio loop running in "
+                    "another thread) and connection_args="
+                ) from None
+    if loop is None:
+        loop = worker.loop
+    loop = getattr(loop, "asyncio_loop", loop)  # accept a tornado IOLoop too
+    if connection_args is None:
+        connection_args = worker.security.get_connection_args("worker") if worker else {}
+    return loop, dict(connection_args)
+
+
+def call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """``loop.call_soon_threadsafe`` that reports a closed loop (worker shutting down) as
+    False instead of raising in the caller's thread."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,151 @@
+"""Receiving end of a topic subscription: keeps only the newest version.
+
+Call protocol (in the subscribing role's loop, once per step)::
+
+    inbox = ChannelService.current().open_latest("params")
+    # hand ChannelService.current().address and "params" to the publisher (add_subscriber)
+    got = inbox.probe()                 # never blocks
+    if got is not None:
+        version, state = got            # newer than anything probed before
+
+Wire protocol on each publisher's comm::
+
+    publisher  -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "latest"}
+    subscriber -> {"ok": True}  or  {"error": text}
+    publisher  -> {"version": int, "payload": dict}   (repeated)
+    publisher  -> {"bye": True}, then closes
+    subscriber -> {"error": text}   only when the channel is closed here
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from distributed.comm import CommClosedError
+
+from .common import ChannelError, call_soon, logger
+
+
+class LatestInbox:
+    """Receiver side of a topic; create it with ``ChannelService.open_latest``.
+
+    Several publishers may feed one inbox; the highest version wins and an older version that
+    arrives late is ignored (``stats()["stale"]``)."""
+
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop, address: str):
+        self.name = name
+        self.address = address
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._version: int | None = None  # newest arrived
+        self._payload: dict | None = None  # held only until probed
+        self._fresh = False
+        self._probed_version: int | None = None
+        self._received = 0
+        self._replaced = 0
+        self._stale = 0
+        self._closed = False
+        self._comms: set = set()
+        self._background: set = set()
+
+    def __repr__(self) -> str:
+        return f"<LatestInbox {self.name!r} at {self.address}>"
+
+    def probe(self) -> tuple[int, dict] | None:
+        """(version, payload) if a version newer than the last probed one arrived, else None."""
+        with self._lock:
+            if not self._fresh:
+                return None
+            self._fresh = False
+            self._probed_version = self._version
+            payload, self._payload = self._payload, None
+            return self._version, payload
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "received": self._received,
+                "replaced": self._replaced,
+                "version": self._version,
+                "probed_version": self._probed_version,
+                "stale": self._stale,
+                "publishers": len(self._comms),
+                "closed": self._closed,
+            }
+
+    def _store(self, version: int, payload: dict) -> None:
+        with self._lock:
+            self._received += 1
+            if self._version is not None and version <= self._version:
+                self._stale += 1
+                return
+            if self._fresh:
+                self._replaced += 1
+            self._version = version
+            self._payload = payload
+            self._fresh = True
+
+    def _close(self) -> None:
+        """Called by ChannelService.close: tell every publisher, then cut them off."""
+        with self._lock:
+            self._closed = True
+            self._fresh = False
+            self._payload = None
+        call_soon(self._loop, self._start_notify)
+
+    # ------------------------------------------------------------------ event loop
+    def _start_notify(self) -> None:
+        task = asyncio.ensure_future(self._notify_closed())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _notify_closed(self) -> None:
+        text = f"topic channel {self.name!r} at {self.address} was closed by the subscriber"
+        comms = list(self._comms)
+        for comm in comms:
+            try:
+                await asyncio.wait_for(comm.write({"error": text}), 5)
+            except Exception:
+                pass
+        # Readers keep draining so the error is not lost to a reset; stragglers are cut off.
+        await asyncio.sleep(10)
+        for comm in comms:
+            comm.abort()
+
+    async def serve(self, comm, sender: str) -> None:
+        """Read one publisher's versions until it leaves; called by the service's handler."""
+        if self._closed:
+            raise ChannelError(f"topic channel {self.name!r} at {self.address} is closed")
+        await comm.write({"ok": True})
+        self._comms.add(comm)
+        try:
+            while True:
+                try:
+                    msg = await comm.read()
+                except (CommClosedError, OSError):
+                    return
+                except Exception as exc:
+                    problem = f"cannot decode a message: {exc!r}"
+                    break
+                if isinstance(msg, dict) and msg.get("bye"):
+                    return
+                if (
+                    not isinstance(msg, dict)
+                    or not isinstance(msg.get("version"), int)
+                    or not isinstance(msg.get("payload"), dict)
+                ):
+                    problem = f"expected {{'version': int, 'payload': dict}}, got {msg!r:.120}"
+                    break
+                if not self._closed:
+                    self._store(msg["version"], msg["payload"])
+            problem = f"topic channel {self.name!r} at {self.address}: {problem}"
+            logger.error("%s (publisher %r from %s); closing its connection", problem, sender, comm.peer_address)
+            try:
+                await asyncio.wait_for(comm.write({"error": problem}), 5)
+            except Exception:
+                pass
+        finally:
+            self._comms.discard(comm)
+            if not comm.closed():
+                await comm.close()

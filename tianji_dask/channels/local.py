@@ -1,0 +1,230 @@
+"""In-process twins of the channels for the serial mode: no Dask, no event loop, same rules.
+
+Call protocol::
+
+    q = LocalQueue(capacity_bytes=8 << 20, full_policy="drop_oldest")
+    q.push({"obs": obs})          # producer
+    items = q.poll()              # consumer: list[Item], credit returns here
+
+    topic = LocalTopic()
+    sub = topic.subscribe()
+    topic.publish(3, state)
+    sub.probe()                   # (3, state), then None until a newer version
+
+A pushed item is in transit until the consumer takes it, so ``drop_oldest`` may drop any item
+not yet taken (unlike the remote queue, nothing here is ever "already written"), and the new
+item always fits.  With ``full_policy="wait"`` the consumer must run in another thread: a
+single thread that pushes into a full queue waits forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from .common import FULL_POLICIES, ChannelError, Item, on_event_loop, payload_nbytes
+
+LOCAL_SENDER = "local"
+
+
+class LocalQueue:
+    """Both ends of a queue in one object: ``push`` like QueueSender, ``poll``/``get`` like QueueInbox."""
+
+    def __init__(self, capacity_bytes: int, full_policy: str = "wait"):
+        if full_policy not in FULL_POLICIES:
+            raise ValueError(f"full_policy must be one of {FULL_POLICIES}, got {full_policy!r}")
+        if capacity_bytes <= 0:
+            raise ValueError("capacity_bytes must be positive")
+        self.capacity_bytes = int(capacity_bytes)
+        self.full_policy = full_policy
+        self._cond = threading.Condition()
+        self._items: deque[Item] = deque()
+        self._queued_bytes = 0
+        self._max_queued_bytes = 0
+        self._next_seq = 0
+        self._expected_seq = 0
+        self._closed = False
+        self._taken_items = 0
+        self._taken_bytes = 0
+        self._takes = 0
+        self._dropped = 0
+        self._blocked_s = 0.0
+        self._seq_gaps = 0
+
+    def push(self, payload: dict) -> bool:
+        """Queue one item; same capacity and policy rules as ``QueueSender.push``."""
+        nbytes = payload_nbytes(payload)
+        if nbytes > self.capacity_bytes:
+            raise ValueError(
+                f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of LocalQueue"
+            )
+        with self._cond:
+            self._check_open()
+            if self._queued_bytes + nbytes > self.capacity_bytes:
+                if self.full_policy == "wait":
+                    if on_event_loop():
+                        raise RuntimeError("LocalQueue.push() would block an event loop")
+                    start = time.monotonic()
+                    try:
+                        while self._queued_bytes + nbytes > self.capacity_bytes:
+                            self._cond.wait()
+                            self._check_open()
+                    finally:
+                        self._blocked_s += time.monotonic() - start
+                else:
+                    while self._queued_bytes + nbytes > self.capacity_bytes:
+                        self._queued_bytes -= self._items.popleft().nbytes
+                        self._dropped += 1
+            self._items.append(Item(LOCAL_SENDER, self._next_seq, payload, nbytes, time.time()))
+            self._next_seq += 1
+            self._queued_bytes += nbytes
+            self._max_queued_bytes = max(self._max_queued_bytes, self._queued_bytes)
+            self._cond.notify_all()
+        return True
+
+    def poll(self, max_items: int | None = None) -> list[Item]:
+        with self._cond:
+            return self._take(max_items)
+
+    def get(self, timeout: float, max_items: int | None = None) -> list[Item]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._items and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return self._take(max_items)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Refuse further pushes (ChannelError); queued items stay readable.  Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def stats(self) -> dict:
+        """Sender and inbox statistics in one dict (an item counts as sent and received when
+        the consumer takes it)."""
+        with self._cond:
+            return {
+                "sent_items": self._taken_items,
+                "sent_bytes": self._taken_bytes,
+                "messages": self._takes,
+                "dropped": self._dropped,
+                "blocked_s": self._blocked_s,
+                "outstanding_bytes": self._queued_bytes,
+                "errors": 0,
+                "received_items": self._taken_items,
+                "received_bytes": self._taken_bytes,
+                "queued_items": len(self._items),
+                "queued_bytes": self._queued_bytes,
+                "max_queued_bytes": self._max_queued_bytes,
+                "seq_gaps": self._seq_gaps,
+                "senders": {LOCAL_SENDER: self._taken_items} if self._taken_items else {},
+            }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelError("LocalQueue is closed")
+
+    def _take(self, max_items: int | None) -> list[Item]:
+        n = len(self._items) if max_items is None else min(max_items, len(self._items))
+        taken = [self._items.popleft() for _ in range(n)]
+        for item in taken:
+            self._queued_bytes -= item.nbytes
+            self._seq_gaps += item.seq - self._expected_seq
+            self._expected_seq = item.seq + 1
+            self._taken_bytes += item.nbytes
+        self._taken_items += n
+        if n:
+            self._takes += 1
+            self._cond.notify_all()  # credit returned: wake waiting pushers
+        return taken
+
+
+class LocalSubscription:
+    """What ``LocalTopic.subscribe`` returns: ``probe``/``stats`` like LatestInbox."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._payload: dict | None = None
+        self._fresh = False
+        self._probed_version: int | None = None
+        self._received = 0
+        self._replaced = 0
+        self._stale = 0
+
+    def probe(self) -> tuple[int, dict] | None:
+        with self._lock:
+            if not self._fresh:
+                return None
+            self._fresh = False
+            self._probed_version = self._version
+            payload, self._payload = self._payload, None
+            return self._version, payload
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "received": self._received,
+                "replaced": self._replaced,
+                "version": self._version,
+                "probed_version": self._probed_version,
+                "stale": self._stale,
+            }
+
+    def _offer(self, version: int, payload: dict) -> bool:
+        """Store a version; True when it replaced an unprobed one (conflation)."""
+        with self._lock:
+            self._received += 1
+            if self._version is not None and version <= self._version:
+                self._stale += 1
+                return False
+            replaced = self._fresh
+            self._replaced += replaced
+            self._version, self._payload, self._fresh = version, payload, True
+            return replaced
+
+
+class LocalTopic:
+    """One-to-many, newest version wins, in one process."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._subs: list[LocalSubscription] = []
+        self._last: tuple[int, dict] | None = None
+        self._published = 0
+        self._conflated = 0
+
+    def subscribe(self) -> LocalSubscription:
+        """A new subscription; it sees the last published version at once."""
+        sub = LocalSubscription()
+        with self._lock:
+            self._subs.append(sub)
+            if self._last is not None:
+                sub._offer(*self._last)
+        return sub
+
+    def publish(self, version: int, payload: dict) -> None:
+        if not isinstance(payload, dict):
+            raise TypeError(f"topic payloads are dicts, got {type(payload).__name__}")
+        with self._lock:
+            self._published += 1
+            self._last = (int(version), payload)
+            for sub in self._subs:
+                self._conflated += sub._offer(*self._last)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "published": self._published,
+                "sent": self._published * len(self._subs),
+                "conflated": self._conflated,
+                "errors": 0,
+                "subscribers": len(self._subs),
+            }
+
+    def close(self, timeout: float = 5.0) -> None:
+        pass

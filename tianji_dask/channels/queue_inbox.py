@@ -1,0 +1,269 @@
+"""Receiving end of a many-to-one queue channel.
+
+Call protocol (in the consuming role's thread)::
+
+    inbox = ChannelService.current().open_queue("traj", capacity_bytes=64 << 20)
+    # hand ChannelService.current().address and "traj" to the senders
+    items = inbox.get(timeout=0.1)      # or inbox.poll() from an async method
+    for item in items: ...              # Item(sender, seq, payload, nbytes, recv_time)
+
+Credit flows back to a sender only when its items are taken by ``poll``/``get``, so the memory
+held here is bounded by bytes: the inbox's ``capacity_bytes`` is split equally among the live
+senders (each gets a window of ``capacity_bytes // n`` announced on its comm; a sender's own
+``capacity_bytes`` may make it smaller).  ``queued_bytes`` therefore stays within
+``capacity_bytes``, except briefly when senders join (the earlier senders' larger windows drain
+as their items are taken) and by at most one item per sender whose items exceed its window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter, deque
+
+from distributed.comm import CommClosedError
+
+from .common import ChannelError, Item, call_soon, logger, on_event_loop
+
+
+class _Malformed(Exception):
+    pass
+
+
+class _SenderConn:
+    """One connected sender, as seen by the inbox."""
+
+    __slots__ = ("sender", "comm", "peer", "next_seq", "credit_due", "window", "window_sent",
+                 "kick_scheduled", "wake", "live")
+
+    def __init__(self, sender: str, comm):
+        self.sender = sender
+        self.comm = comm
+        self.peer = comm.peer_address
+        self.next_seq = 0  # a reconnecting sender starts a fresh sequence on its new comm
+        self.credit_due = 0
+        self.window = 0
+        self.window_sent = 0
+        self.kick_scheduled = False
+        self.wake = asyncio.Event()
+        self.live = True
+
+
+class QueueInbox:
+    """Receiver side of a queue channel; create it with ``ChannelService.open_queue``."""
+
+    def __init__(self, name: str, capacity_bytes: int, loop: asyncio.AbstractEventLoop, address: str):
+        if capacity_bytes <= 0:
+            raise ValueError("capacity_bytes must be positive")
+        self.name = name
+        self.capacity_bytes = int(capacity_bytes)
+        self.address = address
+        self._loop = loop
+        # Shared between the consumer's thread and the event loop: guarded by _cond.
+        self._cond = threading.Condition()
+        self._items: deque[tuple[Item, _SenderConn]] = deque()
+        self._conns: list[_SenderConn] = []
+        self._closed = False
+        self._queued_bytes = 0
+        self._max_queued_bytes = 0
+        self._received_items = 0
+        self._received_bytes = 0
+        self._seq_gaps = 0
+        self._senders: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"<QueueInbox {self.name!r} at {self.address}>"
+
+    # ------------------------------------------------------------------ consumer's thread
+    def poll(self, max_items: int | None = None) -> list[Item]:
+        """Take up to ``max_items`` queued items (all if None) without blocking."""
+        with self._cond:
+            taken, kicks = self._take(max_items)
+        self._send_credit(kicks)
+        return taken
+
+    def get(self, timeout: float, max_items: int | None = None) -> list[Item]:
+        """Wait up to ``timeout`` seconds for at least one item, then take up to ``max_items``.
+
+        Returns [] on timeout or once the inbox is closed and empty.  Blocks the calling
+        thread, so it must not be called on the event loop (use ``poll`` there)."""
+        if on_event_loop():
+            raise RuntimeError(f"{self!r}: get() would block the event loop; use poll()")
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._items and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            taken, kicks = self._take(max_items)
+        self._send_credit(kicks)
+        return taken
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {
+                "received_items": self._received_items,
+                "received_bytes": self._received_bytes,
+                "queued_items": len(self._items),
+                "queued_bytes": self._queued_bytes,
+                "max_queued_bytes": self._max_queued_bytes,
+                "seq_gaps": self._seq_gaps,
+                "senders": dict(self._senders),
+                "connected": len(self._conns),
+                "capacity_bytes": self.capacity_bytes,
+                "closed": self._closed,
+            }
+
+    def _take(self, max_items: int | None) -> tuple[list[Item], list[_SenderConn]]:
+        n = len(self._items) if max_items is None else min(max_items, len(self._items))
+        taken: list[Item] = []
+        kicks: list[_SenderConn] = []
+        for _ in range(n):
+            item, conn = self._items.popleft()
+            self._queued_bytes -= item.nbytes
+            taken.append(item)
+            if conn.live:
+                conn.credit_due += item.nbytes
+                if not conn.kick_scheduled:
+                    conn.kick_scheduled = True
+                    kicks.append(conn)
+        return taken, kicks
+
+    def _send_credit(self, kicks: list[_SenderConn]) -> None:
+        for conn in kicks:
+            call_soon(self._loop, conn.wake.set)
+
+    def _close(self) -> None:
+        """Called by ChannelService.close: refuse new items, tell every sender."""
+        with self._cond:
+            self._closed = True
+            conns = list(self._conns)
+            self._cond.notify_all()
+        for conn in conns:
+            call_soon(self._loop, conn.wake.set)
+
+    # ------------------------------------------------------------------ event loop
+    async def serve(self, comm, sender: str) -> None:
+        """Run one sender's connection until it leaves; called by the service's handler."""
+        conn = _SenderConn(sender, comm)
+        with self._cond:
+            if self._closed:
+                raise ChannelError(f"queue channel {self.name!r} at {self.address} is closed")
+            self._conns.append(conn)
+        writer = None
+        fatal = None
+        how = "connection lost"
+        try:
+            self._rebalance()
+            conn.window_sent = conn.window
+            await comm.write({"window": conn.window})
+            writer = asyncio.create_task(self._credit_writer(conn))
+            while True:
+                try:
+                    msg = await comm.read()
+                except (CommClosedError, OSError):
+                    break
+                except Exception as exc:  # undecodable frames: the stream can't be trusted
+                    fatal = f"cannot decode a message on queue channel {self.name!r} at {self.address}: {exc!r}"
+                    break
+                if isinstance(msg, dict) and msg.get("bye"):
+                    how = "closed by sender"
+                    break
+                try:
+                    self._deliver(conn, msg)
+                except _Malformed as exc:
+                    fatal = f"malformed message on queue channel {self.name!r} at {self.address}: {exc}"
+                    break
+        finally:
+            with self._cond:
+                conn.live = False
+                self._conns.remove(conn)
+            self._rebalance()
+            if writer is not None:
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+            if fatal is not None:
+                how = fatal
+                logger.error("%s (sender %r from %s); closing its connection", fatal, sender, conn.peer)
+                if not comm.closed():
+                    try:
+                        await asyncio.wait_for(comm.write({"error": fatal}), 5)
+                    except Exception:
+                        pass
+            logger.debug("%r: sender %r from %s left: %s", self, sender, conn.peer, how)
+            if not comm.closed():
+                await comm.close()
+
+    def _rebalance(self) -> None:
+        with self._cond:
+            live = [c for c in self._conns if c.live]
+            if not live:
+                return
+            share = max(1, self.capacity_bytes // len(live))
+            for conn in live:
+                conn.window = share
+        for conn in live:
+            conn.wake.set()
+
+    async def _credit_writer(self, conn: _SenderConn) -> None:
+        """The only writer on ``conn.comm`` while it is served: credit and window updates,
+        coalesced so that at most one write per sender is pending."""
+        comm = conn.comm
+        while True:
+            await conn.wake.wait()
+            conn.wake.clear()
+            with self._cond:
+                due, conn.credit_due = conn.credit_due, 0
+                conn.kick_scheduled = False
+                closed = self._closed
+            if closed:
+                await comm.write({"error": f"queue channel {self.name!r} at {self.address} was closed by the receiver"})
+                # Keep reading (and discarding) so the error is not lost to a reset; a sender
+                # that ignores it is cut off after a grace period.
+                await asyncio.sleep(10)
+                comm.abort()
+                return
+            msg = {}
+            if due:
+                msg["credit"] = due
+            if conn.window != conn.window_sent:
+                msg["window"] = conn.window_sent = conn.window
+            if msg:
+                await comm.write(msg)
+
+    def _deliver(self, conn: _SenderConn, msg) -> None:
+        if not isinstance(msg, dict) or not isinstance(msg.get("items"), (list, tuple)):
+            raise _Malformed(f"expected {{'items': [[seq, nbytes, payload], ...]}}, got {_describe(msg)}")
+        entries = []
+        for entry in msg["items"]:
+            if (
+                not isinstance(entry, (list, tuple))
+                or len(entry) != 3
+                or not isinstance(entry[0], int)
+                or not isinstance(entry[1], int)
+                or not isinstance(entry[2], dict)
+            ):
+                raise _Malformed(f"expected an item [seq, nbytes, payload dict], got {_describe(entry)}")
+            entries.append(entry)
+        now = time.time()
+        with self._cond:
+            if self._closed:
+                return
+            for seq, nbytes, payload in entries:
+                if seq > conn.next_seq:
+                    self._seq_gaps += seq - conn.next_seq
+                conn.next_seq = seq + 1
+                self._items.append((Item(conn.sender, seq, payload, nbytes, now), conn))
+                self._queued_bytes += nbytes
+                self._received_items += 1
+                self._received_bytes += nbytes
+                self._senders[conn.sender] += 1
+            self._max_queued_bytes = max(self._max_queued_bytes, self._queued_bytes)
+            self._cond.notify_all()
+
+
+def _describe(obj) -> str:
+    text = repr(obj)
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -1,0 +1,345 @@
+"""Sending end of a many-to-one queue channel, with credit-based flow control.
+
+Call protocol::
+
+    sender = QueueSender(inbox_address, "traj", sender_id="actor-3", capacity_bytes=32 << 20)
+    while running:                      # in the role's own thread, never on the event loop
+        ok = sender.push({"obs": obs, "act": act})   # False only when drop_oldest dropped it
+    sender.close()
+
+Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the other side)::
+
+    sender   -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "queue"}
+    receiver -> {"window": bytes}  or  {"error": text}
+    sender   -> {"items": [[seq, nbytes, payload], ...]}      (repeated, up to max_batch_bytes)
+    receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
+    sender   -> {"bye": True}, then closes
+
+Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on the
+event loop, so the caller must not mutate them after the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+
+from distributed.comm import connect
+from distributed.protocol import to_serialize
+
+from .common import (
+    FULL_POLICIES,
+    HANDLER_OP,
+    QUEUE_KIND,
+    ChannelError,
+    call_soon,
+    logger,
+    on_event_loop,
+    payload_nbytes,
+    resolve_loop,
+)
+
+
+class QueueSender:
+    """One sender's end of a queue channel; ``push`` may be called from any non-event-loop thread.
+
+    Outstanding bytes are items queued here but not yet written plus items written but not yet
+    taken by the receiving consumer.  They never exceed ``capacity_bytes``; when a push would
+    exceed it, ``full_policy="wait"`` blocks the pushing thread until credit returns (counted in
+    ``stats()["blocked_s"]``) and ``"drop_oldest"`` discards the oldest unwritten items (counted in
+    ``dropped``; their sequence numbers are skipped so the receiver sees the gap).  When every
+    outstanding byte is already written, ``drop_oldest`` drops the new item instead; it still
+    consumes a sequence number, so ``dropped`` equals the receiver's ``seq_gaps`` once a later
+    item has arrived.
+
+    The receiver may announce a smaller window (its capacity shared among its live senders):
+    then items wait here, still counted as outstanding.  An item larger than the window is
+    written only once nothing else of this sender is in flight.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        channel: str,
+        sender_id: str,
+        capacity_bytes: int,
+        full_policy: str = "wait",
+        max_batch_bytes: int = 1 << 20,
+        loop=None,
+        connection_args: dict | None = None,
+        *,
+        connect_timeout: float | None = None,
+    ):
+        if full_policy not in FULL_POLICIES:
+            raise ValueError(f"full_policy must be one of {FULL_POLICIES}, got {full_policy!r}")
+        if capacity_bytes <= 0 or max_batch_bytes <= 0:
+            raise ValueError("capacity_bytes and max_batch_bytes must be positive")
+        self.address = address
+        self.channel = channel
+        self.sender_id = sender_id
+        self.capacity_bytes = int(capacity_bytes)
+        self.full_policy = full_policy
+        self.max_batch_bytes = int(max_batch_bytes)
+        self._loop, self._connection_args = resolve_loop(loop, connection_args)
+        self._connect_timeout = connect_timeout
+
+        # Everything below is shared between pushing threads and the event loop: guarded by _cond.
+        self._cond = threading.Condition()
+        self._pending: deque[tuple[int, int, dict]] = deque()  # (seq, nbytes, payload), unwritten
+        self._pending_bytes = 0
+        self._inflight_bytes = 0  # written, credit not yet returned
+        self._window = self.capacity_bytes
+        self._next_seq = 0
+        self._error: ChannelError | None = None
+        self._closing = False
+        self._kick_scheduled = False
+        self._future = None  # concurrent.futures.Future of _run, set by the first push
+        self._wake: asyncio.Event | None = None
+        self._sent_items = 0
+        self._sent_bytes = 0
+        self._messages = 0
+        self._dropped = 0
+        self._blocked_s = 0.0
+        self._errors = 0
+
+    def __repr__(self) -> str:
+        return f"<QueueSender {self.sender_id!r} -> {self.channel!r} at {self.address}>"
+
+    # ------------------------------------------------------------------ caller's thread
+    def push(self, payload: dict) -> bool:
+        """Queue one item; returns at once while credit allows (see the class docstring).
+
+        Returns False when ``drop_oldest`` had to drop this very item.  Raises ChannelError once
+        the connection broke or the channel was closed, ValueError for an item larger than
+        ``capacity_bytes``, RuntimeError when ``wait`` would have to block an event loop.
+        """
+        nbytes = payload_nbytes(payload)
+        if nbytes > self.capacity_bytes:
+            raise ValueError(
+                f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of "
+                f"queue channel {self.channel!r} at {self.address}"
+            )
+        with self._cond:
+            self._check_usable()
+            if self._future is None:
+                self._start()
+            if self._outstanding() + nbytes > self.capacity_bytes:
+                if self.full_policy == "wait":
+                    self._wait_for_room(nbytes)
+                elif self._inflight_bytes + nbytes > self.capacity_bytes:
+                    self._next_seq += 1
+                    self._dropped += 1
+                    return False
+                else:
+                    while self._outstanding() + nbytes > self.capacity_bytes:
+                        _, dropped_bytes, _ = self._pending.popleft()
+                        self._pending_bytes -= dropped_bytes
+                        self._dropped += 1
+            self._pending.append((self._next_seq, nbytes, payload))
+            self._next_seq += 1
+            self._pending_bytes += nbytes
+            kick = not self._kick_scheduled
+            self._kick_scheduled = True
+        if kick and not call_soon(self._loop, self._on_kick):
+            self._fail("the event loop is closed (worker shutting down)")
+            raise ChannelError(str(self._error))
+        return True
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {
+                "sent_items": self._sent_items,
+                "sent_bytes": self._sent_bytes,
+                "messages": self._messages,
+                "dropped": self._dropped,
+                "blocked_s": self._blocked_s,
+                "outstanding_bytes": self._outstanding(),
+                "errors": self._errors,
+                "window": self._window,
+            }
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is still queued (for at most ``timeout`` seconds), then close the comm.
+
+        Idempotent; never raises for a broken connection (see ``stats()["errors"]``).  From an
+        event-loop thread it only starts the flush and returns."""
+        with self._cond:
+            already = self._closing
+            self._closing = True
+            self._cond.notify_all()  # pushers blocked in "wait" raise ChannelError
+            future = self._future
+        if already or future is None:
+            return
+        call_soon(self._loop, self._on_kick)
+        if on_event_loop():
+            return
+        try:
+            future.result(timeout)
+        except TimeoutError:
+            future.cancel()  # the writer's finally aborts the comm
+            logger.warning("%r: close() timed out after %.1f s with items unwritten", self, timeout)
+        except Exception:  # already recorded by _fail; close stays quiet by contract
+            pass
+
+    def _outstanding(self) -> int:
+        return self._pending_bytes + self._inflight_bytes
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise ChannelError(str(self._error))
+        if self._closing:
+            raise ChannelError(f"queue channel {self.channel!r} at {self.address}: sender closed")
+
+    def _wait_for_room(self, nbytes: int) -> None:
+        if on_event_loop():
+            raise RuntimeError(
+                f"{self!r}: push() would block the event loop waiting for credit; "
+                "push from the role's own thread or use full_policy='drop_oldest'"
+            )
+        start = time.monotonic()
+        try:
+            while self._outstanding() + nbytes > self.capacity_bytes:
+                self._cond.wait()
+                self._check_usable()
+        finally:
+            self._blocked_s += time.monotonic() - start
+
+    def _start(self) -> None:
+        try:
+            self._future = asyncio.run_coroutine_threadsafe(self._run(), self._loop)
+        except RuntimeError as exc:  # loop closed
+            self._error = ChannelError(
+                f"queue channel {self.channel!r} at {self.address}: cannot start: {exc}"
+            )
+            self._errors += 1
+            raise ChannelError(str(self._error)) from None
+
+    def _fail(self, reason) -> None:
+        with self._cond:
+            if self._error is None:
+                if isinstance(reason, ChannelError):
+                    self._error = reason
+                else:
+                    self._error = ChannelError(
+                        f"queue channel {self.channel!r} at {self.address}: {reason}"
+                    )
+                self._errors += 1
+                # Unwritten items can never be delivered: release them now.
+                self._pending.clear()
+                self._pending_bytes = 0
+            self._cond.notify_all()
+        if self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ event loop
+    def _on_kick(self) -> None:
+        with self._cond:
+            self._kick_scheduled = False
+        if self._wake is not None:
+            self._wake.set()
+
+    def _take_batch(self) -> list[tuple[int, int, dict]]:
+        """Move the head of the pending queue into flight, within window and batch size."""
+        batch: list[tuple[int, int, dict]] = []
+        batch_bytes = 0
+        with self._cond:
+            if self._error is not None:
+                return batch
+            window = min(self._window, self.capacity_bytes)
+            while self._pending:
+                nbytes = self._pending[0][1]
+                if batch and batch_bytes + nbytes > self.max_batch_bytes:
+                    break
+                fits = self._inflight_bytes + batch_bytes + nbytes <= window
+                if not fits and (batch or self._inflight_bytes):
+                    break
+                batch.append(self._pending.popleft())
+                batch_bytes += nbytes
+            self._pending_bytes -= batch_bytes
+            self._inflight_bytes += batch_bytes
+        return batch
+
+    async def _run(self) -> None:
+        self._wake = asyncio.Event()
+        comm = None
+        reader = None
+        try:
+            try:
+                comm = await connect(
+                    self.address, timeout=self._connect_timeout, **self._connection_args
+                )
+            except Exception as exc:
+                raise ChannelError(
+                    f"queue channel {self.channel!r} at {self.address}: cannot connect: {exc}"
+                ) from exc
+            await comm.write(
+                {
+                    "op": HANDLER_OP,
+                    "reply": False,
+                    "channel": self.channel,
+                    "sender": self.sender_id,
+                    "kind": QUEUE_KIND,
+                }
+            )
+            reply = await comm.read()
+            if not isinstance(reply, dict) or "window" not in reply:
+                reason = reply.get("error") if isinstance(reply, dict) else None
+                raise ChannelError(
+                    f"queue channel {self.channel!r} at {self.address}: refused: "
+                    f"{reason or repr(reply)}"
+                )
+            with self._cond:
+                self._window = int(reply["window"])
+            reader = asyncio.create_task(self._read_credit(comm))
+            while True:
+                batch = self._take_batch()
+                if batch:
+                    await comm.write(
+                        {"items": [[seq, nb, to_serialize(p)] for seq, nb, p in batch]}
+                    )
+                    with self._cond:
+                        self._sent_items += len(batch)
+                        self._sent_bytes += sum(nb for _, nb, _ in batch)
+                        self._messages += 1
+                    continue
+                with self._cond:
+                    if self._error is not None:
+                        return
+                    if self._closing and not self._pending:
+                        break
+                await self._wake.wait()
+                self._wake.clear()
+            reader.cancel()
+            await comm.write({"bye": True})
+            await comm.close()
+        except asyncio.CancelledError:
+            self._fail("closed before everything queued was written")
+            raise
+        except Exception as exc:
+            self._fail(exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
+        finally:
+            if reader is not None:
+                reader.cancel()
+            if comm is not None and not comm.closed():
+                comm.abort()
+
+    async def _read_credit(self, comm) -> None:
+        try:
+            while True:
+                msg = await comm.read()
+                if not isinstance(msg, dict) or "error" in msg:
+                    reason = msg.get("error") if isinstance(msg, dict) else repr(msg)
+                    self._fail(f"receiver closed the connection: {reason}")
+                    return
+                with self._cond:
+                    self._inflight_bytes -= int(msg.get("credit", 0))
+                    if "window" in msg:
+                        self._window = int(msg["window"])
+                    self._cond.notify_all()
+                self._wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(f"connection lost (receiving worker gone?): {exc!r}")

@@ -1,0 +1,226 @@
+"""The driver: starts a run's hosts, supervises them, records metrics, stops everything.
+
+``train(config, client=None)`` returns a :class:`Run` handle at once; the run
+proceeds in a background thread. ``run.wait()`` blocks until it ends and
+returns a :class:`RunResult`; ``run.stop()`` ends it early; ``run.metrics()``
+gives the metrics recorded so far as an xarray Dataset.
+
+With no client the driver starts a ``LocalCluster`` bound to 127.0.0.1 with one
+single-threaded worker process per actor plus one for the buffer and learner
+(they share a process so batches stay local), and closes it at the end. A
+client passed in is used as it is and left open. The same handle runs the
+serial reference (``serial=True``): the role objects in this process, no Dask.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tianji_dask.cluster import HostLost
+from tianji_dask.config import ExperimentConfig, check_env
+from tianji_dask.results import MetricsRecorder
+from tianji_dask.rundir import prepare_run_dir, run_name, write_config
+
+FINISHED = ("target_reached", "max_env_steps", "max_seconds")
+
+
+@dataclass
+class RunResult:
+    """How a run ended. ``status`` is one of ``target_reached``, ``max_env_steps``,
+    ``max_seconds``, ``stopped`` (``Run.stop``/Ctrl-C) or ``failed`` (``error`` says why)."""
+
+    status: str
+    run_dir: Path
+    wall_s: float
+    env_steps: int
+    return_mean_100: float
+    time_to_target_s: float
+    error: str | None = None
+    final_row: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in FINISHED
+
+
+class Run:
+    """Handle to a running training job (see the module docstring for the protocol)."""
+
+    def __init__(self, cfg: ExperimentConfig, *, client=None, out: Path | None = None,
+                 serial: bool = False, on_row=None, on_event=None, runs_root: Path = Path("runs")):
+        self.cfg = cfg
+        self.serial = serial
+        self.spaces = check_env(cfg)
+        self.name = run_name(cfg.env.id, cfg.algo.name, cfg.seed)
+        self.run_dir = prepare_run_dir(out, root=runs_root, name=self.name)
+        write_config(self.run_dir, cfg.model_dump_yaml())
+        self.id = uuid.uuid4().hex[:10]
+        self._client = client
+        self._on_row = on_row or (lambda row: None)
+        self._on_event = on_event or (lambda text: None)
+        self._stop_reason: str | None = None
+        self._stop_requested = threading.Event()
+        self._done = threading.Event()
+        self.result: RunResult | None = None
+        self.t0 = time.time()
+        self.recorder = MetricsRecorder(run_name=self.name, target_return=cfg.stop.target_return,
+                                        config_json=cfg.to_json(), t0=self.t0,
+                                        attrs={"mode": "serial" if serial else "distributed"})
+        self.dashboard_link: str | None = None
+        self._thread = threading.Thread(target=self._main, name=f"tianji-driver-{self.id}", daemon=True)
+        self._thread.start()
+
+    # --- public -------------------------------------------------------------------------
+    def stop(self, reason: str = "stopped") -> None:
+        """Ask the run to stop; returns at once (``wait()`` for the end)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stop_requested.set()
+
+    def wait(self, timeout: float | None = None) -> RunResult | None:
+        """Block until the run has ended and its results are written; None on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done.wait(0.2):  # short waits keep Ctrl-C responsive in the caller
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+        return self.result
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def metrics(self):
+        """Metrics recorded so far (an ``xarray.Dataset``; see docs/metrics.md)."""
+        return self.recorder.dataset()
+
+    def episodes(self):
+        return self.recorder.episodes_dataset()
+
+    # --- stop rules ---------------------------------------------------------------------
+    def _check_stop_rules(self) -> str | None:
+        s = self.cfg.stop
+        if s.target_return is not None and not math.isnan(self.recorder.time_to_target_s):
+            return "target_reached"
+        if s.max_env_steps is not None and self.recorder.env_steps >= s.max_env_steps:
+            return "max_env_steps"
+        if s.max_seconds is not None and time.time() - self.t0 >= s.max_seconds:
+            return "max_seconds"
+        return None
+
+    def _should_stop(self) -> bool:
+        if self._stop_requested.is_set():
+            return True
+        reason = self._check_stop_rules()
+        if reason:
+            self.stop(reason)
+            return True
+        return False
+
+    # --- main ---------------------------------------------------------------------------
+    def _main(self) -> None:
+        error = None
+        try:
+            if self.serial:
+                self._run_serial()
+            else:
+                self._run_distributed()
+        except HostLost as exc:
+            error = str(exc)
+        except BaseException as exc:  # noqa: BLE001 - any failure ends the run with results written
+            import traceback
+
+            error = f"{exc!r}\n{traceback.format_exc()}"
+        finally:
+            self._finish(error)
+
+    def _finish(self, error: str | None) -> None:
+        row = self.recorder.row(time.time() - self.t0)
+        status = "failed" if error else (self._stop_reason or "stopped")
+        try:
+            self.recorder.write(self.run_dir)
+        except Exception as exc:  # noqa: BLE001
+            error = (error or "") + f"\nwriting results failed: {exc!r}"
+            status = "failed"
+        self.result = RunResult(status=status, run_dir=self.run_dir, wall_s=time.time() - self.t0,
+                                env_steps=self.recorder.env_steps,
+                                return_mean_100=self.recorder.return_mean_100,
+                                time_to_target_s=self.recorder.time_to_target_s, error=error,
+                                final_row=row)
+        self._done.set()
+
+    def _tick(self, next_row: float) -> float:
+        now = time.time()
+        if now >= next_row:
+            self._on_row(self.recorder.row(now - self.t0))
+            return now + self.cfg.run.metrics_interval
+        return next_row
+
+    def _run_serial(self) -> None:
+        from tianji_dask.serial import SerialRun
+
+        run = SerialRun(self.cfg)
+        self._learner_state = run.learner
+        next_row = [time.time()]
+
+        def emit(hb):
+            self.recorder.add(hb)
+
+        def should_stop():
+            next_row[0] = self._tick(next_row[0])
+            return self._should_stop()
+
+        run.run(emit, should_stop)
+        self._save_checkpoint(run.learner.core.state(), self._checkpoint_meta(run.learner))
+
+    def _checkpoint_meta(self, learner) -> dict:
+        return {"updates": learner.counters["updates"], "samples": learner.counters["samples"],
+                "algo": self.cfg.algo.name, "env_id": self.cfg.env.id, "run_name": self.name}
+
+    def _save_checkpoint(self, state, meta) -> None:
+        if not self.cfg.run.checkpoint:
+            return
+        from tianji_dask.checkpoint import save_checkpoint
+
+        save_checkpoint(self.run_dir / "checkpoint", state, meta)
+
+    def _run_distributed(self) -> None:
+        from tianji_dask.cluster import RunCluster
+
+        with RunCluster(self.cfg, self._client, self.id, self._on_event) as rc:
+            self.dashboard_link = rc.dashboard_link
+            rc.subscribe(self.recorder.add)
+            rc.start_hosts(self.spaces)
+            next_row = time.time()
+            try:
+                while not self._should_stop():
+                    next_row = self._tick(next_row)
+                    rc.check_health()
+                    time.sleep(0.05)
+            finally:
+                rc.stop_hosts()
+                for hb in rc.final_heartbeats():
+                    self.recorder.add(hb)
+            if self.cfg.run.checkpoint:
+                state, meta = rc.learner_checkpoint()
+                meta.update(run_name=self.name)
+                self._save_checkpoint(state, meta)
+
+
+def train(config: ExperimentConfig, client=None, *, out: str | Path | None = None, serial: bool = False,
+          on_row=None, on_event=None) -> Run:
+    """Start a training run and return its :class:`Run` handle at once.
+
+    ``client``: a ``distributed.Client`` of any cluster (LocalCluster, SLURMCluster,
+    a scheduler address); None starts a LocalCluster sized for the run and closes
+    it afterwards. ``on_row(row)`` is called with every metrics row (progress
+    display), ``on_event(text)`` with notable events (dashboard link, lost hosts).
+    """
+    return Run(config, client=client, out=Path(out) if out else None, serial=serial,
+               on_row=on_row, on_event=on_event)

@@ -1,0 +1,56 @@
+"""Live progress for the CLI: one compact line, updated in place on a terminal,
+printed every few seconds otherwise (CI logs, pipes)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+
+def _fmt(x: float, spec: str = ".0f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def progress_line(row: dict, target: float | None) -> str:
+    ret = _fmt(row.get("return_mean_100"), ".1f")
+    goal = f"/{target:g}" if target is not None else ""
+    return (f"{row.get('time', 0.0):6.1f}s  steps {int(row.get('env_steps', 0)):>9,}  "
+            f"{_fmt(row.get('sample_fps'))} steps/s  train {_fmt(row.get('train_fps'))} samples/s  "
+            f"return(100) {ret}{goal}  replay ratio {_fmt(row.get('replay_ratio'), '.1f')}  "
+            f"updates {int(row.get('updates', 0) or 0):,}")
+
+
+class Progress:
+    """``update(row)`` from any thread; ``event(text)`` prints a message line; ``close()``."""
+
+    def __init__(self, target: float | None, console: Console | None = None, every_s: float = 5.0):
+        self.console = console or Console(stderr=True)
+        self.target = target
+        self.every_s = every_s
+        self._last_print = 0.0
+        self._live = None
+        if self.console.is_terminal:
+            self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4,
+                              transient=False)
+            self._live.start()
+
+    def update(self, row: dict) -> None:
+        line = progress_line(row, self.target)
+        if self._live is not None:
+            self._live.update(Text(line))
+        elif time.monotonic() - self._last_print >= self.every_s:
+            self._last_print = time.monotonic()
+            print(line, file=sys.stderr, flush=True)
+
+    def event(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

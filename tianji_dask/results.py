@@ -1,0 +1,444 @@
+"""Run results: heartbeats in, xarray time series and per-episode records out, written as NetCDF.
+
+Every host (actor, buffer, learner) sends the driver a heartbeat of *cumulative* counters about
+twice a second. :class:`MetricsRecorder` keeps the latest heartbeat of each host, turns the
+counters into one time row per metrics interval (rates from counter differences, sums over hosts,
+the 100-episode return window, staleness, buffer fill) and builds ``metrics.nc`` / ``episodes.nc``.
+Every variable carries ``long_name`` and ``units`` so plots label themselves; ``docs/metrics.md``
+defines each of them.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+ROLES = ("actor", "buffer", "learner")
+
+# Counters that only grow while a host lives. If one of them goes down, the host restarted and
+# its counters began again at zero; the recorder then adds the old totals as an offset so sums
+# over hosts and rates stay monotone.
+_MONOTONE = {
+    "actor": ("env_steps", "chunks_sent", "bytes_sent", "dropped", "blocked_s", "throttled_s",
+              "params_received"),
+    "buffer": ("received", "received_bytes", "seq_gaps"),
+    "learner": ("updates", "samples", "throttled_s"),
+}
+# Per role: counter whose rate over the last interval is reported, keyed by the name of the rate.
+_RATES = {
+    "actor": {"sample_fps": "env_steps", "send_bytes_per_s": "bytes_sent"},
+    "buffer": {"receive_fps": "received"},
+    "learner": {"train_fps": "samples"},
+}
+
+# name -> (long_name, units, dtype). Order is the order in the dataset.
+_TIME_VARS: dict[str, tuple[str, str, str]] = {
+    "env_steps": ("env steps (all actors)", "1", "int64"),
+    "sample_fps": ("env steps per second (all actors)", "s-1", "float64"),
+    "receive_fps": ("transitions received per second (all buffers)", "s-1", "float64"),
+    "train_fps": ("samples consumed per second (all learners)", "s-1", "float64"),
+    "send_bytes_per_s": ("trajectory bytes sent per second (all actors)", "B s-1", "float64"),
+    "updates": ("learner updates (all learners)", "1", "int64"),
+    "episodes": ("episodes finished (all actors)", "1", "int64"),
+    "return_mean_100": ("mean return of the last 100 episodes", "1", "float64"),
+    "replay_ratio": ("samples consumed / transitions received", "1", "float64"),
+    "buffer_size": ("transitions held in replay (all buffers)", "1", "float64"),
+    "buffer_fill": ("replay fill fraction (size / capacity)", "1", "float64"),
+    "param_version": ("latest published parameter version", "1", "float64"),
+    "policy_lag": ("learner parameter version minus mean actor version", "1", "float64"),
+    "epsilon": ("exploration epsilon (mean over actors)", "1", "float64"),
+    "loss": ("learner loss (mean since the learner's previous heartbeat)", "1", "float64"),
+    "q_mean": ("mean Q value (mean since the learner's previous heartbeat)", "1", "float64"),
+    "blocked_s": ("actor time blocked on channel credit (cumulative, all actors)", "s", "float64"),
+    "throttled_actor_s": ("actor time paused by the balance controller (cumulative, all actors)",
+                          "s", "float64"),
+    "throttled_learner_s": ("learner time paused by the balance controller (cumulative, all learners)",
+                            "s", "float64"),
+    "dropped": ("trajectory chunks dropped by the channel (cumulative, all actors)", "1", "int64"),
+    "seq_gaps": ("sequence gaps seen by the buffers (cumulative)", "1", "int64"),
+}
+# name -> (dim, long_name, units, source) with source the per-host value stored each row.
+_HOST_VARS: dict[str, tuple[str, str, str, str]] = {
+    "actor_sample_fps": ("actor", "env steps per second of one actor", "s-1", "sample_fps"),
+    "actor_env_steps": ("actor", "env steps of one actor", "1", "env_steps"),
+    "actor_param_version": ("actor", "parameter version in use by one actor", "1", "param_version"),
+    "actor_blocked_s": ("actor", "time one actor was blocked on channel credit (cumulative)", "s",
+                        "blocked_s"),
+    "buffer_receive_fps": ("buffer", "transitions received per second by one buffer", "s-1",
+                           "receive_fps"),
+    "learner_train_fps": ("learner", "samples consumed per second by one learner", "s-1", "train_fps"),
+}
+_HOST_KEYS = {"actor": ("sample_fps", "env_steps", "param_version", "blocked_s"),
+              "buffer": ("receive_fps",), "learner": ("train_fps",)}
+
+_EPISODE_VARS: dict[str, tuple[str, str, str]] = {
+    "return": ("episode return (undiscounted)", "1", "float64"),
+    "length": ("episode length", "1", "int64"),
+    "actor": ("actor host that ran the episode", "1", "int64"),
+    "wall_time": ("wall time the episode finished, since start", "s", "float64"),
+    "env_steps": ("env steps (all actors) when the episode was reported", "1", "int64"),
+}
+
+_VERSIONED = ("torch", "dask", "distributed", "gymnasium", "numpy", "xarray")
+
+
+class _Host:
+    """Latest heartbeat of one host plus the reference point of its rates."""
+
+    __slots__ = ("t", "raw", "offset", "ref_t", "ref", "rates")
+
+    def __init__(self, t: float, counters: dict[str, float]):
+        self.t = t
+        self.raw = counters
+        self.offset: dict[str, float] = {}
+        self.ref_t = t
+        self.ref = dict(counters)
+        self.rates: dict[str, float] = {}
+
+    def value(self, key: str, default: float = 0.0) -> float:
+        return self.raw.get(key, default) + self.offset.get(key, 0.0)
+
+
+class MetricsRecorder:
+    """Turns heartbeats into time series.
+
+    Call protocol: ``add(heartbeat)`` as they arrive (thread-safe), ``row(t_rel)`` every metrics
+    interval, and ``dataset()`` / ``episodes_dataset()`` / ``write(run_dir)`` at any time, also
+    while the run goes on. ``last_seen()`` serves supervision.
+
+    Rates (``*_fps``) are the difference of a host's cumulative counter between the heartbeat
+    used by the previous row and the latest one, divided by the difference of the heartbeats' own
+    ``t``. A host with no new heartbeat since the previous row keeps its previous rate; a host's
+    first rate needs two heartbeats (NaN before). Sums over hosts skip hosts whose rate is NaN.
+    """
+
+    def __init__(self, *, run_name: str, target_return: float | None, config_json: str, t0: float,
+                 attrs: dict | None = None):
+        if not isinstance(config_json, str):
+            raise TypeError(f"config_json must be a JSON string, got {type(config_json).__name__}; "
+                            "pass e.g. config.model_dump_json()")
+        try:
+            json.loads(config_json)
+        except ValueError as e:
+            raise ValueError(f"config_json is not valid JSON ({e}); pass e.g. config.model_dump_json()") from e
+        self.run_name = run_name
+        self.target_return = None if target_return is None else float(target_return)
+        self.config_json = config_json
+        self.t0 = float(t0)
+        self._extra_attrs = _netcdf_attrs(attrs or {})
+        self._provenance = provenance_attrs()  # at start: the code this run was launched with
+        self._lock = threading.Lock()
+        self._hosts: dict[tuple[str, int], _Host] = {}
+        self._rows: list[dict[str, Any]] = []
+        self._host_rows: list[dict[tuple[str, int], tuple[float, ...]]] = []
+        self._ep_cols: dict[str, list] = {k: [] for k in _EPISODE_VARS}
+        self._window: collections.deque[float] = collections.deque(maxlen=100)
+        self.time_to_target_s = math.nan
+
+    # ------------------------------------------------------------------ input
+    def add(self, heartbeat: dict) -> None:
+        """Record one heartbeat: keep its counters as the host's latest, append its episodes.
+
+        A heartbeat older than the latest one of the same host (out-of-order delivery) only
+        contributes its episodes. Raises ValueError for a heartbeat without a known role.
+        """
+        role = heartbeat.get("role")
+        if role not in ROLES:
+            raise ValueError(f"heartbeat role must be one of {ROLES}, got {role!r} "
+                             f"(keys: {sorted(heartbeat)})")
+        key = (role, int(heartbeat["id"]))
+        t = float(heartbeat["t"])
+        counters = {k: _num(v) for k, v in (heartbeat.get("counters") or {}).items()}
+        with self._lock:
+            host = self._hosts.get(key)
+            if host is None:
+                self._hosts[key] = _Host(t, counters)
+            elif t > host.t:
+                if any(counters.get(k, math.inf) < host.raw.get(k, -math.inf) for k in _MONOTONE[role]):
+                    for k in _MONOTONE[role]:
+                        if not math.isnan(host.raw.get(k, math.nan)):
+                            host.offset[k] = host.offset.get(k, 0.0) + host.raw[k]
+                host.t, host.raw = t, counters
+            steps = self._env_steps_locked()
+            for ep in heartbeat.get("episodes") or ():
+                ret, length, t_end = float(ep[0]), int(ep[1]), float(ep[2])
+                c = self._ep_cols
+                c["return"].append(ret)
+                c["length"].append(length)
+                c["actor"].append(key[1])
+                c["wall_time"].append(t_end - self.t0)
+                c["env_steps"].append(steps)
+                self._window.append(ret)
+                if (self.target_return is not None and math.isnan(self.time_to_target_s)
+                        and len(c["return"]) >= 100 and self._mean_100() >= self.target_return):
+                    self.time_to_target_s = t_end - self.t0
+
+    # ---------------------------------------------------------------- summary
+    @property
+    def env_steps(self) -> int:
+        """Env steps produced so far, summed over actors (latest heartbeats)."""
+        with self._lock:
+            return self._env_steps_locked()
+
+    @property
+    def return_mean_100(self) -> float:
+        """Mean return of the last min(100, n) episodes (arrival order); NaN before any."""
+        with self._lock:
+            return self._mean_100()
+
+    @property
+    def episodes(self) -> int:
+        """Number of episodes finished so far."""
+        with self._lock:
+            return len(self._ep_cols["return"])
+
+    def last_seen(self) -> dict[tuple[str, int], float]:
+        """Unix time (the heartbeat's own ``t``) of the latest heartbeat per (role, id)."""
+        with self._lock:
+            return {k: h.t for k, h in self._hosts.items()}
+
+    def _env_steps_locked(self) -> int:
+        return int(sum(v for (r, _), h in self._hosts.items()
+                       if r == "actor" and not math.isnan(v := h.value("env_steps"))))
+
+    def _mean_100(self) -> float:
+        return float(np.mean(self._window)) if self._window else math.nan
+
+    # ------------------------------------------------------------------- rows
+    def row(self, t_rel: float | None = None) -> dict:
+        """Append one time row from the latest counters and return it (scalars, for progress).
+
+        ``t_rel`` is the row's time in seconds since ``t0``; default now.
+        """
+        if t_rel is None:
+            t_rel = time.time() - self.t0
+        with self._lock:
+            by_role: dict[str, list[tuple[int, _Host]]] = {r: [] for r in ROLES}
+            for (role, hid), h in sorted(self._hosts.items()):
+                by_role[role].append((hid, h))
+                dt = h.t - h.ref_t
+                if dt > 0:  # no new heartbeat (dt == 0) keeps the previous rate
+                    for name, counter in _RATES[role].items():
+                        h.rates[name] = (h.value(counter) - h.ref.get(counter, 0.0)) / dt
+                    h.ref_t = h.t
+                    h.ref = {c: h.value(c) for c in _RATES[role].values()}
+            actors, buffers, learners = by_role["actor"], by_role["buffer"], by_role["learner"]
+
+            def total(hosts, key):  # a counter a host did not send (or sent as None) counts 0
+                return sum(v for _, h in hosts if not math.isnan(v := h.value(key)))
+
+            def rate(hosts, name):
+                vals = [h.rates.get(name, math.nan) for _, h in hosts]
+                vals = [v for v in vals if not math.isnan(v)]
+                return float(sum(vals)) if vals else math.nan
+
+            received, samples = total(buffers, "received"), total(learners, "samples")
+            capacity = total(buffers, "capacity")
+            size = total(buffers, "size") if buffers else math.nan
+            actor_versions = [_version(h) for _, h in actors]
+            learner_versions = [_version(h) for _, h in learners]
+            param_version = _nanmax(learner_versions)
+            mean_actor_version = _nanmean(actor_versions)
+            r = {
+                "time": float(t_rel),
+                "env_steps": int(total(actors, "env_steps")),
+                "sample_fps": rate(actors, "sample_fps"),
+                "receive_fps": rate(buffers, "receive_fps"),
+                "train_fps": rate(learners, "train_fps"),
+                "send_bytes_per_s": rate(actors, "send_bytes_per_s"),
+                "updates": int(total(learners, "updates")),
+                "episodes": len(self._ep_cols["return"]),
+                "return_mean_100": self._mean_100(),
+                "replay_ratio": samples / received if received > 0 else math.nan,
+                "buffer_size": float(size),
+                "buffer_fill": size / capacity if capacity > 0 else math.nan,
+                "param_version": param_version,
+                "policy_lag": param_version - mean_actor_version,
+                "epsilon": _nanmean([h.raw.get("epsilon", math.nan) for _, h in actors]),
+                "loss": _nanmean([h.raw.get("loss", math.nan) for _, h in learners]),
+                "q_mean": _nanmean([h.raw.get("q_mean", math.nan) for _, h in learners]),
+                "blocked_s": float(total(actors, "blocked_s")),
+                "throttled_actor_s": float(total(actors, "throttled_s")),
+                "throttled_learner_s": float(total(learners, "throttled_s")),
+                "dropped": int(total(actors, "dropped")),
+                "seq_gaps": int(total(buffers, "seq_gaps")),
+            }
+            per_host = {}
+            for role in ROLES:
+                for hid, h in by_role[role]:
+                    per_host[(role, hid)] = tuple(
+                        h.rates.get(k, math.nan) if k.endswith("fps")
+                        else _version(h) if k == "param_version" else h.value(k)
+                        for k in _HOST_KEYS[role])
+            self._rows.append(r)
+            self._host_rows.append(per_host)
+            return dict(r)
+
+    # ---------------------------------------------------------------- datasets
+    def attrs(self) -> dict[str, Any]:
+        """Dataset attrs: run name, target, time to target, config JSON, versions, git commit."""
+        a: dict[str, Any] = {
+            "run_name": self.run_name,
+            "target_return": math.nan if self.target_return is None else self.target_return,
+            "time_to_target_s": float(self.time_to_target_s),
+            "config_json": self.config_json,
+            "t0_unix": self.t0,
+            **self._provenance,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        a.update(self._extra_attrs)
+        return a
+
+    def dataset(self) -> xr.Dataset:
+        """Time series: dimension ``time`` (s since t0) plus ``actor``/``buffer``/``learner``."""
+        with self._lock:
+            rows = list(self._rows)
+            host_rows = list(self._host_rows)
+            attrs = self.attrs()
+        n = len(rows)
+        times = np.array([r["time"] for r in rows], dtype="float64")
+        data_vars: dict[str, xr.Variable] = {}
+        for name, (long_name, units, dtype) in _TIME_VARS.items():
+            data_vars[name] = xr.Variable(("time",), np.array([r[name] for r in rows], dtype=dtype),
+                                          {"long_name": long_name, "units": units})
+        ids = {role: sorted({hid for hr in host_rows for (r, hid) in hr if r == role}) for role in ROLES}
+        for name, (role, long_name, units, source) in _HOST_VARS.items():
+            col = _HOST_KEYS[role].index(source)
+            arr = np.full((n, len(ids[role])), np.nan)
+            index = {hid: j for j, hid in enumerate(ids[role])}
+            for i, hr in enumerate(host_rows):
+                for (r, hid), vals in hr.items():
+                    if r == role:
+                        arr[i, index[hid]] = vals[col]
+            data_vars[name] = xr.Variable(("time", role), arr, {"long_name": long_name, "units": units})
+        coords = {"time": ("time", times, {"long_name": "wall time since start", "units": "s"})}
+        for role in ROLES:
+            coords[role] = (role, np.array(ids[role], dtype="int64"),
+                            {"long_name": f"{role} host id", "units": "1"})
+        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+
+    def episodes_dataset(self) -> xr.Dataset:
+        """Per-episode records in arrival order: dimension ``episode``."""
+        with self._lock:
+            cols = {k: list(v) for k, v in self._ep_cols.items()}
+            attrs = self.attrs()
+        n = len(cols["return"])
+        data_vars = {name: xr.Variable(("episode",), np.array(cols[name], dtype=dtype),
+                                       {"long_name": long_name, "units": units})
+                     for name, (long_name, units, dtype) in _EPISODE_VARS.items()}
+        coords = {"episode": ("episode", np.arange(n, dtype="int64"),
+                              {"long_name": "episode index (arrival order)", "units": "1"})}
+        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+
+    def write(self, run_dir: Path) -> None:
+        """Write ``run_dir/metrics.nc`` and ``run_dir/episodes.nc`` atomically (h5netcdf)."""
+        run_dir = Path(run_dir)
+        _write_netcdf_atomic(self.dataset(), run_dir / "metrics.nc")
+        _write_netcdf_atomic(self.episodes_dataset(), run_dir / "episodes.nc")
+
+
+# ---------------------------------------------------------------------- helpers
+def provenance_attrs() -> dict[str, str]:
+    """Versions of tianji_dask, its main dependencies and Python, plus the git commit."""
+    a = {"tianji_dask_version": _package_version("tianji-dask")}
+    for pkg in _VERSIONED:
+        a[f"{pkg}_version"] = _package_version(pkg)
+    a["python_version"] = platform.python_version()
+    a["git_commit"] = git_commit()
+    return a
+
+
+def git_commit() -> str:
+    """``git rev-parse HEAD`` of the tianji_dask source tree, ``-dirty`` if the tree has changes.
+
+    ``"unknown"`` when the package is not a tracked file of a git checkout (e.g. installed from
+    a wheel) or git is missing or fails.
+    """
+    pkg_dir = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(pkg_dir), *args], capture_output=True, text=True,
+                              timeout=10, check=True).stdout
+
+    try:
+        # A site-packages copy inside some unrelated repository must not report that repository.
+        git("ls-files", "--error-unmatch", "__init__.py")
+        sha = git("rev-parse", "HEAD").strip()
+        dirty = bool(git("status", "--porcelain").strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "") if sha else "unknown"
+
+
+def _package_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _num(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _version(h: _Host) -> float:
+    v = h.raw.get("param_version", math.nan)
+    return math.nan if v < 0 else v  # -1: no parameters yet
+
+
+def _nanmean(vals: list[float]) -> float:
+    vals = [v for v in vals if not math.isnan(v)]
+    return float(sum(vals) / len(vals)) if vals else math.nan
+
+
+def _nanmax(vals: list[float]) -> float:
+    vals = [v for v in vals if not math.isnan(v)]
+    return float(max(vals)) if vals else math.nan
+
+
+def _netcdf_attrs(attrs: dict) -> dict[str, Any]:
+    """Make extra attrs storable in netCDF: drop None, dicts/lists of mixed values to JSON."""
+    out: dict[str, Any] = {}
+    for k, v in attrs.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            out[k] = int(v)
+        elif isinstance(v, (str, int, float, np.integer, np.floating)):
+            out[k] = v
+        elif isinstance(v, (Path, _dt.datetime, _dt.date)):
+            out[k] = v.isoformat() if not isinstance(v, Path) else str(v)
+        elif isinstance(v, (dict, list, tuple)):
+            try:
+                out[k] = json.dumps(v)
+            except TypeError as e:
+                raise TypeError(f"attr {k!r}: {e}; pass JSON-serializable values") from e
+        else:
+            raise TypeError(f"attr {k!r} has type {type(v).__name__}, which netCDF cannot store; "
+                            "pass a str, number, dict or list")
+    return out
+
+
+def _write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
+    # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        ds.to_netcdf(tmp, engine="h5netcdf")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,142 @@
+"""The actor role: policy inference + simulation (steps 1 and 2 of the paper's Algorithm 1).
+
+Transport-agnostic: it pushes trajectory chunks into ``sender`` (anything with
+``push(dict) -> bool``) and probes ``params`` (anything with ``probe()``) for a
+newer policy version. The same class runs inside an :class:`~tianji_dask.hosts.ActorHost`
+thread and in the serial runner.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tianji_dask.algos.dqn import DQNPolicy, epsilon_at
+from tianji_dask.envs import EpisodeTracker, make_vector_env, next_observations
+
+
+class ActorRole:
+    """One actor: ``step()`` advances all its envs by one step.
+
+    Protocol: construct, ``wait_for_params()`` once (or load params yourself),
+    then call ``step()`` in a loop; ``heartbeat()`` returns cumulative counters.
+    ``flush()`` pushes a partial chunk (the serial runner uses it).
+    """
+
+    def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
+                 n_actors: int | None = None):
+        self.cfg = cfg
+        self.id = actor_id
+        self.sender = sender
+        self.params = params
+        self.balance = balance and cfg.algo.ratio_tolerance is not None
+        self.n_actors = n_actors or cfg.topology.actors
+        self.num_envs = cfg.env.num_envs
+        self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
+        obs_space = self.env.single_observation_space
+        self.obs_dtype = np.float32
+        self.obs_shape = obs_space.shape
+        self.policy = DQNPolicy(int(np.prod(self.obs_shape)), int(self.env.single_action_space.n),
+                                cfg.algo.hidden_sizes, seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.obs = self.obs.astype(self.obs_dtype)
+        self.tracker = EpisodeTracker(self.num_envs)
+        self.chunk_len = cfg.channel.chunk_steps * self.num_envs
+        self._new_chunk()
+        self.learner_consumed = 0
+        self.counters = {"env_steps": 0, "chunks_sent": 0, "bytes_sent": 0, "dropped": 0,
+                         "blocked_s": 0.0, "throttled_s": 0.0, "param_version": -1,
+                         "params_received": 0, "epsilon": 1.0}
+
+    def _new_chunk(self) -> None:
+        n = self.chunk_len
+        self._chunk = {
+            "obs": np.empty((n, *self.obs_shape), self.obs_dtype),
+            "next_obs": np.empty((n, *self.obs_shape), self.obs_dtype),
+            "actions": np.empty(n, np.int64),
+            "rewards": np.empty(n, np.float32),
+            "dones": np.empty(n, np.float32),
+        }
+        self._fill = 0
+
+    def probe_params(self) -> bool:
+        """Swap in a newer parameter version if one arrived. Never blocks."""
+        got = self.params.probe()
+        if got is None:
+            return False
+        version, payload = got
+        self.policy.load(version, payload["params"])
+        self.learner_consumed = int(payload.get("consumed", 0))
+        self.counters["param_version"] = version
+        self.counters["params_received"] += 1
+        return True
+
+    def wait_for_params(self, timeout: float, stop=lambda: False) -> None:
+        """Block until the first parameter version arrives (the only time an actor waits)."""
+        deadline = time.monotonic() + timeout
+        while not self.probe_params():
+            if stop():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"actor {self.id}: no parameters from the learner after {timeout:.0f} s")
+            time.sleep(0.005)
+
+    def ahead_of_learner(self) -> bool:
+        """Production/consumption balance: is this actor's share of production ahead of
+        what the learner's consumption allows at the serial replay ratio (minus the band)?"""
+        a = self.cfg.algo
+        allowed = (a.learning_starts + self.chunk_len * self.n_actors
+                   + self.learner_consumed / (a.target_replay_ratio * (1.0 - a.ratio_tolerance)))
+        return self.counters["env_steps"] * self.n_actors > allowed
+
+    def step(self) -> None:
+        self.probe_params()
+        if self.balance and self.ahead_of_learner():
+            t = time.perf_counter()
+            time.sleep(0.0005)
+            self.counters["throttled_s"] += time.perf_counter() - t
+            return
+        a = self.cfg.algo
+        eps = epsilon_at(self.counters["env_steps"] * self.n_actors, a.exploration_initial_eps,
+                         a.exploration_final_eps, a.exploration_steps)
+        actions = self.policy.act(self.obs, eps)
+        next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
+        dones = terminated | truncated
+        next_obs = next_obs.astype(self.obs_dtype, copy=False)
+        real_next = next_observations(next_obs, dones, infos)
+        i, n = self._fill, self.num_envs
+        c = self._chunk
+        c["obs"][i:i + n] = self.obs
+        c["next_obs"][i:i + n] = real_next
+        c["actions"][i:i + n] = actions
+        c["rewards"][i:i + n] = rewards
+        c["dones"][i:i + n] = terminated  # truncation bootstraps from the final observation
+        self._fill += n
+        self.tracker.update(rewards, dones, time.time())
+        self.obs = next_obs
+        self.counters["env_steps"] += n
+        self.counters["epsilon"] = eps
+        if self._fill >= self.chunk_len:
+            self.flush()
+
+    def flush(self) -> None:
+        """Push the current chunk (possibly partial) and start a new one."""
+        if self._fill == 0:
+            return
+        chunk = {k: v[:self._fill] for k, v in self._chunk.items()}
+        nbytes = sum(v.nbytes for v in chunk.values())
+        if self.sender.push(chunk):
+            self.counters["chunks_sent"] += 1
+            self.counters["bytes_sent"] += nbytes
+        self._new_chunk()  # the pushed arrays now belong to the channel
+
+    def heartbeat(self) -> dict:
+        sent = self.sender.stats()
+        self.counters["blocked_s"] = float(sent.get("blocked_s", 0.0))
+        self.counters["dropped"] = int(sent.get("dropped", 0))
+        return {"role": "actor", "id": self.id, "t": time.time(), "counters": dict(self.counters),
+                "episodes": self.tracker.drain()}
+
+    def close(self) -> None:
+        self.env.close()

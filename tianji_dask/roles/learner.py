@@ -1,0 +1,72 @@
+"""The learner role: policy update (step 3 of the paper's Algorithm 1).
+
+It samples from its local buffer without waiting for fresh data (after warm-up)
+and publishes versioned parameters every ``publish_interval`` updates. The
+version of a parameter set is the learner's update count when it was taken.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from tianji_dask.algos.dqn import DQNLearner
+
+
+class LearnerRole:
+    """Protocol: ``publish()`` once so actors can start, then ``step()`` in a loop;
+    ``step()`` returns False when it did not update (warm-up or balance control)."""
+
+    def __init__(self, cfg, buffer, publisher, obs_dim: int, n_actions: int, seed: int,
+                 *, balance: bool = True, learner_id: int = 0):
+        self.cfg = cfg
+        self.id = learner_id
+        self.buffer = buffer
+        self.publisher = publisher
+        self.balance = balance and cfg.algo.ratio_tolerance is not None
+        self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device)
+        self._loss_sum = self._q_sum = 0.0
+        self._n = 0
+        self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0}
+
+    def publish(self) -> None:
+        version = self.core.updates
+        self.publisher.publish(version, {"params": self.core.actor_params(),
+                                         "consumed": self.counters["samples"]})
+        self.counters["param_version"] = version
+
+    def ahead_of_actors(self) -> bool:
+        """Would another update push the replay ratio above the serial one (plus the band)?"""
+        a = self.cfg.algo
+        fresh = self.buffer.received - a.learning_starts
+        return self.counters["samples"] > a.target_replay_ratio * (1.0 + a.ratio_tolerance) * max(fresh, 0) + a.batch_size
+
+    def ready(self) -> bool:
+        return len(self.buffer) >= self.cfg.algo.learning_starts
+
+    def step(self) -> bool:
+        if not self.ready():
+            return False
+        if self.balance and self.ahead_of_actors():
+            t = time.perf_counter()
+            time.sleep(0.0005)
+            self.counters["throttled_s"] += time.perf_counter() - t
+            return False
+        a = self.cfg.algo
+        loss, q = self.core.update(self.buffer.sample(a.batch_size))
+        self._loss_sum += loss
+        self._q_sum += q
+        self._n += 1
+        self.counters["updates"] += 1
+        self.counters["samples"] += a.batch_size
+        if self.counters["updates"] % self.cfg.learner.publish_interval == 0:
+            self.publish()
+        return True
+
+    def heartbeat(self) -> dict:
+        c = dict(self.counters)
+        c["loss"] = self._loss_sum / self._n if self._n else math.nan
+        c["q_mean"] = self._q_sum / self._n if self._n else math.nan
+        self._loss_sum = self._q_sum = 0.0
+        self._n = 0
+        return {"role": "learner", "id": self.id, "t": time.time(), "counters": c, "episodes": []}

@@ -1,0 +1,88 @@
+"""Run directories: the run name, a fresh directory per run, and the resolved config in it.
+
+Layout (see ``docs/metrics.md``)::
+
+    runs/<env>__<algo>__<seed>__<YYYYmmdd-HHMMSS>/
+        config.yaml      resolved run config
+        metrics.nc       time series (MetricsRecorder.dataset)
+        episodes.nc      one record per episode
+        checkpoint/      tensors.pt + checkpoint.json
+
+A run never writes into a directory that already holds something: an explicit ``--out`` that is
+not empty is refused, and default names get a ``-2``, ``-3``... suffix.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+import uuid
+from pathlib import Path
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class RunDirExists(ValueError):
+    """The requested run directory already holds files."""
+
+
+def run_name(env_id: str, algo: str, seed: int, when: _dt.datetime | None = None) -> str:
+    """``"<env>__<algo>__<seed>__<YYYYmmdd-HHMMSS>"``, safe as one path component.
+
+    Characters other than letters, digits, ``.``, ``_`` and ``-`` become ``-``
+    (``"ALE/Pong-v5"`` -> ``"ALE-Pong-v5"``). ``when`` defaults to now (local time).
+    """
+    when = when or _dt.datetime.now()
+    return f"{_safe(env_id)}__{_safe(algo)}__{int(seed)}__{when:%Y%m%d-%H%M%S}"
+
+
+def prepare_run_dir(out: Path | None, *, root: Path = Path("runs"), name: str) -> Path:
+    """Create and return (absolute) the directory a run writes into.
+
+    ``out`` None: ``root/name``, or ``root/name-2``, ``-3``... if taken. ``out`` given: created if
+    missing, used if empty, else :class:`RunDirExists`: nothing already written is overwritten.
+    """
+    if out is None:
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        base = _safe(name)
+        for i in range(1, 10_000):
+            path = root / (base if i == 1 else f"{base}-{i}")
+            try:
+                path.mkdir()  # exist_ok=False: two runs starting in the same second get different dirs
+            except FileExistsError:
+                continue
+            return path.absolute()
+        raise RunDirExists(f"{root} already holds 10000 runs named {base}; pass --out")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunDirExists(f"--out {out} exists and is a file, not a directory; "
+                           "pick another --out or remove it")
+    if out.is_dir():
+        entries = sorted(p.name for p in out.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise RunDirExists(f"run directory {out} is not empty ({len(entries)} entries: {shown}); "
+                               "pick another --out or remove it. A run never overwrites earlier results.")
+    out.mkdir(parents=True, exist_ok=True)
+    return out.absolute()
+
+
+def write_config(run_dir: Path, config_yaml: str) -> None:
+    """Write the resolved config to ``run_dir/config.yaml`` (atomically)."""
+    path = Path(run_dir) / "config.yaml"
+    text = config_yaml if config_yaml.endswith("\n") else config_yaml + "\n"
+    # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _safe(part: str) -> str:
+    return _UNSAFE.sub("-", str(part))

@@ -1,0 +1,72 @@
+"""The serial reference: the same role objects in one process, no Dask.
+
+It runs the serial algorithm's schedule exactly: every ``train_freq`` env steps
+the buffer ingests what the actor produced and the learner does
+``gradient_steps`` updates, then the actor takes the newest parameters. This is
+the baseline that measures what distribution buys, and a debugging aid.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tianji_dask.channels import LocalQueue, LocalTopic
+from tianji_dask.roles.actor import ActorRole
+from tianji_dask.roles.buffer import BufferRole
+from tianji_dask.roles.learner import LearnerRole
+from tianji_dask.seeding import role_seeds
+
+
+class SerialRun:
+    """Protocol: ``run(emit, should_stop)``; ``emit(heartbeat)`` is called every
+    ``run.metrics_interval`` seconds with each role's heartbeat, ``should_stop()``
+    is checked between env steps."""
+
+    def __init__(self, cfg):
+        import torch
+
+        torch.set_num_threads(cfg.topology.torch_threads)
+        self.cfg = cfg
+        seeds = role_seeds(cfg.seed, n_actors=1)
+        self.queue = LocalQueue(capacity_bytes=1 << 62, full_policy="wait")
+        self.topic = LocalTopic()
+        self.actor = ActorRole(cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(),
+                               balance=False, n_actors=1)
+        obs_dim = int(np.prod(self.actor.obs_shape))
+        n_actions = int(self.actor.env.single_action_space.n)
+        self.buffer = BufferRole(cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer)
+        self.learner = LearnerRole(cfg, self.buffer, self.topic, obs_dim, n_actions, seeds.learner,
+                                   balance=False)
+
+    def heartbeats(self) -> list[dict]:
+        return [self.actor.heartbeat(), self.buffer.heartbeat(), self.learner.heartbeat()]
+
+    def run(self, emit, should_stop) -> None:
+        a = self.cfg.algo
+        interval = self.cfg.run.metrics_interval
+        self.learner.publish()
+        self.actor.probe_params()
+        since_train = 0
+        next_beat = time.monotonic() + interval
+        try:
+            while not should_stop():
+                self.actor.step()
+                since_train += self.actor.num_envs
+                if since_train >= a.train_freq:
+                    since_train -= a.train_freq
+                    self.actor.flush()
+                    self.buffer.ingest()
+                    if self.learner.ready():
+                        for _ in range(a.gradient_steps):
+                            self.learner.step()
+                        self.learner.publish()
+                if time.monotonic() >= next_beat:
+                    next_beat += interval
+                    for hb in self.heartbeats():
+                        emit(hb)
+        finally:
+            for hb in self.heartbeats():
+                emit(hb)
+            self.actor.close()
