@@ -13,7 +13,7 @@ import time
 import dask
 
 from tianji_dask.channels import ChannelPlugin
-from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic
+from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
 from tianji_dask.seeding import role_seeds
 
 STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
@@ -32,7 +32,8 @@ def local_cluster(n_workers: int):
     # 20-40 % on large receives (notes/dask_mechanics.md); the OMP/MKL thread caps stay.
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                            host="127.0.0.1", dashboard_address="127.0.0.1:0")
+                            host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                            preload=["tianji_dask.worker_preload"])
 
 
 class RunCluster:
@@ -157,6 +158,12 @@ class RunCluster:
     def stop_hosts(self) -> None:
         """Stop every loop; hosts that are gone are skipped. Keeps their last heartbeats."""
         hosts = [h for h in [*self.actors, self.learner, self.buffer] if h is not None]
+        try:  # every loop sees the global stop at once; stop() below waits for each to finish
+            from distributed import Event
+
+            Event(stop_event_name(self.run_id), client=self.client).set()
+        except Exception as exc:  # noqa: BLE001
+            self._on_event(f"could not set the global stop event: {exc!r}")
         pending = []
         for h in hosts:
             try:

@@ -144,12 +144,12 @@ class DQNConfig(_Section):
         description="widths of the Q-network's hidden layers",
     )
     max_grad_norm: float = Field(10.0, gt=0, description="gradient clipping norm")
-    ratio_tolerance: float = Field(
+    ratio_tolerance: float | None = Field(
         0.25,
         gt=0,
         lt=1,
         description="relative band around target_replay_ratio outside which the balance "
-        "controller slows the faster side",
+        "controller slows the faster side; null turns the controller off (nothing ever waits)",
     )
 
     @property

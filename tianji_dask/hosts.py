@@ -21,6 +21,7 @@ import time
 import traceback
 
 import numpy as np
+import psutil
 from distributed import get_worker
 
 from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
@@ -33,6 +34,11 @@ _LOCAL_BUFFERS: dict[str, object] = {}
 
 def metrics_topic(run_id: str) -> str:
     return f"tianji-{run_id}"
+
+
+def stop_event_name(run_id: str) -> str:
+    """The run's global stop: a ``distributed.Event`` every host watches."""
+    return f"tianji-stop-{run_id}"
 
 
 class _LoopHost:
@@ -50,6 +56,7 @@ class _LoopHost:
         self._thread: threading.Thread | None = None
         self._error: str | None = None
         self._last: dict = {}
+        self._proc = psutil.Process()
 
     def _comm_kwargs(self) -> dict:
         """Where channel I/O runs (this worker's event loop) and how it connects (its security)."""
@@ -63,11 +70,26 @@ class _LoopHost:
             self._thread = threading.Thread(target=self._main, name=f"tianji-{self.role_name}-{self.id}",
                                             daemon=True)
             self._thread.start()
+            self._watcher = asyncio.ensure_future(self._watch_global_stop())
         return self.worker.address
+
+    async def _watch_global_stop(self) -> None:
+        from distributed import Event
+
+        client = self.worker._get_client()
+        try:
+            await Event(stop_event_name(self.run_id), client=client).wait()
+        except asyncio.CancelledError:
+            return
+        except Exception:  # noqa: BLE001 - scheduler gone: the heartbeat supervision takes over
+            return
+        self._stop.set()
 
     async def stop(self, timeout: float = 10.0) -> dict:
         """Ask the loop to finish, wait for it (up to ``timeout``) and return the last heartbeat."""
         self._stop.set()
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.cancel()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout)
         return self._last
@@ -109,6 +131,7 @@ class _LoopHost:
             hb = {"role": self.role_name, "id": self.id, "t": time.time(), "counters": {}, "episodes": []}
         else:
             hb = self.role.heartbeat()
+        hb["counters"]["rss_mb"] = self._proc.memory_info().rss / 1e6
         if self._error:
             hb["error"] = self._error
         hb["run"] = self.run_id

@@ -81,9 +81,12 @@ _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
     "buffer_receive_fps": ("buffer", "transitions received per second by one buffer", "s-1",
                            "receive_fps"),
     "learner_train_fps": ("learner", "samples consumed per second by one learner", "s-1", "train_fps"),
+    "actor_rss_mb": ("actor", "resident memory of one actor's worker process", "MB", "rss_mb"),
+    "buffer_rss_mb": ("buffer", "resident memory of one buffer's worker process", "MB", "rss_mb"),
+    "learner_rss_mb": ("learner", "resident memory of one learner's worker process", "MB", "rss_mb"),
 }
-_HOST_KEYS = {"actor": ("sample_fps", "env_steps", "param_version", "blocked_s"),
-              "buffer": ("receive_fps",), "learner": ("train_fps",)}
+_HOST_KEYS = {"actor": ("sample_fps", "env_steps", "param_version", "blocked_s", "rss_mb"),
+              "buffer": ("receive_fps", "rss_mb"), "learner": ("train_fps", "rss_mb")}
 
 _EPISODE_VARS: dict[str, tuple[str, str, str]] = {
     "return": ("episode return (undiscounted)", "1", "float64"),

@@ -117,9 +117,9 @@ class LatestInbox:
         """Read one publisher's versions until it leaves; called by the service's handler."""
         if self._closed:
             raise ChannelError(f"topic channel {self.name!r} at {self.address} is closed")
-        await comm.write({"ok": True})
-        self._comms.add(comm)
+        self._comms.add(comm)  # before the reply, so a concurrent close() still reaches it
         try:
+            await comm.write({"ok": True})
             while True:
                 try:
                     msg = await comm.read()

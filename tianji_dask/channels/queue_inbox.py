@@ -11,8 +11,10 @@ Credit flows back to a sender only when its items are taken by ``poll``/``get``,
 held here is bounded by bytes: the inbox's ``capacity_bytes`` is split equally among the live
 senders (each gets a window of ``capacity_bytes // n`` announced on its comm; a sender's own
 ``capacity_bytes`` may make it smaller).  ``queued_bytes`` therefore stays within
-``capacity_bytes``, except briefly when senders join (the earlier senders' larger windows drain
-as their items are taken) and by at most one item per sender whose items exceed its window.
+``capacity_bytes`` in steady state.  Two exceptions, both bounded: while senders join, the
+earlier senders' larger windows drain only as their items are taken (worst case, n senders
+joining before anything is consumed: capacity x (1 + 1/2 + ... + 1/n)); and a sender whose
+item exceeds its window may still have that one item in flight.
 """
 
 from __future__ import annotations

@@ -50,9 +50,14 @@ class QueueSender:
     exceed it, ``full_policy="wait"`` blocks the pushing thread until credit returns (counted in
     ``stats()["blocked_s"]``) and ``"drop_oldest"`` discards the oldest unwritten items (counted in
     ``dropped``; their sequence numbers are skipped so the receiver sees the gap).  When every
-    outstanding byte is already written, ``drop_oldest`` drops the new item instead; it still
+    outstanding byte is already written, ``drop_oldest`` drops the new item instead; that still
     consumes a sequence number, so ``dropped`` equals the receiver's ``seq_gaps`` once a later
-    item has arrived.
+    item has arrived.  (Generalized: when even dropping every unwritten item would not make
+    room, the new item is dropped and the unwritten ones are kept.)
+
+    Keyword-only extras: ``connect_timeout`` (seconds; default ``distributed.comm.timeouts.connect``)
+    and ``max_batch_items`` (items per message).  Close senders you no longer use: the
+    connection keeps the object alive until ``close``.
 
     The receiver may announce a smaller window (its capacity shared among its live senders):
     then items wait here, still counted as outstanding.  An item larger than the window is
@@ -71,6 +76,7 @@ class QueueSender:
         connection_args: dict | None = None,
         *,
         connect_timeout: float | None = None,
+        max_batch_items: int = 256,
     ):
         if full_policy not in FULL_POLICIES:
             raise ValueError(f"full_policy must be one of {FULL_POLICIES}, got {full_policy!r}")
@@ -82,6 +88,9 @@ class QueueSender:
         self.capacity_bytes = int(capacity_bytes)
         self.full_policy = full_policy
         self.max_batch_bytes = int(max_batch_bytes)
+        # Messages are (de)serialized on the event loops at tens of microseconds per item:
+        # capping the item count keeps one message of tiny items from stalling a loop.
+        self.max_batch_items = int(max_batch_items)
         self._loop, self._connection_args = resolve_loop(loop, connection_args)
         self._connect_timeout = connect_timeout
 
@@ -250,7 +259,9 @@ class QueueSender:
             window = min(self._window, self.capacity_bytes)
             while self._pending:
                 nbytes = self._pending[0][1]
-                if batch and batch_bytes + nbytes > self.max_batch_bytes:
+                if batch and (
+                    batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items
+                ):
                     break
                 fits = self._inflight_bytes + batch_bytes + nbytes <= window
                 if not fits and (batch or self._inflight_bytes):

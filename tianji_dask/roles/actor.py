@@ -94,6 +94,7 @@ class ActorRole:
         self.probe_params()
         if self.balance and self.ahead_of_learner():
             t = time.perf_counter()
+            self.flush()  # the learner must see everything produced, or both sides could wait forever
             time.sleep(0.0005)
             self.counters["throttled_s"] += time.perf_counter() - t
             return

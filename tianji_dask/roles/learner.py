@@ -36,10 +36,15 @@ class LearnerRole:
         self.counters["param_version"] = version
 
     def ahead_of_actors(self) -> bool:
-        """Would another update push the replay ratio above the serial one (plus the band)?"""
+        """Would another update push the replay ratio above the serial one (plus the band)?
+
+        The slack of one publication's worth of updates guarantees the learner publishes its
+        consumption before it pauses; with the actors flushing before they pause, the two
+        sides can never wait for each other (their pause conditions exclude each other)."""
         a = self.cfg.algo
-        fresh = self.buffer.received - a.learning_starts
-        return self.counters["samples"] > a.target_replay_ratio * (1.0 + a.ratio_tolerance) * max(fresh, 0) + a.batch_size
+        fresh = max(self.buffer.received - a.learning_starts, 0)
+        slack = self.cfg.learner.publish_interval * a.batch_size
+        return self.counters["samples"] >= a.target_replay_ratio * (1.0 + a.ratio_tolerance) * fresh + slack
 
     def ready(self) -> bool:
         return len(self.buffer) >= self.cfg.algo.learning_starts
@@ -49,6 +54,8 @@ class LearnerRole:
             return False
         if self.balance and self.ahead_of_actors():
             t = time.perf_counter()
+            if self.counters["param_version"] != self.core.updates:
+                self.publish()  # actors pace themselves on the consumption count it carries
             time.sleep(0.0005)
             self.counters["throttled_s"] += time.perf_counter() - t
             return False

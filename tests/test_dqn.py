@@ -1,0 +1,201 @@
+"""Unit tests of the double-DQN pieces (tianji_dask/algos/dqn.py). No cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tianji_dask.algos.dqn import DQNLearner, DQNPolicy, double_dqn_loss, epsilon_at
+from tianji_dask.config import DQNConfig
+
+
+def dqn_config(**kw) -> DQNConfig:
+    base = dict(name="dqn", hidden_sizes=[16], lr=1e-2, gamma=0.9, batch_size=32,
+                learning_starts=32, target_update_interval=1000)
+    return DQNConfig(**{**base, **kw})
+
+
+def fixed_batch(n=32, obs_dim=4, n_actions=2, seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
+            "next_obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
+            "actions": rng.integers(0, n_actions, n).astype(np.int64),
+            "rewards": rng.normal(size=n).astype(np.float32),
+            "dones": (rng.random(n) < 0.2).astype(np.float32)}
+
+
+def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# ------------------------------------------------------------------ loss
+@pytest.mark.timeout(10)
+def test_double_dqn_loss_hand_computed():
+    gamma = 0.5
+    q = torch.tensor([[1.0, 2.0, 0.0],
+                      [0.5, -1.0, 2.0],
+                      [0.0, 0.0, -2.0]], requires_grad=True)
+    actions = torch.tensor([1, 0, 2])
+    rewards = torch.tensor([1.0, 3.0, 0.0])
+    dones = torch.tensor([0.0, 1.0, 0.0])
+    # Row 0: the online net picks a'=2, the target net's own argmax would be 0 (value 5).
+    # Row 1: terminal, so the (large) next values must not matter.
+    # Row 2: the online net picks a'=0, where the target net says -1 (its argmax is 1: 6).
+    q_next_online = torch.tensor([[0.0, 1.0, 3.0],
+                                  [1.0, 0.0, 0.0],
+                                  [2.0, 1.0, 0.0]])
+    q_next_target = torch.tensor([[5.0, 4.0, 1.0],
+                                  [10.0, 10.0, 10.0],
+                                  [-1.0, 6.0, 0.0]])
+    # targets: 1 + 0.5 * Q_target[0, 2] = 1 + 0.5 * 1 = 1.5
+    #          3 (terminal)
+    #          0 + 0.5 * Q_target[2, 0] = 0.5 * -1 = -0.5
+    # q_taken: 2.0, 0.5, -2.0 -> errors 0.5, -2.5, -1.5
+    # Huber (beta 1): 0.5 * 0.5**2 = 0.125; 2.5 - 0.5 = 2.0; 1.5 - 0.5 = 1.0
+    expected = (0.125 + 2.0 + 1.0) / 3  # 1.0416666...
+    loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, dones, gamma)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert q_taken.tolist() == [2.0, 0.5, -2.0]
+    # Plain DQN (max over the target net) would give targets 3.5, 3, 2.5 -> errors -1.5, -2.5, -4.5
+    assert loss.item() != pytest.approx((1.0 + 2.0 + 4.0) / 3, abs=1e-3)
+
+    # Gradient flows only into the taken Q values: d/dq of mean Huber = clip(error, -1, 1) / 3
+    loss.backward()
+    grad = torch.zeros(3, 3)
+    grad[0, 1], grad[1, 0], grad[2, 2] = 0.5 / 3, -1.0 / 3, -1.0 / 3
+    torch.testing.assert_close(q.grad, grad)
+
+
+@pytest.mark.timeout(10)
+def test_double_dqn_loss_does_not_backprop_into_the_targets():
+    q = torch.zeros(2, 2, requires_grad=True)
+    nxt = torch.ones(2, 2, requires_grad=True)
+    loss, _ = double_dqn_loss(q, nxt, nxt * 2, torch.tensor([0, 1]), torch.zeros(2),
+                              torch.zeros(2), 0.9)
+    loss.backward()
+    assert nxt.grad is None
+    assert q.grad is not None and q.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------ epsilon
+@pytest.mark.timeout(10)
+def test_epsilon_schedule():
+    assert epsilon_at(0, 1.0, 0.1, 100) == pytest.approx(1.0)
+    assert epsilon_at(25, 1.0, 0.1, 100) == pytest.approx(0.775)
+    assert epsilon_at(50, 1.0, 0.1, 100) == pytest.approx(0.55)
+    assert epsilon_at(100, 1.0, 0.1, 100) == pytest.approx(0.1)
+    assert epsilon_at(10_000, 1.0, 0.1, 100) == pytest.approx(0.1)  # stays at final
+    values = [epsilon_at(s, 1.0, 0.04, 8000) for s in range(0, 10_000, 100)]
+    assert all(a >= b for a, b in zip(values, values[1:]))  # never increases
+    assert epsilon_at(7, 0.3, 0.3, 10) == pytest.approx(0.3)
+
+
+# ------------------------------------------------------------------ policy
+@pytest.mark.timeout(20)
+def test_policy_greedy_at_eps0_is_argmax():
+    policy = DQNPolicy(obs_dim=4, n_actions=3, hidden=[8], seed=0)
+    obs = np.random.default_rng(1).normal(size=(500, 4)).astype(np.float32)
+    with torch.no_grad():
+        expected = policy.net(torch.from_numpy(obs)).argmax(dim=1).numpy()
+    actions = policy.act(obs, 0.0)
+    assert actions.dtype == np.int64 and actions.shape == (500,)
+    np.testing.assert_array_equal(actions, expected)
+    assert len(set(expected.tolist())) > 1  # the check means something: not a constant net
+
+
+@pytest.mark.timeout(20)
+def test_policy_uniform_at_eps1():
+    n_actions, n = 3, 6000
+    policy = DQNPolicy(obs_dim=4, n_actions=n_actions, hidden=[8], seed=0)
+    # one repeated observation: greedy would always pick the same action
+    obs = np.tile(np.array([[0.1, -0.2, 0.3, 0.4]], dtype=np.float32), (n, 1))
+    counts = np.bincount(policy.act(obs, 1.0), minlength=n_actions)
+    assert counts.sum() == n
+    # 2000 expected each, sigma ~37: a 5-sigma band
+    assert np.all(np.abs(counts - n / n_actions) < 5 * np.sqrt(n * (1 / 3) * (2 / 3))), counts
+    # eps=0.5: about half greedy plus a third of the random half on the greedy action
+    greedy = policy.act(obs[:1], 0.0)[0]
+    frac = np.mean(policy.act(obs, 0.5) == greedy)
+    assert frac == pytest.approx(0.5 + 0.5 / 3, abs=0.04)
+
+
+@pytest.mark.timeout(20)
+def test_policy_load_swaps_parameters_and_version():
+    learner = DQNLearner(4, 2, dqn_config(), seed=3)
+    policy = DQNPolicy(4, 2, [16], seed=9)
+    policy.load(7, learner.actor_params())
+    assert policy.version == 7
+    assert params_equal(policy.net, learner.online)
+
+
+# ------------------------------------------------------------------ learner
+def fixed_batch_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
+    t = {k: torch.as_tensor(v) for k, v in b.items()}
+    with torch.no_grad():
+        loss, _ = double_dqn_loss(learner.online(t["obs"]), learner.online(t["next_obs"]),
+                                  learner.target(t["next_obs"]), t["actions"], t["rewards"],
+                                  t["dones"], learner.cfg.gamma)
+    return loss.item()
+
+
+@pytest.mark.timeout(30)
+def test_learner_update_reduces_loss_on_a_fixed_batch():
+    learner = DQNLearner(4, 2, dqn_config(lr=1e-2, hidden_sizes=[64]), seed=0)
+    b = fixed_batch()
+    before = fixed_batch_loss(learner, b)
+    first, _ = learner.update(b)
+    assert first == pytest.approx(before, rel=1e-5)  # update() reports the loss before its step
+    for _ in range(99):
+        loss, q_mean = learner.update(b)
+        assert np.isfinite(loss) and np.isfinite(q_mean)
+    after = fixed_batch_loss(learner, b)
+    assert learner.updates == 100
+    # 32 transitions fit by a 64-unit net (the target net stays fixed: interval 1000)
+    assert after < 0.1 * before, (before, after)
+
+
+@pytest.mark.timeout(20)
+def test_learner_is_seeded():
+    a = DQNLearner(4, 2, dqn_config(), seed=5).actor_params()
+    b = DQNLearner(4, 2, dqn_config(), seed=5).actor_params()
+    c = DQNLearner(4, 2, dqn_config(), seed=6).actor_params()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not all(np.array_equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.timeout(20)
+def test_actor_params_are_fresh_copies():
+    learner = DQNLearner(4, 2, dqn_config(), seed=0)
+    before = {k: v.clone() for k, v in learner.online.state_dict().items()}
+    p1, p2 = learner.actor_params(), learner.actor_params()
+    assert set(p1) == set(before)
+    for k, arr in p1.items():
+        assert isinstance(arr, np.ndarray) and arr.dtype == np.float32
+        assert arr.shape == tuple(before[k].shape)
+        assert not np.shares_memory(arr, p2[k])
+        arr[...] = 123.0  # a channel or actor mutating what it got...
+    for k, t in learner.online.state_dict().items():  # ...does not reach the learner
+        assert torch.equal(t, before[k]), k
+    # and an update afterwards does not reach arrays handed out earlier
+    learner.update(fixed_batch())
+    for k, arr in p2.items():
+        np.testing.assert_array_equal(arr, before[k].numpy())
+
+
+@pytest.mark.timeout(30)
+def test_target_syncs_every_target_update_interval():
+    learner = DQNLearner(4, 2, dqn_config(target_update_interval=3, lr=1e-2), seed=0)
+    b = fixed_batch()
+    assert params_equal(learner.online, learner.target)  # starts in sync
+    synced = []
+    target_before = {k: v.clone() for k, v in learner.target.state_dict().items()}
+    for _ in range(7):
+        learner.update(b)
+        synced.append(params_equal(learner.online, learner.target))
+        if not synced[-1]:  # between syncs the target net does not move at all
+            now = learner.target.state_dict()
+            assert all(torch.equal(now[k], target_before[k]) for k in now)
+        target_before = {k: v.clone() for k, v in learner.target.state_dict().items()}
+    assert synced == [False, False, True, False, False, True, False]

@@ -1,0 +1,127 @@
+"""The README's two set-up commands, ./dev and .ci/run must not drift apart.
+
+The README shows exactly two commands (train, test) in the code block after the
+``The two set-up commands`` marker. Each must be a command of ./dev, the train command must run
+the reference config, and .ci/run must call the same test command. Fast: nothing is installed or
+trained here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DEV = ROOT / "dev"
+CI = ROOT / ".ci" / "run"
+MARKER = "The two set-up commands"
+
+
+def readme_commands() -> list[list[str]]:
+    """The commands of the first fenced block after the marker, comments stripped, split."""
+    text = README.read_text(encoding="utf-8")
+    assert MARKER in text, f"README.md lost the {MARKER!r} marker before the quick-start block"
+    block = re.search(r"```[a-z]*\n(.*?)```", text[text.index(MARKER):], re.S)
+    assert block, "no fenced code block after the marker in README.md"
+    commands = []
+    for line in block.group(1).splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            commands.append(words)
+    return commands
+
+
+def dev_subcommands() -> set[str]:
+    """The case labels of ./dev's command dispatch, e.g. {'train', 'test', 'setup', ...}."""
+    text = DEV.read_text(encoding="utf-8")
+    dispatch = text[text.index('case "$cmd" in'):]
+    return {name.strip() for label in re.findall(r"^\s{4}([\w| -]+)\)\s*$", dispatch, re.M)
+            for name in label.split("|")}
+
+
+def ci_command_lines() -> list[list[str]]:
+    lines = []
+    for line in CI.read_text(encoding="utf-8").splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if words:
+            lines.append(words)
+    return lines
+
+
+def test_readme_shows_exactly_two_dev_commands():
+    commands = readme_commands()
+    assert [c[:2] for c in commands] == [["./dev", "train"], ["./dev", "test"]], commands
+    assert all(len(c) == 2 for c in commands), f"the quick-start commands take no arguments: {commands}"
+
+
+def test_readme_commands_exist_in_dev():
+    assert DEV.is_file(), "./dev is missing"
+    assert DEV.read_text(encoding="utf-8").startswith("#!/usr/bin/env bash\n")
+    assert os.access(DEV, os.X_OK), "./dev is not executable (chmod +x dev)"
+    subcommands = dev_subcommands()
+    for command in readme_commands():
+        assert command[1] in subcommands, f"README command {command} is not a ./dev command {subcommands}"
+
+
+def test_dev_train_runs_the_reference_config_and_pins_torch():
+    text = DEV.read_text(encoding="utf-8")
+    assert 'DEFAULT_CONFIG="configs/cartpole_dqn.yaml"' in text
+    assert (ROOT / "configs" / "cartpole_dqn.yaml").is_file()
+    assert re.search(r'exec "\$VENV/bin/tianji-dask" train "\$config" "\$@"', text)
+    # torch first, exactly pinned, and the pin satisfies pyproject's range
+    pin = re.search(r'^TORCH_PIN="torch==([0-9.]+)"$', text, re.M)
+    assert pin, "./dev must pin torch exactly (TORCH_PIN=\"torch==X.Y.Z\")"
+    assert text.index('"$TORCH_PIN" ||') < text.index('"${pip[@]}" -e ".[test]"'), "torch must be installed first"
+    from packaging.requirements import Requirement
+
+    torch_req = next(Requirement(r) for r in _pyproject()["project"]["dependencies"]
+                     if Requirement(r).name == "torch")
+    assert torch_req.specifier.contains(pin.group(1)), (pin.group(1), str(torch_req))
+
+
+def test_ci_runs_the_readme_test_command():
+    test_command = readme_commands()[1]
+    calls = [words for words in ci_command_lines() if words[: len(test_command)] == test_command]
+    assert calls, f".ci/run does not call the README's test command {' '.join(test_command)!r}"
+    text = CI.read_text(encoding="utf-8")
+    assert "set -euo pipefail" in text
+    assert "PIPESTATUS" in text and "-eq 5" in text, ".ci/run must fail on pytest's exit 5 (no tests)"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_scripts_parse_and_help_needs_no_setup():
+    for script in (DEV, CI):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    out = subprocess.run([str(DEV), "help"], capture_output=True, text=True, timeout=30, check=True)
+    for command in readme_commands():
+        assert " ".join(command) in out.stdout
+
+
+def test_dev_is_executable_in_git():
+    """A lost exec bit in a commit would break CI's ./dev call: check the index mode if tracked."""
+    if shutil.which("git") is None:
+        pytest.skip("git is missing")
+    res = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--stage", "--", "dev", ".ci/run"],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip("not a git checkout")
+    modes = {line.split("\t")[1]: line.split()[0] for line in res.stdout.splitlines()}
+    if "dev" not in modes:
+        pytest.skip("./dev is not committed yet")
+    assert modes["dev"] == "100755", f"./dev is committed with mode {modes['dev']}; git add --chmod=+x dev"
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))

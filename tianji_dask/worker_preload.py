@@ -1,0 +1,14 @@
+"""Dask worker preload: import the heavy modules (torch, gymnasium, the roles) while the
+worker process starts, so they load in parallel across workers instead of one after the
+other when the hosts are created. Use with ``dask worker --preload tianji_dask.worker_preload``."""
+
+import gymnasium  # noqa: F401
+import torch  # noqa: F401
+
+import tianji_dask.hosts  # noqa: F401
+import tianji_dask.roles.actor  # noqa: F401
+import tianji_dask.roles.learner  # noqa: F401
+
+
+def dask_setup(worker) -> None:  # the preload hook Dask calls; importing was the point
+    torch.set_num_threads(1)
