@@ -51,17 +51,18 @@ def test_shipped_config_loads_with_documented_values():
     assert config.seed == 0
     assert (config.env.id, config.env.num_envs) == ("CartPole-v1", 8)
     algo = config.algo
-    assert (algo.name, algo.gamma, algo.lr, algo.batch_size) == ("dqn", 0.99, 0.0023, 64)
+    assert (algo.name, algo.gamma, algo.lr, algo.batch_size) == ("dqn", 0.99, 0.001, 64)
     assert (algo.buffer_size, algo.learning_starts) == (100_000, 1000)
-    assert (algo.train_freq, algo.gradient_steps, algo.target_update_interval) == (256, 128, 10)
-    assert (algo.exploration_initial_eps, algo.exploration_final_eps) == (1.0, 0.04)
-    assert algo.exploration_steps == 8000 and algo.hidden_sizes == [256, 256]
+    assert (algo.train_freq, algo.gradient_steps, algo.target_update_interval) == (64, 8, 250)
+    assert (algo.exploration_initial_eps, algo.exploration_final_eps) == (1.0, 0.02)
+    assert algo.exploration_steps == 8000 and algo.hidden_sizes == [64, 64]
+    assert algo.n_step == 3
     assert (algo.max_grad_norm, algo.ratio_tolerance) == (10.0, 0.25)
     assert (config.topology.actors, config.topology.torch_threads) == (1, 1)
     assert (config.channel.chunk_steps, config.channel.capacity_mb) == (32, 16.0)
     assert config.channel.full_policy == "wait"
     assert (config.learner.publish_interval, config.learner.device) == (10, "cpu")
-    assert (config.stop.target_return, config.stop.max_env_steps) == (300.0, 200_000)
+    assert (config.stop.target_return, config.stop.max_env_steps) == (300.0, 500_000)
     assert config.stop.max_seconds == 600
     assert (config.run.metrics_interval, config.run.heartbeat_timeout) == (0.5, 5.0)
     assert config.run.checkpoint is True
@@ -69,7 +70,7 @@ def test_shipped_config_loads_with_documented_values():
 
 def test_derived_values():
     config = load_config(SHIPPED, check_env=False)
-    assert config.algo.target_replay_ratio == 128 * 64 / 256 == 32.0
+    assert config.algo.target_replay_ratio == 8 * 64 / 64 == 8.0
     assert config.channel.capacity_bytes == 16_000_000
     config = load_config(SHIPPED, ["channel.capacity_mb=0.5"], check_env=False)
     assert config.channel.capacity_bytes == 500_000
@@ -293,7 +294,7 @@ def test_bad_values(overrides, expected):
         pytest.param(
             "algo.lerning=1",
             ["unknown key 'algo.lerning'", "did you mean 'learning_starts'?",
-             "valid keys at algo: name, gamma, lr, batch_size"],
+             "valid keys at algo: name, gamma, n_step, lr, batch_size"],
             id="unknown-nested-key",
         ),
         pytest.param(
@@ -321,10 +322,10 @@ def test_unknown_top_level_key_in_file(tmp_path):
 
 
 def test_unknown_nested_key_in_file(tmp_path):
-    text = SHIPPED.read_text().replace("  lr: 0.0023", "  lr: 0.0023\n  learning_rate: 0.1")
+    text = SHIPPED.read_text().replace("  lr: 0.001", "  lr: 0.001\n  learning_rate: 0.1")
     message = error_text(path=write(tmp_path, text))
     assert "algo.learning_rate=0.1: unknown key" in message
-    assert "valid keys at algo: name, gamma, lr," in message
+    assert "valid keys at algo: name, gamma, n_step, lr," in message
 
 
 def test_wrong_type_in_file(tmp_path):
@@ -372,9 +373,9 @@ def test_yaml_syntax_error_names_line(tmp_path):
 
 
 def test_duplicate_yaml_key_names_both_lines(tmp_path):
-    text = SHIPPED.read_text().replace("  lr: 0.0023", "  lr: 0.0023\n  lr: 0.1")
+    text = SHIPPED.read_text().replace("  lr: 0.001", "  lr: 0.001\n  lr: 0.1")
     message = error_text(path=write(tmp_path, text))
-    line = text.splitlines().index("  lr: 0.0023") + 1
+    line = text.splitlines().index("  lr: 0.001") + 1
     assert f"duplicate key 'lr' (first on line {line})" in message
     assert f"line {line + 1}" in message
 

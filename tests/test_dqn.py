@@ -22,7 +22,7 @@ def fixed_batch(n=32, obs_dim=4, n_actions=2, seed=0) -> dict[str, np.ndarray]:
             "next_obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
             "actions": rng.integers(0, n_actions, n).astype(np.int64),
             "rewards": rng.normal(size=n).astype(np.float32),
-            "dones": (rng.random(n) < 0.2).astype(np.float32)}
+            "discounts": np.where(rng.random(n) < 0.2, 0.0, 0.9).astype(np.float32)}
 
 
 def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -40,6 +40,7 @@ def test_double_dqn_loss_hand_computed():
     actions = torch.tensor([1, 0, 2])
     rewards = torch.tensor([1.0, 3.0, 0.0])
     dones = torch.tensor([0.0, 1.0, 0.0])
+    discounts = gamma * (1.0 - dones)  # one-step transitions: gamma, 0 where terminal
     # Row 0: the online net picks a'=2, the target net's own argmax would be 0 (value 5).
     # Row 1: terminal, so the (large) next values must not matter.
     # Row 2: the online net picks a'=0, where the target net says -1 (its argmax is 1: 6).
@@ -55,7 +56,7 @@ def test_double_dqn_loss_hand_computed():
     # q_taken: 2.0, 0.5, -2.0 -> errors 0.5, -2.5, -1.5
     # Huber (beta 1): 0.5 * 0.5**2 = 0.125; 2.5 - 0.5 = 2.0; 1.5 - 0.5 = 1.0
     expected = (0.125 + 2.0 + 1.0) / 3  # 1.0416666...
-    loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, dones, gamma)
+    loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert q_taken.tolist() == [2.0, 0.5, -2.0]
     # Plain DQN (max over the target net) would give targets 3.5, 3, 2.5 -> errors -1.5, -2.5, -4.5
@@ -69,11 +70,22 @@ def test_double_dqn_loss_hand_computed():
 
 
 @pytest.mark.timeout(10)
+def test_double_dqn_loss_n_step_discount():
+    # An n-step transition carries its return and gamma**n: 3 steps of reward 1 at gamma 0.5
+    # give R = 1 + 0.5 + 0.25 = 1.75 and discount 0.125; the online argmax picks a'=1 (target 8).
+    q = torch.tensor([[2.0, 0.0]])
+    loss, _ = double_dqn_loss(q, torch.tensor([[0.0, 1.0]]), torch.tensor([[100.0, 8.0]]),
+                              torch.tensor([0]), torch.tensor([1.75]), torch.tensor([0.125]))
+    # target 1.75 + 0.125 * 8 = 2.75, error -0.75 -> 0.5 * 0.75**2 = 0.28125
+    assert loss.item() == pytest.approx(0.28125, abs=1e-7)
+
+
+@pytest.mark.timeout(10)
 def test_double_dqn_loss_does_not_backprop_into_the_targets():
     q = torch.zeros(2, 2, requires_grad=True)
     nxt = torch.ones(2, 2, requires_grad=True)
     loss, _ = double_dqn_loss(q, nxt, nxt * 2, torch.tensor([0, 1]), torch.zeros(2),
-                              torch.zeros(2), 0.9)
+                              torch.full((2,), 0.9))
     loss.backward()
     assert nxt.grad is None
     assert q.grad is not None and q.grad.abs().sum() > 0
@@ -136,7 +148,7 @@ def fixed_batch_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
     with torch.no_grad():
         loss, _ = double_dqn_loss(learner.online(t["obs"]), learner.online(t["next_obs"]),
                                   learner.target(t["next_obs"]), t["actions"], t["rewards"],
-                                  t["dones"], learner.cfg.gamma)
+                                  t["discounts"])
     return loss.item()
 
 

@@ -16,7 +16,7 @@ def batch(start: int, n: int) -> dict[str, np.ndarray]:
     k = np.arange(start, start + n)
     obs = np.repeat(k[:, None], OBS_SHAPE[0], axis=1).astype(np.float32)
     return {"obs": obs, "next_obs": obs + 0.5, "actions": k.astype(np.int64),
-            "rewards": k.astype(np.float32) * 2, "dones": (k % 2).astype(np.float32)}
+            "rewards": k.astype(np.float32) * 2, "discounts": (k % 2).astype(np.float32) * 0.99}
 
 
 def consistent(s: dict[str, np.ndarray]) -> None:
@@ -24,7 +24,7 @@ def consistent(s: dict[str, np.ndarray]) -> None:
     np.testing.assert_array_equal(s["obs"], np.repeat(k[:, None], OBS_SHAPE[0], axis=1))
     np.testing.assert_array_equal(s["next_obs"], s["obs"] + 0.5)
     np.testing.assert_array_equal(s["rewards"], k * 2)
-    np.testing.assert_array_equal(s["dones"], k % 2)
+    np.testing.assert_array_equal(s["discounts"], ((k % 2) * 0.99).astype(np.float32))
 
 
 @pytest.mark.timeout(10)
@@ -32,7 +32,7 @@ def test_capacity_and_memory_are_fixed_while_adding_ten_times_capacity():
     cap = 100
     m = ReplayMemory(cap, OBS_SHAPE)
     nbytes = m.nbytes
-    # preallocated: 2 obs arrays of float32 x 3, int64 actions, float32 rewards and dones
+    # preallocated: 2 obs arrays of float32 x 3, int64 actions, float32 rewards and discounts
     assert nbytes == cap * (2 * 3 * 4 + 8 + 4 + 4)
     for start in range(0, 10 * cap, 37):  # chunks that straddle the ring's end
         m.add(batch(start, 37))
@@ -70,12 +70,12 @@ def test_sample_shapes_and_dtypes():
     m = ReplayMemory(50, (4, 2), obs_dtype=np.uint8)
     obs = np.arange(30 * 8, dtype=np.uint8).reshape(30, 4, 2)
     m.add({"obs": obs, "next_obs": obs, "actions": np.arange(30), "rewards": np.ones(30),
-           "dones": np.zeros(30)})
+           "discounts": np.zeros(30)})
     s = m.sample(17, np.random.default_rng(2))
     assert set(s) == set(FIELDS)
     assert s["obs"].shape == s["next_obs"].shape == (17, 4, 2)
     assert s["obs"].dtype == s["next_obs"].dtype == np.uint8
-    for k, dtype in (("actions", np.int64), ("rewards", np.float32), ("dones", np.float32)):
+    for k, dtype in (("actions", np.int64), ("rewards", np.float32), ("discounts", np.float32)):
         assert s[k].shape == (17,)
         assert s[k].dtype == dtype
 

@@ -116,30 +116,33 @@ class DQNConfig(_Section):
 
     name: Literal["dqn"] = Field(description="algorithm name; selects this section's schema")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
-    lr: float = Field(0.0023, gt=0, description="optimizer learning rate")
+    n_step: int = Field(
+        3, ge=1, le=20, description="n-step returns computed by the actors (1 = plain one-step DQN)"
+    )
+    lr: float = Field(0.001, gt=0, description="optimizer learning rate")
     batch_size: int = Field(64, ge=1, description="transitions per update")
     buffer_size: int = Field(100_000, ge=1, description="replay capacity in transitions")
     learning_starts: int = Field(
         1000, ge=0, description="transitions in replay memory before updates start"
     )
     train_freq: int = Field(
-        256, ge=1, description="serial reference: env steps (transitions) between training rounds"
+        64, ge=1, description="serial reference: env steps (transitions) between training rounds"
     )
     gradient_steps: int = Field(
-        128, ge=1, description="serial reference: updates per training round"
+        8, ge=1, description="serial reference: updates per training round"
     )
     target_update_interval: int = Field(
-        10, ge=1, description="learner updates between target-network syncs"
+        250, ge=1, description="learner updates between target-network syncs"
     )
     exploration_initial_eps: float = Field(1.0, ge=0, le=1, description="epsilon at step 0")
     exploration_final_eps: float = Field(
-        0.04, ge=0, le=1, description="epsilon after exploration_steps"
+        0.02, ge=0, le=1, description="epsilon after exploration_steps"
     )
     exploration_steps: int = Field(
         8000, ge=1, description="env steps (all actors together) of linear epsilon decay"
     )
     hidden_sizes: list[PositiveInt] = Field(
-        default_factory=lambda: [256, 256],
+        default_factory=lambda: [64, 64],
         min_length=1,
         description="widths of the Q-network's hidden layers",
     )

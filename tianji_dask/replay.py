@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-FIELDS = ("obs", "next_obs", "actions", "rewards", "dones")
+FIELDS = ("obs", "next_obs", "actions", "rewards", "discounts")
 
 
 class ReplayMemory:
-    """Uniform replay of transitions ``(obs, action, reward, next_obs, done)``.
+    """Uniform replay of transitions ``(obs, action, reward, next_obs, discount)``.
+
+    ``discount`` is the bootstrap factor of the transition: ``gamma**n`` for an n-step
+    transition that did not end its episode, 0 for one that terminated it.
 
     ``add(batch)`` takes a dict of equally long arrays keyed by :data:`FIELDS`;
     ``sample(n, rng)`` returns a dict of ``n`` transitions drawn uniformly with
@@ -29,7 +32,7 @@ class ReplayMemory:
             "next_obs": np.zeros((capacity, *obs_shape), dtype=obs_dtype),
             "actions": np.zeros(capacity, dtype=np.int64),
             "rewards": np.zeros(capacity, dtype=np.float32),
-            "dones": np.zeros(capacity, dtype=np.float32),
+            "discounts": np.zeros(capacity, dtype=np.float32),
         }
         self._pos = 0
         self._size = 0

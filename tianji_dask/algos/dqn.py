@@ -31,17 +31,18 @@ def epsilon_at(step: int, initial: float, final: float, decay_steps: int) -> flo
 
 
 def double_dqn_loss(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target: torch.Tensor,
-                    actions: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor,
-                    gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Huber loss of Q(s,a) against r + gamma * Q_target(s', argmax_a' Q_online(s', a')).
+                    actions: torch.Tensor, rewards: torch.Tensor,
+                    discounts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Huber loss of Q(s,a) against r + discount * Q_target(s', argmax_a' Q_online(s', a')).
 
-    ``dones`` marks terminal transitions (no bootstrap); truncated episodes
-    bootstrap from their final observation. Returns ``(loss, q_taken)``.
+    ``rewards`` are (n-step) returns and ``discounts`` the bootstrap factors: ``gamma**n``,
+    or 0 for a transition that terminated its episode (truncated episodes bootstrap from
+    their final observation). Returns ``(loss, q_taken)``.
     """
     q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
     with torch.no_grad():
         best = q_next_online.argmax(dim=1, keepdim=True)
-        target = rewards + gamma * (1.0 - dones) * q_next_target.gather(1, best).squeeze(1)
+        target = rewards + discounts * q_next_target.gather(1, best).squeeze(1)
     return F.smooth_l1_loss(q_taken, target), q_taken
 
 
@@ -92,7 +93,7 @@ class DQNLearner:
         with torch.no_grad():
             q_next_target = self.target(t["next_obs"])
         loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, t["actions"],
-                                        t["rewards"], t["dones"], self.cfg.gamma)
+                                        t["rewards"], t["discounts"])
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.max_grad_norm, foreach=True)

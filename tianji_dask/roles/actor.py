@@ -14,6 +14,7 @@ import numpy as np
 
 from tianji_dask.algos.dqn import DQNPolicy, epsilon_at
 from tianji_dask.envs import EpisodeTracker, make_vector_env, next_observations
+from tianji_dask.nstep import NStepWindow
 
 
 class ActorRole:
@@ -42,6 +43,7 @@ class ActorRole:
         self.obs, _ = self.env.reset(seed=seed)
         self.obs = self.obs.astype(self.obs_dtype)
         self.tracker = EpisodeTracker(self.num_envs)
+        self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self.obs_shape, self.obs_dtype)
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
@@ -56,7 +58,7 @@ class ActorRole:
             "next_obs": np.empty((n, *self.obs_shape), self.obs_dtype),
             "actions": np.empty(n, np.int64),
             "rewards": np.empty(n, np.float32),
-            "dones": np.empty(n, np.float32),
+            "discounts": np.empty(n, np.float32),
         }
         self._fill = 0
 
@@ -106,20 +108,18 @@ class ActorRole:
         dones = terminated | truncated
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
         real_next = next_observations(next_obs, dones, infos)
-        i, n = self._fill, self.num_envs
-        c = self._chunk
-        c["obs"][i:i + n] = self.obs
-        c["next_obs"][i:i + n] = real_next
-        c["actions"][i:i + n] = actions
-        c["rewards"][i:i + n] = rewards
-        c["dones"][i:i + n] = terminated  # truncation bootstraps from the final observation
-        self._fill += n
+        out = self.window.add(self.obs, actions, rewards, real_next, terminated, dones)
         self.tracker.update(rewards, dones, time.time())
         self.obs = next_obs
-        self.counters["env_steps"] += n
+        self.counters["env_steps"] += self.num_envs
         self.counters["epsilon"] = eps
-        if self._fill >= self.chunk_len:
-            self.flush()
+        if out is not None:
+            i, n = self._fill, self.num_envs
+            for k, v in out.items():
+                self._chunk[k][i:i + n] = v
+            self._fill += n
+            if self._fill >= self.chunk_len:
+                self.flush()
 
     def flush(self) -> None:
         """Push the current chunk (possibly partial) and start a new one."""

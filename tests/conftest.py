@@ -1,0 +1,167 @@
+"""Shared helpers of the end-to-end tests: the reference config, the CLI, and one checker of a
+run directory against docs/metrics.md (so a metric added to the code but not to the docs, or the
+other way round, fails every run test)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "cartpole_dqn.yaml"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+
+# Short runs: no learning target, a small warm-up, seconds instead of minutes.
+SHORT = ("stop.target_return=null", "stop.max_env_steps=null", "algo.learning_starts=500")
+
+
+def documented_tables() -> dict[str, dict[str, tuple[tuple[str, ...], str]]]:
+    """``{"metrics.nc": {name: (dims, units)}, "episodes.nc": {name: ((episode,), units)}}``
+    read from the variable tables of docs/metrics.md."""
+    text = METRICS_DOC.read_text(encoding="utf-8")
+    out = {}
+    for section, dim in (("metrics.nc", None), ("episodes.nc", "episode")):
+        body = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, re.S | re.M).group(1)
+        table = {}
+        for line in body.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            m = re.fullmatch(r"`([a-z0-9_]+)`", cells[0]) if len(cells) >= 3 else None
+            if not m:
+                continue
+            if dim is None:  # | name | dims | units | meaning |
+                dims, units = tuple(d.strip() for d in cells[1].split(",")), cells[2]
+            else:  # | name | units | meaning |
+                dims, units = (dim,), cells[1]
+            table[m.group(1)] = (dims, units)
+        assert table, f"no variable table under '## {section}' in {METRICS_DOC}"
+        out[section] = table
+    return out
+
+
+def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> dict:
+    """Assert a finished run directory holds what docs/metrics.md promises; return numbers.
+
+    config.yaml reloads to ``cfg``; metrics.nc and episodes.nc carry every documented variable
+    with its dims and units, ``long_name``/``units`` on every variable and coordinate, the
+    documented attrs and ``mode``; the checkpoint loads and matches the network shape.
+    """
+    import xarray as xr
+
+    from tianji_dask.checkpoint import load_checkpoint
+    from tianji_dask.config import load_config
+
+    run_dir = Path(run_dir)
+    assert run_dir.is_dir(), run_dir
+    expected_files = {"config.yaml", "metrics.nc", "episodes.nc"} | ({"checkpoint"} if checkpoint else set())
+    assert expected_files <= {p.name for p in run_dir.iterdir()}, sorted(p.name for p in run_dir.iterdir())
+    assert not [p.name for p in run_dir.iterdir() if ".tmp" in p.name], "temporary files left behind"
+
+    assert load_config(run_dir / "config.yaml") == cfg  # the resolved config round-trips
+
+    docs = documented_tables()
+    with xr.open_dataset(run_dir / "metrics.nc", engine="h5netcdf") as ds:
+        ds.load()
+    with xr.open_dataset(run_dir / "episodes.nc", engine="h5netcdf") as eps:
+        eps.load()
+    for name, data, table in (("metrics.nc", ds, docs["metrics.nc"]), ("episodes.nc", eps, docs["episodes.nc"])):
+        missing = sorted(set(table) - set(data.data_vars))
+        assert not missing, f"{name} lacks documented variables {missing}"
+        undocumented = sorted(set(data.data_vars) - set(table))
+        assert not undocumented, f"{name} has variables not in docs/metrics.md: {undocumented}"
+        for var, (dims, units) in table.items():
+            assert data[var].dims == dims, (name, var, data[var].dims, dims)
+            assert data[var].attrs.get("units") == units, (name, var, data[var].attrs)
+        for var in [*data.data_vars, *data.coords]:
+            assert data[var].attrs.get("long_name"), (name, var, data[var].attrs)
+            assert "units" in data[var].attrs, (name, var, data[var].attrs)
+        for attr in ("run_name", "config_json", "t0_unix", "git_commit", "created", "time_to_target_s",
+                     "target_return", "torch_version", "tianji_dask_version"):
+            assert attr in data.attrs, (name, attr)
+        assert data.attrs["mode"] == mode
+        assert json.loads(data.attrs["config_json"]) == json.loads(cfg.to_json())
+    assert ds.sizes["time"] >= 2
+    assert np.all(np.diff(ds["time"].values) > 0)
+    assert np.all(np.diff(ds["env_steps"].values) >= 0)
+    assert np.all(np.diff(ds["updates"].values) >= 0)
+    fill = ds["buffer_fill"].values
+    assert np.all(fill[~np.isnan(fill)] <= 1.0)
+    assert np.nanmax(ds["buffer_size"].values) <= cfg.algo.buffer_size
+
+    numbers = {"rows": int(ds.sizes["time"]), "env_steps": int(ds["env_steps"][-1]),
+               "updates": int(ds["updates"][-1]), "episodes": int(eps.sizes["episode"]),
+               "last": {k: float(ds[k][-1]) for k in ("sample_fps", "receive_fps", "train_fps",
+                                                      "replay_ratio", "buffer_size", "loss", "q_mean")},
+               # the final row's rates span only the time from the previous row to the hosts'
+               # final heartbeats (a few ms when the stop follows a heartbeat): judge "the end"
+               # by the last two rows
+               "end_rates": {k: [float(v) for v in ds[k].values[-2:]]
+                             for k in ("sample_fps", "receive_fps", "train_fps")}}
+    if eps.sizes["episode"]:
+        assert np.all(eps["length"].values >= 1)
+        assert np.all(eps["actor"].values >= 0) and np.all(eps["actor"].values < cfg.topology.actors)
+        assert int(ds["episodes"][-1]) == eps.sizes["episode"]
+
+    if checkpoint:
+        state, meta = load_checkpoint(run_dir / "checkpoint")
+        assert {"online", "target", "optim_state"} <= set(state)
+        assert meta["format_version"] == 1
+        assert meta["env_id"] == cfg.env.id and meta["algo"] == cfg.algo.name
+        assert meta["updates"] == numbers["updates"] > 0
+        online = state["online"]
+        widths = [t.shape[0] for k, t in online.items() if k.endswith(".bias")]
+        assert widths[:-1] == list(cfg.algo.hidden_sizes)
+        numbers["obs_dim"] = int(online["0.weight"].shape[1])
+        numbers["n_actions"] = widths[-1]
+    return numbers
+
+
+def positive(x: float) -> bool:
+    return not math.isnan(x) and x > 0
+
+
+def running_at_the_end(numbers: dict) -> bool:
+    """Every rate is known and >= 0 in the final row and > 0 in at least one of the last two."""
+    return all(not math.isnan(v[-1]) and v[-1] >= 0 and any(positive(x) for x in v)
+               for v in numbers["end_rates"].values())
+
+
+def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``python -m tianji_dask.cli ARGS`` to completion; stdin closed, output captured."""
+    return subprocess.run([sys.executable, "-m", "tianji_dask.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+class _Helpers:
+    ROOT = ROOT
+    CONFIG = CONFIG
+    SHORT = SHORT
+    check_run_dir = staticmethod(check_run_dir)
+    documented_tables = staticmethod(documented_tables)
+    positive = staticmethod(positive)
+    running_at_the_end = staticmethod(running_at_the_end)
+    cli = staticmethod(cli)
+    wait_until = staticmethod(wait_until)
+
+
+@pytest.fixture(scope="session")
+def h() -> type[_Helpers]:
+    """The end-to-end helpers: ``h.CONFIG``, ``h.SHORT``, ``h.check_run_dir(...)``, ``h.cli(...)``."""
+    return _Helpers

@@ -1,0 +1,209 @@
+"""End-to-end runs on this machine: the Python API on a LocalCluster (its own and a given one),
+the serial reference, another env by overrides only, and bad input through the CLI.
+
+Each run is a few seconds of CartPole (or Acrobot) training; the checks are on what a run leaves
+behind (docs/metrics.md is the contract) and on what it must not leave (processes, Dask actors,
+threads, channels).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import cloudpickle
+import psutil
+import pytest
+from distributed import Client, LocalCluster
+
+from tianji_dask.config import load_config
+from tianji_dask.driver import train
+
+pytestmark = pytest.mark.integration
+
+# Workers may not be able to import this test module: ship its functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def short_config(h, *extra: str):
+    return load_config(h.CONFIG, [*h.SHORT, *extra])
+
+
+def children() -> set[int]:
+    """Child processes of this one, except multiprocessing's resource tracker, which lives as
+    long as this process once anything used the spawn context."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "multiprocessing.resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def tianji_leftovers(dask_worker) -> dict:
+    """What a finished run may not leave on a worker (run inside it by ``client.run``)."""
+    from tianji_dask import hosts
+    from tianji_dask.channels import ChannelService
+
+    svc = ChannelService.installed(dask_worker)
+    return {"actors": len(dask_worker.state.actors),
+            "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-")),
+            "local_buffers": sorted(hosts._LOCAL_BUFFERS),
+            "channels": sorted(svc._inboxes) if svc is not None else []}
+
+
+def scheduler_leftovers(dask_scheduler) -> dict:
+    """The run's traces on the scheduler (run by ``client.run_on_scheduler``). The heartbeat
+    topic's log (at most ``distributed.admin.low-level-log-length`` entries) is reported, not
+    judged: Dask keeps every topic's recent events by design."""
+    return {"tasks": sorted(str(k) for k in dask_scheduler.tasks if "Host-" in str(k)),
+            "events": sorted(str(k) for k in dask_scheduler.extensions["events"]._events
+                             if str(k).startswith("tianji-")),
+            "topic_log": {t: len(dask_scheduler.get_events(t)) for t in dask_scheduler.get_events()
+                          if t.startswith("tianji-")}}
+
+
+def clean(client) -> bool:
+    return all(not any(v.values()) for v in client.run(tianji_leftovers).values())
+
+
+# ------------------------------------------------------------------ the driver's own cluster
+@pytest.mark.timeout(90)
+def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
+    cfg = short_config(h, "stop.max_seconds=14")  # startup (cluster, imports) counts
+    before = children()
+    events = []
+    t = time.monotonic()
+    run = train(cfg, out=tmp_path / "run", on_event=events.append)
+    result = run.wait(timeout=75)
+    wall = time.monotonic() - t
+    assert result is not None, "the run did not end"
+    assert result.error is None, result.error
+    assert result.status == "max_seconds" and result.ok
+    assert result.run_dir == (tmp_path / "run").absolute()
+    assert any(e.startswith("dashboard: http://127.0.0.1:") for e in events), events
+
+    n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
+    assert h.running_at_the_end(n), n["end_rates"]
+    assert n["env_steps"] == result.env_steps > cfg.algo.learning_starts
+    assert n["episodes"] > 0 and n["updates"] > 0
+    assert n["obs_dim"] == 4 and n["n_actions"] == 2
+    # the driver closes the LocalCluster it started: its worker processes are gone
+    assert h.wait_until(lambda: children() <= before, timeout=5), children() - before
+    print(f"\nown cluster: wall {wall:.1f} s (run {result.wall_s:.1f} s), {n}")
+
+
+# ------------------------------------------------------------------ serial reference
+@pytest.mark.timeout(60)
+def test_serial_run_writes_the_same_files(h, tmp_path):
+    cfg = short_config(h, "stop.max_seconds=6")
+    before = children()
+    result = train(cfg, out=tmp_path / "serial", serial=True).wait(timeout=45)
+    assert result is not None and result.error is None, result and result.error
+    assert result.status == "max_seconds"
+    n = h.check_run_dir(result.run_dir, cfg, mode="serial")
+    assert n["updates"] > 0 and n["episodes"] > 0
+    assert h.running_at_the_end(n), n["end_rates"]
+    # the serial schedule: gradient_steps updates per train_freq env steps, no more
+    a = cfg.algo
+    rounds = n["env_steps"] // a.train_freq
+    assert n["updates"] <= rounds * a.gradient_steps
+    assert children() == before  # no Dask, no processes
+    print(f"\nserial: {n}")
+
+
+# ------------------------------------------------------------------ bad input through the CLI
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("overrides, message", [
+    (["algo.lrr=1e-3"], "unknown key 'algo.lrr'"),
+    (["algo.lr"], "no '=' found"),
+    (["algo.lr=-1"], "algo.lr=-1: Input should be greater than 0"),
+    (["env.id=CartPol-v1"], "no such gymnasium environment; did you mean CartPole-v1"),
+], ids=["unknown-key", "no-equals", "bad-value", "unknown-env"])
+def test_cli_bad_input_exits_2_and_writes_nothing(h, tmp_path, overrides, message):
+    out = tmp_path / "out"
+    args = ["train", str(h.CONFIG), *(a for o in overrides for a in ("--set", o)), "--out", str(out)]
+    p = h.cli(*args, cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert message in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert os.listdir(tmp_path) == []  # neither --out nor runs/ in the working directory
+
+
+@pytest.mark.timeout(60)
+def test_cli_refuses_a_non_empty_out_dir(h, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    keep = out / "results.txt"
+    keep.write_text("earlier results\n")
+    stamp = keep.stat().st_mtime_ns
+    p = h.cli("train", str(h.CONFIG), "--set", "stop.max_seconds=5", "--out", str(out), cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert f"--out {out}" in p.stderr and "not an empty directory" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    assert [q.name for q in out.iterdir()] == ["results.txt"]
+    assert keep.read_text() == "earlier results\n" and keep.stat().st_mtime_ns == stamp
+    assert sorted(os.listdir(tmp_path)) == ["taken"]
+
+
+# ------------------------------------------------------------------ a cluster the caller owns
+@pytest.fixture(scope="module")
+def given_client():
+    """The caller's cluster: 2 single-threaded worker processes (the lead's machine has 2 cores)."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+@pytest.mark.timeout(90)
+def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_path, given_client):
+    client = given_client
+    workers_before = sorted(client.scheduler_info()["workers"])
+    pids_before = client.run(os.getpid)
+    cfg = short_config(h, "stop.max_seconds=10")
+    result = train(cfg, client, out=tmp_path / "given").wait(timeout=75)
+    assert result is not None and result.error is None, result and result.error
+    assert result.status == "max_seconds"
+    n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
+    assert h.running_at_the_end(n), n["end_rates"]
+
+    # The driver must not close what it did not start: same client, same workers, same processes.
+    assert client.status == "running"
+    assert client.submit(lambda x: x + 1, 41, pure=False).result(timeout=10) == 42
+    assert sorted(client.scheduler_info()["workers"]) == workers_before
+    assert client.run(os.getpid) == pids_before
+    # No tianji host (Dask actor), loop thread, co-located buffer or open channel remains on the
+    # workers, and no task or stop Event of the run on the scheduler.
+    h.wait_until(lambda: clean(client), timeout=3, interval=0.2)
+    left = client.run(tianji_leftovers)
+    on_scheduler = client.run_on_scheduler(scheduler_leftovers)
+    for worker, what in left.items():
+        assert what["actors"] == 0, (worker, what)
+        assert what["threads"] == [], (worker, what)
+        assert what["local_buffers"] == [], (worker, what)
+    assert on_scheduler["tasks"] == [], on_scheduler
+    print(f"\ngiven client: {n}; scheduler: {on_scheduler}")
+    # These two fail today (see the report): the actors' parameter inboxes stay open, and the
+    # run's stop Event stays set on the scheduler.
+    leaks = {"channels": {w: what["channels"] for w, what in left.items() if what["channels"]},
+             "events": on_scheduler["events"]}
+    assert leaks == {"channels": {}, "events": []}, leaks
+
+
+@pytest.mark.timeout(90)
+def test_another_classic_control_env_by_overrides_only(h, tmp_path, given_client):
+    cfg = short_config(h, "env.id=Acrobot-v1", "stop.max_seconds=10")
+    assert cfg.env.id == "Acrobot-v1"
+    result = train(cfg, given_client, out=tmp_path / "acrobot").wait(timeout=75)
+    assert result is not None and result.error is None, result and result.error
+    assert result.status == "max_seconds"
+    n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
+    assert n["obs_dim"] == 6 and n["n_actions"] == 3  # Acrobot's spaces, not CartPole's
+    assert h.running_at_the_end(n), n["end_rates"]
+    assert n["env_steps"] > cfg.algo.learning_starts and n["updates"] > 0
+    assert result.run_dir.name == "acrobot"
+    print(f"\nacrobot: {n}")
