@@ -8,6 +8,7 @@ every host and closes what it started, whatever happened in between.
 
 from __future__ import annotations
 
+import math
 import time
 
 import dask
@@ -71,6 +72,9 @@ class RunCluster:
                 self.client.unsubscribe_topic(metrics_topic(self.run_id))
             if self._futures:
                 self.client.cancel(self._futures)
+                from distributed import Event
+
+                Event(stop_event_name(self.run_id), client=self.client).clear()
             self._futures.clear()
             self.buffer = self.learner = None
             self.actors = []
@@ -106,7 +110,7 @@ class RunCluster:
                                    f"{STARTUP_GRACE_S:.0f} s of starting")
             elif now - last > timeout:
                 raise HostLost(f"{key[0]} {key[1]} on {where}: no heartbeat for {now - last:.1f} s "
-                               f"(run.heartbeat_timeout={timeout} s); its worker process is probably gone")
+                               f"(run.heartbeat_timeout={timeout} s): its worker process died or its loop is stuck")
 
     # --- hosts ----------------------------------------------------------------------------
     def _placement(self) -> tuple[str, list[str]]:
@@ -138,13 +142,14 @@ class RunCluster:
         params = [f"params-{rid}-{i}" for i in range(n)]
         # Inboxes must exist before anything is sent to them: the buffer's queue and the
         # actors' parameter inboxes are opened in their constructors, before the learner starts.
+        # observations travel and are stored as float32 (the actors cast them)
         buffer_f = self._submit(BufferHost, rid, cfg_json, 0, seeds.buffer, traj, tuple(obs.shape),
-                                str(obs.dtype) if obs.dtype is not None else "float32", worker=buffer_worker)
+                                "float32", worker=buffer_worker)
         actor_fs = [self._submit(ActorHost, rid, cfg_json, i, seeds.actors[i], buffer_worker, traj, params[i],
                                  worker=actor_workers[i]) for i in range(n)]
         self.buffer = buffer_f.result()
         self.actors = [f.result() for f in actor_fs]
-        obs_dim = int(obs.shape[0]) if len(obs.shape) == 1 else int(__import__("math").prod(obs.shape))
+        obs_dim = int(math.prod(obs.shape))
         learner_f = self._submit(LearnerHost, rid, cfg_json, 0, seeds.learner,
                                  [(actor_workers[i], params[i]) for i in range(n)], obs_dim,
                                  int(spaces.action_space.n), worker=buffer_worker)

@@ -166,7 +166,6 @@ class Run:
         from tianji_dask.serial import SerialRun
 
         run = SerialRun(self.cfg)
-        self._learner_state = run.learner
         next_row = [time.time()]
 
         def emit(hb):

@@ -30,6 +30,7 @@ from tianji_dask.config import ExperimentConfig
 # Buffer roles of this process by run id: a learner shares its buffer's process and
 # samples from it directly (batches are local; nothing is copied between processes).
 _LOCAL_BUFFERS: dict[str, object] = {}
+FIRST_PARAMS_TIMEOUT_S = 60.0
 
 
 def metrics_topic(run_id: str) -> str:
@@ -234,7 +235,18 @@ class ActorHost(_LoopHost):
         return ActorRole(self.cfg, self.id, seed, self.sender, self.params)
 
     def _before_loop(self) -> None:
-        self.role.wait_for_params(timeout=120.0, stop=self._stop.is_set)
+        # the only wait of an actor: for the first parameters; heartbeats go on meanwhile
+        interval = self.cfg.run.metrics_interval
+        deadline = time.monotonic() + FIRST_PARAMS_TIMEOUT_S
+        while not self._stop.is_set():
+            try:
+                self.role.wait_for_params(timeout=interval, stop=self._stop.is_set)
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"actor {self.id}: no parameters from the learner after "
+                                       f"{FIRST_PARAMS_TIMEOUT_S:.0f} s") from None
+                self._beat()
 
     def _after_loop(self) -> None:
         if self.role is not None:
