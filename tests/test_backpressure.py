@@ -64,6 +64,9 @@ def test_bounded_memory_with_a_slow_learner(h, tmp_path):
         "algo.hidden_sizes=[1024,1024,1024]", "algo.batch_size=2048", "algo.learning_starts=2048",
         "algo.buffer_size=4096", "algo.ratio_tolerance=null", "channel.capacity_mb=1",
         "run.checkpoint=false",
+        # heartbeats are sent between loop steps: one update of this learner takes ~0.8 s alone
+        # and several seconds on a busy machine, which must not count as a lost host
+        "run.heartbeat_timeout=30",
     ])
     capacity = cfg.channel.capacity_bytes
     samples: list[dict] = []

@@ -161,7 +161,7 @@ def test_sigint_stops_the_run_with_results_and_no_process_left(h, cli_run):
     os.kill(run.proc.pid, signal.SIGINT)  # the CLI only, not its process group
     code = run.finish(timeout=10)
     exit_s = time.monotonic() - t_sig
-    assert code == 130, (code, run.stderr)
+    assert code == 130, f"exit {code} {exit_s:.1f} s after SIGINT at {t_sig - run.t0:.2f} s:\n{run.timeline()}"
     assert "Traceback" not in run.stderr, run.stderr
     assert "stopped:" in run.stderr, run.stderr
     sizes = assert_results_open(run.out)
@@ -195,7 +195,7 @@ def test_killed_worker_is_reported_as_lost_and_fails_the_run(h, cli_run):
     t_report = run.wait_for_line(re.compile(re.escape(address)), timeout=60, since=killed_at) - killed_at
     code = run.finish(timeout=45)
     exit_s = time.monotonic() - t_kill
-    assert code == 1, (code, run.stderr)
+    assert code == 1, f"exit {code} {exit_s:.1f} s after the kill at {killed_at:.2f} s:\n{run.timeline()}"
     assert t_report <= timeout + 5, f"lost host reported {t_report:.1f} s after the kill:\n{run.timeline()}"
     assert "failed:" in run.stderr, run.stderr
     sizes = assert_results_open(run.out)

@@ -57,6 +57,8 @@ def cmd_train(args) -> int:
         return _bad_input(f"--out {args.out} exists and is not an empty directory; "
                           f"choose a new directory (nothing was written)")
 
+    import torch  # noqa: F401 - the driver saves the checkpoint with it; importing it at the end would delay shutdown by seconds
+
     from tianji_dask.driver import train
     from tianji_dask.progress import Progress
 

@@ -200,7 +200,11 @@ class Run:
             try:
                 while not self._should_stop():
                     next_row = self._tick(next_row)
-                    rc.check_health()
+                    try:
+                        rc.check_health()
+                    except HostLost as exc:  # say it now: stopping the other hosts takes a while
+                        self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")
+                        raise
                     time.sleep(0.05)
             finally:
                 rc.stop_hosts()

@@ -249,6 +249,11 @@ class ActorHost(_LoopHost):
                 self._beat()
 
     def _after_loop(self) -> None:
-        if self.role is not None:
-            self.role.close()
-            self.sender.close(timeout=2.0)
+        try:
+            if self.role is not None:
+                self.role.close()
+                self.sender.close(timeout=2.0)
+        finally:
+            # opened in __init__: left open, every run would leave an inbox (holding its last
+            # parameters) on the worker for good
+            ChannelService.for_worker(self.worker).close(self.params_channel)

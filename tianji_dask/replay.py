@@ -47,6 +47,7 @@ class ReplayMemory:
 
     def add(self, batch: dict[str, np.ndarray]) -> None:
         n = len(batch["actions"])
+        self.added += n
         if n > self.capacity:  # keep only the newest transitions
             batch = {k: v[-self.capacity:] for k, v in batch.items()}
             n = self.capacity
@@ -55,7 +56,6 @@ class ReplayMemory:
             self._data[k][idx] = batch[k]
         self._pos = int((self._pos + n) % self.capacity)
         self._size = min(self._size + n, self.capacity)
-        self.added += n
 
     def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if self._size == 0:

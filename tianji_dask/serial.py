@@ -49,6 +49,7 @@ class SerialRun:
         self.learner.publish()
         self.actor.probe_params()
         since_train = 0
+        beat_steps = -1
         next_beat = time.monotonic() + interval
         try:
             while not should_stop():
@@ -64,9 +65,11 @@ class SerialRun:
                         self.learner.publish()
                 if time.monotonic() >= next_beat:
                     next_beat += interval
+                    beat_steps = self.actor.counters["env_steps"]
                     for hb in self.heartbeats():
                         emit(hb)
         finally:
-            for hb in self.heartbeats():
-                emit(hb)
+            if self.actor.counters["env_steps"] != beat_steps:  # an unchanged beat would read as 0 fps
+                for hb in self.heartbeats():
+                    emit(hb)
             self.actor.close()
