@@ -61,7 +61,7 @@ def test_shipped_config_loads_with_documented_values():
     assert (config.topology.actors, config.topology.torch_threads) == (1, 1)
     assert (config.channel.chunk_steps, config.channel.capacity_mb) == (32, 16.0)
     assert config.channel.full_policy == "wait"
-    assert (config.learner.publish_interval, config.learner.device) == (10, "cpu")
+    assert (config.learner.publish_interval, config.learner.device) == (50, "cpu")
     assert (config.stop.target_return, config.stop.max_env_steps) == (300.0, 500_000)
     assert config.stop.max_seconds == 600
     assert (config.run.metrics_interval, config.run.heartbeat_timeout) == (0.5, 5.0)

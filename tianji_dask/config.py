@@ -244,7 +244,7 @@ class LearnerConfig(_Section):
     """The learner host: where it computes and how often it publishes parameters."""
 
     publish_interval: int = Field(
-        10, ge=1, description="learner updates between parameter publications"
+        50, ge=1, description="learner updates between parameter publications"
     )
     device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
 

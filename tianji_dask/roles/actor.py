@@ -97,7 +97,7 @@ class ActorRole:
         if self.balance and self.ahead_of_learner():
             t = time.perf_counter()
             self.flush()  # the learner must see everything produced, or both sides could wait forever
-            time.sleep(0.0005)
+            time.sleep(0.002)
             self.counters["throttled_s"] += time.perf_counter() - t
             return
         a = self.cfg.algo
