@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any, NamedTuple
 
 from dask.sizeof import sizeof
@@ -97,3 +98,52 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+class LatestSlot:
+    """The newest-version-wins slot behind both ``LatestInbox`` and ``LocalSubscription``.
+
+    ``offer(version, payload)`` from the delivering side (a version not newer than the one
+    held is counted ``stale`` and ignored); ``probe()`` from the consuming thread returns the
+    newest version once and then drops the payload. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._version: int | None = None  # newest arrived
+        self._payload: dict | None = None  # held only until probed
+        self._fresh = False
+        self._probed_version: int | None = None
+        self._received = 0
+        self._replaced = 0
+        self._stale = 0
+
+    def offer(self, version: int, payload: dict) -> bool:
+        """Store a version; True when it replaced an unprobed one (conflation)."""
+        with self._lock:
+            self._received += 1
+            if self._version is not None and version <= self._version:
+                self._stale += 1
+                return False
+            replaced = self._fresh
+            self._replaced += replaced
+            self._version, self._payload, self._fresh = version, payload, True
+            return replaced
+
+    def probe(self) -> tuple[int, dict] | None:
+        with self._lock:
+            if not self._fresh:
+                return None
+            self._fresh = False
+            self._probed_version = self._version
+            payload, self._payload = self._payload, None
+            return self._version, payload
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fresh = False
+            self._payload = None
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"received": self._received, "replaced": self._replaced, "version": self._version,
+                    "probed_version": self._probed_version, "stale": self._stale}

@@ -20,11 +20,10 @@ Wire protocol on each publisher's comm::
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from distributed.comm import CommClosedError
 
-from .common import ChannelError, call_soon, logger
+from .common import ChannelError, LatestSlot, call_soon, logger
 
 
 class LatestInbox:
@@ -37,14 +36,7 @@ class LatestInbox:
         self.name = name
         self.address = address
         self._loop = loop
-        self._lock = threading.Lock()
-        self._version: int | None = None  # newest arrived
-        self._payload: dict | None = None  # held only until probed
-        self._fresh = False
-        self._probed_version: int | None = None
-        self._received = 0
-        self._replaced = 0
-        self._stale = 0
+        self._slot = LatestSlot()
         self._closed = False
         self._comms: set = set()
         self._background: set = set()
@@ -54,44 +46,18 @@ class LatestInbox:
 
     def probe(self) -> tuple[int, dict] | None:
         """(version, payload) if a version newer than the last probed one arrived, else None."""
-        with self._lock:
-            if not self._fresh:
-                return None
-            self._fresh = False
-            self._probed_version = self._version
-            payload, self._payload = self._payload, None
-            return self._version, payload
+        return self._slot.probe()
 
     def stats(self) -> dict:
-        with self._lock:
-            return {
-                "received": self._received,
-                "replaced": self._replaced,
-                "version": self._version,
-                "probed_version": self._probed_version,
-                "stale": self._stale,
-                "publishers": len(self._comms),
-                "closed": self._closed,
-            }
+        return {**self._slot.stats(), "publishers": len(self._comms), "closed": self._closed}
 
     def _store(self, version: int, payload: dict) -> None:
-        with self._lock:
-            self._received += 1
-            if self._version is not None and version <= self._version:
-                self._stale += 1
-                return
-            if self._fresh:
-                self._replaced += 1
-            self._version = version
-            self._payload = payload
-            self._fresh = True
+        self._slot.offer(version, payload)
 
     def _close(self) -> None:
         """Called by ChannelService.close: tell every publisher, then cut them off."""
-        with self._lock:
-            self._closed = True
-            self._fresh = False
-            self._payload = None
+        self._closed = True
+        self._slot.clear()
         call_soon(self._loop, self._start_notify)
 
     # ------------------------------------------------------------------ event loop

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 
-from .common import FULL_POLICIES, ChannelError, Item, on_event_loop, payload_nbytes
+from .common import FULL_POLICIES, ChannelError, Item, LatestSlot, on_event_loop, payload_nbytes
 
 LOCAL_SENDER = "local"
 
@@ -143,49 +143,8 @@ class LocalQueue:
         return taken
 
 
-class LocalSubscription:
+class LocalSubscription(LatestSlot):
     """What ``LocalTopic.subscribe`` returns: ``probe``/``stats`` like LatestInbox."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._version: int | None = None
-        self._payload: dict | None = None
-        self._fresh = False
-        self._probed_version: int | None = None
-        self._received = 0
-        self._replaced = 0
-        self._stale = 0
-
-    def probe(self) -> tuple[int, dict] | None:
-        with self._lock:
-            if not self._fresh:
-                return None
-            self._fresh = False
-            self._probed_version = self._version
-            payload, self._payload = self._payload, None
-            return self._version, payload
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {
-                "received": self._received,
-                "replaced": self._replaced,
-                "version": self._version,
-                "probed_version": self._probed_version,
-                "stale": self._stale,
-            }
-
-    def _offer(self, version: int, payload: dict) -> bool:
-        """Store a version; True when it replaced an unprobed one (conflation)."""
-        with self._lock:
-            self._received += 1
-            if self._version is not None and version <= self._version:
-                self._stale += 1
-                return False
-            replaced = self._fresh
-            self._replaced += replaced
-            self._version, self._payload, self._fresh = version, payload, True
-            return replaced
 
 
 class LocalTopic:
@@ -204,7 +163,7 @@ class LocalTopic:
         with self._lock:
             self._subs.append(sub)
             if self._last is not None:
-                sub._offer(*self._last)
+                sub.offer(*self._last)
         return sub
 
     def publish(self, version: int, payload: dict) -> None:
@@ -214,7 +173,7 @@ class LocalTopic:
             self._published += 1
             self._last = (int(version), payload)
             for sub in self._subs:
-                self._conflated += sub._offer(*self._last)
+                self._conflated += sub.offer(*self._last)
 
     def stats(self) -> dict:
         with self._lock:
