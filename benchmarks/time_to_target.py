@@ -64,10 +64,14 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--modes", nargs="+", default=["distributed", "serial"], choices=["distributed", "serial"])
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                   help="where time_to_target.json/.nc go")
+    p.add_argument("--runs", type=Path, default=Path("runs/benchmarks"),
+                   help="where the runs' own directories go (not committed)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs_root = Path(tempfile.mkdtemp(prefix="ttt-", dir=args.out))
+    args.runs.mkdir(parents=True, exist_ok=True)
+    runs_root = Path(tempfile.mkdtemp(prefix="ttt-", dir=args.runs))
     rows = []
     for seed in args.seeds:
         for mode in args.modes:

@@ -92,6 +92,11 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
     assert n["env_steps"] == result.env_steps > cfg.algo.learning_starts
     assert n["episodes"] > 0 and n["updates"] > 0
     assert n["obs_dim"] == 4 and n["n_actions"] == 2
+    # the memory budget for CartPole: every host's worker process stays under 400 MB RSS
+    ds = run.metrics()
+    for var in ("actor_rss_mb", "buffer_rss_mb", "learner_rss_mb"):
+        peak = float(ds[var].max())
+        assert 100 < peak <= 400, (var, peak)
     # the driver closes the LocalCluster it started: its worker processes are gone
     assert h.wait_until(lambda: children() <= before, timeout=5), children() - before
     print(f"\nown cluster: wall {wall:.1f} s (run {result.wall_s:.1f} s), {n}")

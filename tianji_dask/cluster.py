@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 
-import dask
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
@@ -29,12 +28,12 @@ def local_cluster(n_workers: int):
     """A LocalCluster for one run: loopback only, one thread per worker."""
     from distributed import LocalCluster
 
-    # Dask's default MALLOC_TRIM_THRESHOLD_ disables glibc's dynamic mmap threshold and costs
-    # 20-40 % on large receives (notes/dask_mechanics.md); the OMP/MKL thread caps stay.
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                            host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                            preload=["tianji_dask.worker_preload"])
+    # Dask's MALLOC_TRIM_THRESHOLD_ stays: it costs 20-40 % on receives of 512 KiB messages
+    # (shared/notes/dask_mechanics.md), but CartPole chunks are 12 KB, and without it the
+    # learner's process held 402 MB instead of 362 MB (the 400 MB per-host budget).
+    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                        host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                        preload=["tianji_dask.worker_preload"])
 
 
 class RunCluster:
