@@ -232,7 +232,7 @@ def test_to_json_round_trips():
             id="buffer<batch",
         ),
         pytest.param(
-            ["algo.name=ppo"], ["algo.name='ppo'", "not a known algorithm", "allowed names: 'dqn'"],
+            ["algo.name=a2c"], ["algo.name='a2c'", "not a known algorithm", "allowed names: 'dqn', 'ppo'"],
             id="unknown-algo",
         ),
         pytest.param(

@@ -41,6 +41,7 @@ __all__ = [
     "ChannelConfig",
     "ConfigError",
     "DQNConfig",
+    "PPOConfig",
     "EnvConfig",
     "EnvSpaces",
     "ExperimentConfig",
@@ -197,9 +198,62 @@ class DQNConfig(_Section):
         return self
 
 
-#: Algorithm name -> config model. When PPO lands, add it here and make
-#: ``ExperimentConfig.algo`` ``Annotated[DQNConfig | PPOConfig, Field(discriminator="name")]``.
-ALGO_CONFIGS: dict[str, type[_Section]] = {"dqn": DQNConfig}
+class PPOConfig(_Section):
+    """PPO hyperparameters (clipped surrogate, GAE, value loss, entropy bonus), cleanrl/SB3 names.
+
+    The sample distribution is ``sample_reuse``: in how many learner iterations one rollout may
+    be used. 1 is the paper's "New" setting (each sample consumed once, 1:1), 8 its "Staleness"
+    setting (1:8). Rollouts more than ``max_policy_lag`` versions behind the learner are dropped
+    (and counted) instead of trained on.
+    """
+
+    name: Literal["ppo"] = Field(description="algorithm name; selects this section's schema")
+    gamma: float = Field(0.98, gt=0, le=1, description="discount factor")
+    gae_lambda: float = Field(0.8, ge=0, le=1, description="GAE lambda")
+    lr: float = Field(0.001, gt=0, description="Adam learning rate")
+    lr_anneal_steps: int | None = Field(
+        100_000, ge=1, description="env steps over which lr decays linearly to 0; null = constant"
+    )
+    rollout_steps: int = Field(32, ge=1, description="env steps per env in one rollout (one push)")
+    rollouts_per_update: int = Field(
+        1, ge=1, description="rollouts in one learner iteration's batch"
+    )
+    epochs: int = Field(20, ge=1, description="passes over the batch per learner iteration")
+    minibatches: int = Field(1, ge=1, description="minibatches per epoch")
+    clip_coef: float = Field(0.2, gt=0, description="PPO ratio clip")
+    vf_coef: float = Field(0.5, ge=0, description="value-loss coefficient")
+    ent_coef: float = Field(0.0, ge=0, description="entropy-bonus coefficient")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient clipping norm")
+    normalize_advantages: bool = Field(True, description="normalise advantages per minibatch")
+    hidden_sizes: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 64], min_length=1, description="hidden widths of actor and critic"
+    )
+    max_policy_lag: int = Field(
+        1, ge=0, description="rollouts more than this many versions behind are dropped and counted"
+    )
+    sample_reuse: int = Field(
+        1, ge=1, description="learner iterations one rollout may be used in (1 = New 1:1, 8 = Staleness 1:8)"
+    )
+    ratio_tolerance: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="band around sample_reuse outside which the balance controller slows the "
+        "faster side; null (default) = off: nothing waits, stale rollouts are dropped",
+    )
+
+    @property
+    def target_replay_ratio(self) -> float:
+        """Samples consumed per sample produced: each rollout is used ``sample_reuse`` times."""
+        return float(self.sample_reuse)
+
+    @property
+    def learning_starts(self) -> int:
+        return 0
+
+
+#: Algorithm name -> config model.
+ALGO_CONFIGS: dict[str, type[_Section]] = {"dqn": DQNConfig, "ppo": PPOConfig}
 
 
 class TopologyConfig(_Section):
@@ -312,7 +366,7 @@ class ExperimentConfig(_Section):
 
     seed: int = Field(0, ge=0, description="root seed; every other seed is spawned from it")
     env: EnvConfig
-    algo: DQNConfig
+    algo: Annotated[DQNConfig | PPOConfig, Field(discriminator="name")]
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

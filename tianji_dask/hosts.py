@@ -157,12 +157,12 @@ class BufferHost(_LoopHost):
     def __init__(self, run_id: str, config_json: str, host_id: int, seed: int, channel: str,
                  obs_shape: tuple, obs_dtype: str):
         super().__init__(run_id, config_json, host_id)
-        from tianji_dask.roles.buffer import BufferRole
+        from tianji_dask.roles import make_buffer_role
 
         inbox = ChannelService.current().open_queue(channel, self.cfg.channel.capacity_bytes
                                                     * max(1, self.cfg.topology.actors))
         self.channel = channel
-        self.role = BufferRole(self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id)
+        self.role = make_buffer_role(self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id)
         _LOCAL_BUFFERS[run_id] = self.role
 
     def _make_role(self):
@@ -190,11 +190,12 @@ class LearnerHost(_LoopHost):
                                f"({self.worker.address} has none)")
 
     def _make_role(self):
-        from tianji_dask.roles.learner import LearnerRole
+        from tianji_dask.roles import learner_role_class
 
         seed, subscribers, obs_dim, n_actions = self._args
         self.publisher = TopicPublisher(subscribers, **self._comm_kwargs())
-        return LearnerRole(self.cfg, _LOCAL_BUFFERS[self.run_id], self.publisher, obs_dim, n_actions, seed)
+        return learner_role_class(self.cfg)(self.cfg, _LOCAL_BUFFERS[self.run_id], self.publisher,
+                                            obs_dim, n_actions, seed)
 
     def _before_loop(self) -> None:
         self.role.publish()  # version 0: actors start acting as soon as it lands
@@ -226,13 +227,13 @@ class ActorHost(_LoopHost):
         self._args = (seed, buffer_address, traj_channel)
 
     def _make_role(self):
-        from tianji_dask.roles.actor import ActorRole
+        from tianji_dask.roles import actor_role_class
 
         seed, buffer_address, traj_channel = self._args
         c = self.cfg.channel
         self.sender = QueueSender(buffer_address, traj_channel, f"actor-{self.id}", c.capacity_bytes,
                                   full_policy=c.full_policy, **self._comm_kwargs())
-        return ActorRole(self.cfg, self.id, seed, self.sender, self.params)
+        return actor_role_class(self.cfg)(self.cfg, self.id, seed, self.sender, self.params)
 
     def _before_loop(self) -> None:
         # the only wait of an actor: for the first parameters; heartbeats go on meanwhile

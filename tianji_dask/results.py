@@ -35,7 +35,7 @@ ROLES = ("actor", "buffer", "learner")
 _MONOTONE = {
     "actor": ("env_steps", "chunks_sent", "bytes_sent", "dropped", "blocked_s", "throttled_s",
               "params_received"),
-    "buffer": ("received", "received_bytes", "seq_gaps"),
+    "buffer": ("received", "received_bytes", "seq_gaps", "stale_dropped"),
     "learner": ("updates", "samples", "throttled_s"),
 }
 # Per role: counter whose rate over the last interval is reported, keyed by the name of the rate.
@@ -70,6 +70,14 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
                             "s", "float64"),
     "dropped": ("trajectory chunks dropped by the channel (cumulative, all actors)", "1", "int64"),
     "seq_gaps": ("sequence gaps seen by the buffers (cumulative)", "1", "int64"),
+    "stale_dropped": ("transitions dropped unused for exceeding max_policy_lag or buffer room "
+                      "(cumulative, all buffers)", "1", "int64"),
+    "policy_lag_mean": ("mean policy lag of the rollouts trained on since the previous row "
+                        "(learner version minus the rollout's version)", "1", "float64"),
+    "policy_lag_max": ("largest policy lag of the rollouts trained on since the previous row",
+                       "1", "float64"),
+    "sample_age_s": ("mean age of the rollouts trained on since the previous row (training time "
+                     "minus creation time)", "s", "float64"),
 }
 # name -> (dim, long_name, units, source) with source the per-host value stored each row.
 _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
@@ -279,6 +287,10 @@ class MetricsRecorder:
                 "throttled_learner_s": float(total(learners, "throttled_s")),
                 "dropped": int(total(actors, "dropped")),
                 "seq_gaps": int(total(buffers, "seq_gaps")),
+                "stale_dropped": int(total(buffers, "stale_dropped")),
+                "policy_lag_mean": _nanmean([h.raw.get("policy_lag_mean", math.nan) for _, h in learners]),
+                "policy_lag_max": _nanmax([h.raw.get("policy_lag_max", math.nan) for _, h in learners]),
+                "sample_age_s": _nanmean([h.raw.get("sample_age_s", math.nan) for _, h in learners]),
             }
             per_host = {}
             for role in ROLES:

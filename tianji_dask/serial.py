@@ -1,9 +1,10 @@
 """The serial reference: the same role objects in one process, no Dask.
 
-It runs the serial algorithm's schedule exactly: every ``train_freq`` env steps
-the buffer ingests what the actor produced and the learner does
-``gradient_steps`` updates, then the actor takes the newest parameters. This is
-the baseline that measures what distribution buys, and a debugging aid.
+It runs the serial algorithm's schedule exactly. DQN: every ``train_freq`` env steps the
+buffer ingests what the actor produced and the learner does ``gradient_steps`` updates.
+PPO: after every rollout the learner trains on it (as often as the sample distribution
+allows). Then the actor takes the newest parameters. This is the baseline that measures
+what distribution buys, and a debugging aid.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import time
 import numpy as np
 
 from tianji_dask.channels import LocalQueue, LocalTopic
-from tianji_dask.roles.actor import ActorRole
-from tianji_dask.roles.buffer import BufferRole
-from tianji_dask.roles.learner import LearnerRole
+from tianji_dask.roles import actor_role_class, learner_role_class, make_buffer_role
 from tianji_dask.seeding import role_seeds
 
 
@@ -32,19 +31,33 @@ class SerialRun:
         seeds = role_seeds(cfg.seed, n_actors=1)
         self.queue = LocalQueue(capacity_bytes=1 << 62, full_policy="wait")
         self.topic = LocalTopic()
-        self.actor = ActorRole(cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(),
-                               balance=False, n_actors=1)
+        self.actor = actor_role_class(cfg)(cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(),
+                                           balance=False, n_actors=1)
         obs_dim = int(np.prod(self.actor.obs_shape))
         n_actions = int(self.actor.env.single_action_space.n)
-        self.buffer = BufferRole(cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer)
-        self.learner = LearnerRole(cfg, self.buffer, self.topic, obs_dim, n_actions, seeds.learner,
-                                   balance=False)
+        self.buffer = make_buffer_role(cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype,
+                                       seeds.buffer)
+        self.learner = learner_role_class(cfg)(cfg, self.buffer, self.topic, obs_dim, n_actions,
+                                               seeds.learner, balance=False)
 
     def heartbeats(self) -> list[dict]:
         return [self.actor.heartbeat(), self.buffer.heartbeat(), self.learner.heartbeat()]
 
+    def _train_round(self) -> None:
+        """The serial algorithm's training between two collection phases."""
+        self.actor.flush()
+        self.buffer.ingest()
+        if self.cfg.algo.name == "ppo":
+            while self.learner.step():
+                pass
+        elif self.learner.ready():
+            for _ in range(self.cfg.algo.gradient_steps):
+                self.learner.step()
+            self.learner.publish()
+
     def run(self, emit, should_stop) -> None:
         a = self.cfg.algo
+        period = a.rollout_steps * self.actor.num_envs if a.name == "ppo" else a.train_freq
         interval = self.cfg.run.metrics_interval
         self.learner.publish()
         self.actor.probe_params()
@@ -55,14 +68,9 @@ class SerialRun:
             while not should_stop():
                 self.actor.step()
                 since_train += self.actor.num_envs
-                if since_train >= a.train_freq:
-                    since_train -= a.train_freq
-                    self.actor.flush()
-                    self.buffer.ingest()
-                    if self.learner.ready():
-                        for _ in range(a.gradient_steps):
-                            self.learner.step()
-                        self.learner.publish()
+                if since_train >= period:
+                    since_train -= period
+                    self._train_round()
                 if time.monotonic() >= next_beat:
                     next_beat += interval
                     beat_steps = self.actor.counters["env_steps"]

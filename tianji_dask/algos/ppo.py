@@ -1,0 +1,174 @@
+"""PPO: actor-critic network, acting, GAE and the clipped-surrogate update.
+
+As in cleanrl's ``ppo.py``: separate tanh MLPs for policy and value with orthogonal
+init, GAE(lambda), advantage normalisation per minibatch, clipped surrogate, value
+loss, entropy bonus, global gradient clipping, minibatch epochs. Actors keep a copy
+of the whole network (they need values for GAE); the learner owns Adam.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.distributions import Categorical
+
+
+def _layer(i: int, o: int, std: float = math.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(i, o)
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, 0.0)
+    return layer
+
+
+def _tanh_mlp(i: int, o: int, hidden: list[int], out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [_layer(i, h), nn.Tanh()]
+        i = h
+    layers.append(_layer(i, o, out_std))
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int]):
+        super().__init__()
+        self.actor = _tanh_mlp(obs_dim, n_actions, hidden, 0.01)
+        self.critic = _tanh_mlp(obs_dim, 1, hidden, 1.0)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
+        """(log-prob of ``actions``, entropy, value) under the current parameters."""
+        dist = Categorical(logits=self.actor(obs))
+        return dist.log_prob(actions), dist.entropy(), self.value(obs)
+
+
+class PPOPolicy:
+    """Inference in an actor: ``act(obs)`` -> (actions, log-probs, values) as numpy."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], seed: int):
+        self.net = ActorCritic(obs_dim, n_actions, hidden)
+        self.net.requires_grad_(False)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = -1
+
+    def load(self, version: int, params: dict) -> None:
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
+        self.version = version
+
+    def act(self, obs: np.ndarray):
+        with torch.inference_mode():
+            x = torch.from_numpy(obs)
+            logits = self.net.actor(x)
+            probs = torch.softmax(logits, dim=-1)
+            actions = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            logp = torch.log_softmax(logits, dim=-1).gather(1, actions.unsqueeze(1)).squeeze(1)
+            values = self.net.value(x)
+        return actions.numpy(), logp.numpy(), values.numpy()
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.net.value(torch.from_numpy(obs)).numpy()
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_values: np.ndarray,
+        gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimates for a rollout of shape ``(T, N)``.
+
+    ``dones[t]`` marks that the episode ended at step t (the next observation starts a new
+    episode, so nothing is bootstrapped across it; truncated episodes have their bootstrap
+    value already added to ``rewards[t]`` by the actor). ``last_values`` is V of the
+    observation after the last step. Returns ``(advantages, returns)``.
+    """
+    T = len(rewards)
+    adv = np.zeros_like(rewards, dtype=np.float32)
+    last = np.zeros_like(last_values, dtype=np.float32)
+    for t in range(T - 1, -1, -1):
+        next_v = last_values if t == T - 1 else values[t + 1]
+        nonterminal = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_v * nonterminal - values[t]
+        last = delta + gamma * lam * nonterminal * last
+        adv[t] = last
+    return adv, adv + values
+
+
+def ppo_loss(net: ActorCritic, obs, actions, old_logp, adv, returns, clip: float, vf_coef: float,
+             ent_coef: float, normalize: bool):
+    """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``."""
+    logp, entropy, value = net.evaluate(obs, actions)
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    if normalize and len(adv) > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+    v_loss = 0.5 * ((value - returns) ** 2).mean()
+    ent = entropy.mean()
+    loss = pg - ent_coef * ent + vf_coef * v_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clipfrac = ((ratio - 1).abs() > clip).float().mean()
+    return loss, {"pg_loss": pg.item(), "v_loss": v_loss.item(), "entropy": ent.item(),
+                  "approx_kl": approx_kl.item(), "clipfrac": clipfrac.item()}
+
+
+class PPOLearner:
+    """Owns the network and Adam; ``train(batch, progress)`` runs the minibatch epochs."""
+
+    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu"):
+        torch.manual_seed(seed)
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.net = ActorCritic(obs_dim, n_actions, cfg.hidden_sizes).to(self.device)
+        self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
+        self.rng = np.random.default_rng(seed)
+        self.updates = 0
+
+    def set_lr_for(self, env_steps: int) -> float:
+        a = self.cfg
+        lr = a.lr if a.lr_anneal_steps is None else a.lr * max(0.0, 1.0 - env_steps / a.lr_anneal_steps)
+        lr = max(lr, a.lr * 0.05)  # never stop learning entirely when a run outlives the schedule
+        for g in self.optim.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def train(self, batch: dict[str, np.ndarray], grad_hook=None) -> dict:
+        """``batch``: flat arrays obs, actions, logp, advantages, returns. ``grad_hook()`` runs
+        between backward and step (the data-parallel learners average gradients there)."""
+        a = self.cfg
+        t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        n = len(t["actions"])
+        mb = max(1, n // a.minibatches)
+        stats: dict[str, float] = {}
+        count = 0
+        for _ in range(a.epochs):
+            order = torch.from_numpy(self.rng.permutation(n)).to(self.device)
+            for start in range(0, n, mb):
+                idx = order[start:start + mb]
+                loss, st = ppo_loss(self.net, t["obs"][idx], t["actions"][idx], t["logp"][idx],
+                                    t["advantages"][idx], t["returns"][idx], a.clip_coef, a.vf_coef,
+                                    a.ent_coef, a.normalize_advantages)
+                self.optim.zero_grad(set_to_none=True)
+                loss.backward()
+                if grad_hook is not None:
+                    grad_hook()
+                nn.utils.clip_grad_norm_(self.net.parameters(), a.max_grad_norm, foreach=True)
+                self.optim.step()
+                self.updates += 1
+                count += 1
+                st["loss"] = loss.item()
+                for k, v in st.items():
+                    stats[k] = stats.get(k, 0.0) + v
+        return {k: v / count for k, v in stats.items()}
+
+    def actor_params(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.net.state_dict().items()}
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        optim = self.optim.state_dict()
+        flat = {f"{pid}.{name}": torch.as_tensor(val)
+                for pid, st in optim["state"].items() for name, val in st.items()}
+        return {"net": self.net.state_dict(), "optim_state": flat}

@@ -1,0 +1,130 @@
+"""The PPO actor role: collects fixed-length rollouts with one policy version each.
+
+Like :class:`~tianji_dask.roles.actor.ActorRole` it pushes into ``sender`` and probes
+``params``, but it swaps parameters only between rollouts, so every rollout is tagged
+with exactly the version that produced it (the learner measures staleness from it).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tianji_dask.algos.ppo import PPOPolicy
+from tianji_dask.envs import EpisodeTracker, make_vector_env
+
+
+class PPOActorRole:
+    """Protocol as ActorRole: ``wait_for_params()``, then ``step()`` in a loop; ``heartbeat()``."""
+
+    def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
+                 n_actors: int | None = None):
+        self.cfg = cfg
+        self.id = actor_id
+        self.sender = sender
+        self.params = params
+        self.balance = balance and cfg.algo.ratio_tolerance is not None
+        self.n_actors = n_actors or cfg.topology.actors
+        self.num_envs = cfg.env.num_envs
+        self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
+        self.obs_shape = self.env.single_observation_space.shape
+        self.obs_dtype = np.float32
+        self.policy = PPOPolicy(int(np.prod(self.obs_shape)), int(self.env.single_action_space.n),
+                                cfg.algo.hidden_sizes, seed)
+        obs, _ = self.env.reset(seed=seed)
+        self.obs = obs.astype(np.float32)
+        self.tracker = EpisodeTracker(self.num_envs)
+        self.T = cfg.algo.rollout_steps
+        self.chunk_len = self.T * self.num_envs
+        self.learner_consumed = 0
+        self._t = 0
+        self._new_rollout()
+        self.counters = {"env_steps": 0, "chunks_sent": 0, "bytes_sent": 0, "dropped": 0,
+                         "blocked_s": 0.0, "throttled_s": 0.0, "param_version": -1,
+                         "params_received": 0, "epsilon": float("nan")}
+
+    def _new_rollout(self) -> None:
+        T, N = self.T, self.num_envs
+        self._r = {"obs": np.empty((T, N, *self.obs_shape), np.float32), "actions": np.empty((T, N), np.int64),
+                   "logp": np.empty((T, N), np.float32), "values": np.empty((T, N), np.float32),
+                   "rewards": np.empty((T, N), np.float32), "dones": np.empty((T, N), np.float32)}
+        self._t = 0
+
+    def probe_params(self) -> bool:
+        got = self.params.probe()
+        if got is None:
+            return False
+        version, payload = got
+        self.policy.load(version, payload["params"])
+        self.learner_consumed = int(payload.get("consumed", 0))
+        self.counters["param_version"] = version
+        self.counters["params_received"] += 1
+        return True
+
+    def wait_for_params(self, timeout: float, stop=lambda: False) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.probe_params():
+            if stop():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"actor {self.id}: no parameters from the learner after {timeout:.0f} s")
+            time.sleep(0.005)
+
+    def ahead_of_learner(self) -> bool:
+        """Balance controller: produced transitions ahead of consumption at ``sample_reuse`` minus the band."""
+        a = self.cfg.algo
+        allowed = self.chunk_len * self.n_actors + self.learner_consumed / (
+            a.target_replay_ratio * (1.0 - a.ratio_tolerance))
+        return self.counters["env_steps"] * self.n_actors > allowed
+
+    def step(self) -> None:
+        if self._t == 0:  # between rollouts: newest parameters, and the controller's say
+            self.probe_params()
+            if self.balance and self.ahead_of_learner():
+                t = time.perf_counter()
+                time.sleep(0.002)
+                self.counters["throttled_s"] += time.perf_counter() - t
+                return
+        actions, logp, values = self.policy.act(self.obs)
+        next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
+        next_obs = next_obs.astype(np.float32, copy=False)
+        self.tracker.update(rewards, terminated | truncated, time.time())  # the env's own rewards
+        rewards = rewards.astype(np.float32)
+        only_truncated = truncated & ~terminated
+        if only_truncated.any():  # a time limit is not a terminal state: bootstrap from the final obs
+            final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(np.float32)
+            rewards[only_truncated] += self.cfg.algo.gamma * self.policy.value(final)
+        dones = terminated | truncated
+        r, t = self._r, self._t
+        r["obs"][t], r["actions"][t], r["logp"][t], r["values"][t] = self.obs, actions, logp, values
+        r["rewards"][t], r["dones"][t] = rewards, dones
+        self.obs = next_obs
+        self._t += 1
+        self.counters["env_steps"] += self.num_envs
+        if self._t == self.T:
+            self.flush()
+
+    def flush(self) -> None:
+        """Push the finished rollout, tagged with its policy version and creation time."""
+        if self._t < self.T:
+            return  # PPO trains on whole rollouts only
+        r = self._r
+        r["last_values"] = self.policy.value(self.obs)
+        r["version"] = np.array(self.policy.version, np.int64)
+        r["created"] = np.array(time.time(), np.float64)
+        nbytes = sum(v.nbytes for v in r.values())
+        if self.sender.push(r):
+            self.counters["chunks_sent"] += 1
+            self.counters["bytes_sent"] += nbytes
+        self._new_rollout()
+
+    def heartbeat(self) -> dict:
+        sent = self.sender.stats()
+        self.counters["blocked_s"] = float(sent.get("blocked_s", 0.0))
+        self.counters["dropped"] = int(sent.get("dropped", 0))
+        return {"role": "actor", "id": self.id, "t": time.time(), "counters": dict(self.counters),
+                "episodes": self.tracker.drain()}
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,84 @@
+"""The on-policy buffer role: holds recent rollouts and hands the learner the freshest ones.
+
+Each rollout carries the policy version that produced it. ``take(version)`` drops rollouts
+more than ``algo.max_policy_lag`` versions behind (counted in ``stale_dropped``) and returns
+up to ``algo.rollouts_per_update`` of the newest rollouts that were used fewer than
+``algo.sample_reuse`` times; each use is counted against the rollout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Rollout:
+    data: dict
+    version: int
+    created: float
+    transitions: int
+    uses: int = 0
+
+
+class RolloutBufferRole:
+    def __init__(self, cfg, inbox, buffer_id: int = 0):
+        self.cfg = cfg
+        self.id = buffer_id
+        self.inbox = inbox
+        self._held: list[Rollout] = []
+        self._lock = threading.Lock()
+        self.received = 0
+        self.received_bytes = 0
+        self.stale_dropped = 0  # transitions
+        # at most this many rollouts are kept: the ones a learner iteration could still use
+        self.capacity_rollouts = cfg.algo.rollouts_per_update * cfg.algo.sample_reuse * max(1, cfg.topology.actors)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(r.transitions for r in self._held)
+
+    def ingest(self, timeout: float = 0.0) -> int:
+        items = self.inbox.get(timeout) if timeout > 0 else self.inbox.poll()
+        n = 0
+        for item in items:
+            d = item.payload
+            r = Rollout(d, int(d["version"]), float(d["created"]), int(d["actions"].size))
+            n += r.transitions
+            self.received_bytes += item.nbytes
+            with self._lock:
+                self._held.append(r)
+                while len(self._held) > self.capacity_rollouts:  # oldest first out
+                    old = self._held.pop(0)
+                    if old.uses == 0:
+                        self.stale_dropped += old.transitions
+        self.received += n
+        return n
+
+    def take(self, learner_version: int) -> list[Rollout]:
+        a = self.cfg.algo
+        with self._lock:
+            keep = []
+            for r in self._held:
+                if learner_version - r.version > a.max_policy_lag:
+                    if r.uses == 0:
+                        self.stale_dropped += r.transitions
+                else:
+                    keep.append(r)
+            self._held = keep
+            usable = [r for r in reversed(keep) if r.uses < a.sample_reuse][: a.rollouts_per_update]
+            for r in usable:
+                r.uses += 1
+            self._held = [r for r in keep if r.uses < a.sample_reuse]
+            return usable
+
+    def heartbeat(self) -> dict:
+        gaps = int(self.inbox.stats().get("seq_gaps", 0))
+        with self._lock:
+            size = sum(r.transitions for r in self._held)
+        cap = self.capacity_rollouts * self.cfg.algo.rollout_steps * self.cfg.env.num_envs
+        return {"role": "buffer", "id": self.id, "t": time.time(), "episodes": [],
+                "counters": {"received": self.received, "received_bytes": self.received_bytes,
+                             "size": size, "capacity": cap, "seq_gaps": gaps,
+                             "stale_dropped": self.stale_dropped}}
