@@ -24,3 +24,53 @@ def test_cartpole_dqn_reaches_150_within_budget(tmp_path, serial):
     assert result.return_mean_100 >= 150
     assert not math.isnan(result.time_to_target_s)
     assert result.env_steps <= 300000
+
+
+@pytest.mark.learning
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("serial", [False, True], ids=["distributed", "serial"])
+def test_cartpole_ppo_reaches_150_within_budget(tmp_path, serial):
+    cfg = load_config("configs/cartpole_ppo.yaml",
+                      ["stop.target_return=150", "stop.max_env_steps=300000", "stop.max_seconds=180"])
+    result = train(cfg, serial=serial, out=tmp_path / "run").wait()
+    assert result.error is None, result.error
+    assert result.status == "target_reached", (result.status, result.return_mean_100, result.env_steps)
+    assert result.return_mean_100 >= 150
+    assert not math.isnan(result.time_to_target_s)
+    assert result.env_steps <= 300000
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_distributed_ppo_records_staleness(tmp_path):
+    """metrics.nc of a distributed PPO run carries the staleness of what the learner trained on."""
+    import numpy as np
+    import xarray as xr
+
+    cfg = load_config("configs/cartpole_ppo.yaml",
+                      ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=20"])
+    result = train(cfg, out=tmp_path / "run").wait()
+    assert result.error is None, result.error
+    assert result.status == "max_seconds"
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
+        ds.load()
+    for var, units in (("policy_lag_mean", "1"), ("policy_lag_max", "1"), ("sample_age_s", "s"),
+                       ("stale_dropped", "1")):
+        assert var in ds.data_vars, var
+        assert ds[var].dims == ("time",)
+        assert ds[var].attrs.get("units") == units and ds[var].attrs.get("long_name"), ds[var].attrs
+    lag_mean, lag_max = ds["policy_lag_mean"].values, ds["policy_lag_max"].values
+    age, dropped = ds["sample_age_s"].values, ds["stale_dropped"].values
+    trained = ~np.isnan(lag_mean)
+    assert trained.sum() >= 10, trained  # the learner trained through most of the 20 s
+    assert np.array_equal(trained, ~np.isnan(lag_max)) and np.array_equal(trained, ~np.isnan(age))
+    lag = cfg.algo.max_policy_lag
+    assert np.all((lag_mean[trained] >= 0) & (lag_mean[trained] <= lag)), lag_mean
+    assert np.all((lag_max[trained] >= 0) & (lag_max[trained] <= lag)), lag_max
+    assert np.all(lag_max[trained] >= lag_mean[trained])
+    assert np.all(lag_max[trained] == np.round(lag_max[trained]))  # whole versions
+    assert np.all((age[trained] >= 0) & (age[trained] < 10)), age  # seconds, not a clock mix-up
+    assert not np.isnan(dropped).any() and np.all(dropped >= 0) and np.all(np.diff(dropped) >= 0)
+    assert dropped[-1] <= ds["env_steps"].values[-1]
+    assert int(ds["updates"][-1]) > 0 and float(ds["return_mean_100"][-1]) > 0

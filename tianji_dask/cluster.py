@@ -14,7 +14,7 @@ import time
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
-from tianji_dask.seeding import role_seeds
+from tianji_dask.seeding import group_seeds
 
 STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
 STOP_TIMEOUT_S = 10.0
@@ -46,6 +46,8 @@ class RunCluster:
         self._futures: list = []
         self.buffer = self.learner = None
         self.actors: list = []
+        self.learners: list = []
+        self.buffers: list = []
         self._expected: dict[tuple[str, int], str] = {}
         self._last_rx: dict[tuple[str, int], float] = {}
         self._errors: list[str] = []
@@ -58,7 +60,8 @@ class RunCluster:
         if self.client is None:
             from distributed import Client
 
-            self._own_cluster = local_cluster(self.cfg.topology.actors + 1)
+            t = self.cfg.topology
+            self._own_cluster = local_cluster(t.groups * (t.actors + t.learners))
             self.client = Client(self._own_cluster)
         self.dashboard_link = self.client.dashboard_link
         self._on_event(f"dashboard: {self.dashboard_link}")
@@ -76,7 +79,7 @@ class RunCluster:
                 Event(stop_event_name(self.run_id), client=self.client).clear()
             self._futures.clear()
             self.buffer = self.learner = None
-            self.actors = []
+            self.actors, self.learners, self.buffers = [], [], []
         finally:
             if self._own_cluster is not None:
                 self.client.close()
@@ -112,56 +115,91 @@ class RunCluster:
                                f"(run.heartbeat_timeout={timeout} s): its worker process died or its loop is stuck")
 
     # --- hosts ----------------------------------------------------------------------------
-    def _placement(self) -> tuple[str, list[str]]:
+    def _workers(self, needed: int) -> list[str]:
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         if not workers:
             raise RuntimeError("the cluster has no workers")
-        n = self.cfg.topology.actors
-        if len(workers) < n + 1:
-            self._on_event(f"{len(workers)} workers for {n} actors + 1 learner: hosts will share workers")
-        buffer_worker = workers[0]
-        others = workers[1:] or workers
-        return buffer_worker, [others[i % len(others)] for i in range(n)]
+        if len(workers) < needed:
+            self._on_event(f"{len(workers)} workers for {needed} host processes: hosts will share workers")
+        return [workers[i % len(workers)] for i in range(needed)]
 
-    def _submit(self, cls, *args, worker: str):
-        fut = self.client.submit(cls, *args, actor=True, workers=[worker], allow_other_workers=False,
-                                 pure=False)
+    def _submit(self, cls, *args, worker: str, **kwargs):
+        fut = self.client.submit(cls, *args, **kwargs, actor=True, workers=[worker],
+                                 allow_other_workers=False, pure=False)
         self._futures.append(fut)
         return fut
 
     def start_hosts(self, spaces) -> None:
-        """Create and wire all hosts, then start their loops (buffer, learner, actors)."""
-        cfg, rid = self.cfg, self.run_id
+        """Create and wire all hosts of all groups, then start their loops.
+
+        Per group g: learners j = 0..L-1, each on its own worker with its buffer (global id
+        g*L + j); actors i = 0..A-1 (global id g*A + i) on the next workers, actor i feeding
+        buffer i % L. Inboxes are opened in constructors, before anything is sent to them:
+        buffers and actors first, learners last (rank 0 of each group first, for its port).
+        """
+        cfg, rid, topo = self.cfg, self.run_id, self.cfg.topology
+        G, L, A = topo.groups, topo.learners, topo.actors
         cfg_json = cfg.to_json()
-        n = cfg.topology.actors
-        seeds = role_seeds(cfg.seed, n)
-        buffer_worker, actor_workers = self._placement()
         obs = spaces.observation_space
-        traj = f"traj-{rid}"
-        params = [f"params-{rid}-{i}" for i in range(n)]
-        # Inboxes must exist before anything is sent to them: the buffer's queue and the
-        # actors' parameter inboxes are opened in their constructors, before the learner starts.
-        # observations travel and are stored as float32 (the actors cast them)
-        buffer_f = self._submit(BufferHost, rid, cfg_json, 0, seeds.buffer, traj, tuple(obs.shape),
-                                "float32", worker=buffer_worker)
-        actor_fs = [self._submit(ActorHost, rid, cfg_json, i, seeds.actors[i], buffer_worker, traj, params[i],
-                                 worker=actor_workers[i]) for i in range(n)]
-        self.buffer = buffer_f.result()
-        self.actors = [f.result() for f in actor_fs]
         obs_dim = int(math.prod(obs.shape))
-        learner_f = self._submit(LearnerHost, rid, cfg_json, 0, seeds.learner,
-                                 [(actor_workers[i], params[i]) for i in range(n)], obs_dim,
-                                 int(spaces.action_space.n), worker=buffer_worker)
-        self.learner = learner_f.result()
-        self._expected = {("buffer", 0): buffer_worker, ("learner", 0): buffer_worker}
-        self._expected.update({("actor", i): actor_workers[i] for i in range(n)})
+        n_actions = int(spaces.action_space.n)
+        slots = iter(self._workers(G * (L + A)))
+        learner_w = {}
+        actor_w = {}
+        for g in range(G):
+            for j in range(L):
+                learner_w[g * L + j] = next(slots)
+            for i in range(A):
+                actor_w[g * A + i] = next(slots)
+        traj = {b: f"traj-{rid}-{b}" for b in learner_w}
+        params = {a: f"params-{rid}-{a}" for a in actor_w}
+        futures = []
+        for g in range(G):
+            seeds = group_seeds(cfg.seed, g, A)
+            for j in range(L):
+                b = g * L + j
+                feeders = [i for i in range(A) if i % L == j]
+                futures.append(self._submit(BufferHost, rid, cfg_json, b, seeds.buffer + j, traj[b],
+                                            tuple(obs.shape), "float32", len(feeders), worker=learner_w[b]))
+            for i in range(A):
+                a = g * A + i
+                b = g * L + i % L
+                futures.append(self._submit(ActorHost, rid, cfg_json, a, seeds.actors[i], learner_w[b],
+                                            traj[b], params[a], worker=actor_w[a]))
+        hosts = [f.result() for f in futures]
+        self.buffers = [hosts[k] for k in range(len(hosts)) if k % (L + A) < L]
+        self.actors = [hosts[k] for k in range(len(hosts)) if k % (L + A) >= L]
+        self.learners = []
+        for g in range(G):
+            seeds = group_seeds(cfg.seed, g, A)
+            subscribers = [(actor_w[g * A + i], params[g * A + i]) for i in range(A)]
+            gossip = None
+            if G > 1:
+                lead = {h: learner_w[h * L] for h in range(G)}
+                gossip = {"group": g,
+                          "inboxes": {h: f"gossip-{rid}-{g}-from-{h}" for h in range(G) if h != g},
+                          "publish_to": [(lead[h], f"gossip-{rid}-{h}-from-{g}") for h in range(G) if h != g]}
+            port = None
+            for j in range(L):
+                b = g * L + j
+                lead_host = self._submit(LearnerHost, rid, cfg_json, b, seeds.learner, subscribers, obs_dim,
+                                         n_actions, buffer_id=b, rank=j, world_size=L, store_port=port,
+                                         gossip_peers=gossip if j == 0 else None, worker=learner_w[b]).result()
+                if j == 0 and L > 1:
+                    port = lead_host.rendezvous_port().result()
+                self.learners.append(lead_host)
+        self.learner = self.learners[0]
+        self.buffer = self.buffers[0]
+        self._expected = {("buffer", b): w for b, w in learner_w.items()}
+        self._expected.update({("learner", b): w for b, w in learner_w.items()})
+        self._expected.update({("actor", a): w for a, w in actor_w.items()})
         self._started_at = time.time()
-        for host in [self.buffer, self.learner, *self.actors]:
+        for host in [*self.buffers, *self.learners, *self.actors]:
             host.start().result()
 
     def stop_hosts(self) -> None:
         """Stop every loop; hosts that are gone are skipped. Keeps their last heartbeats."""
-        hosts = [h for h in [*self.actors, self.learner, self.buffer] if h is not None]
+        hosts = [*self.actors, *self.learners, *self.buffers]
         try:  # every loop sees the global stop at once; stop() below waits for each to finish
             from distributed import Event
 

@@ -257,10 +257,32 @@ ALGO_CONFIGS: dict[str, type[_Section]] = {"dqn": DQNConfig, "ppo": PPOConfig}
 
 
 class TopologyConfig(_Section):
-    """How many hosts of each role, and the threads each may use."""
+    """How many hosts of each role, and the threads each may use.
 
-    actors: int = Field(1, ge=1, description="actor hosts")
+    A group is ``actors`` actors plus ``learners`` data-parallel learners, each learner with its
+    own buffer in its process; the group's actors are split across those buffers. ``groups``
+    replicates the whole group; groups average their parameters every ``sync_interval_s``.
+    """
+
+    actors: int = Field(1, ge=1, description="actor hosts per group")
+    learners: int = Field(
+        1, ge=1, description="data-parallel learners per group (gradients averaged every update)"
+    )
+    groups: int = Field(1, ge=1, description="replicated training groups")
+    sync_interval_s: float = Field(
+        1.0, gt=0, description="seconds between a group's parameter-averaging (gossip) rounds"
+    )
     torch_threads: int = Field(1, ge=1, description="torch/OpenMP threads per host")
+
+    @model_validator(mode="after")
+    def _check_actors_per_learner(self) -> TopologyConfig:
+        if self.actors < self.learners:
+            raise _problem(
+                f"topology.actors={self.actors} is below topology.learners={self.learners}: every "
+                f"learner's buffer is fed by at least one actor of its group; raise actors to "
+                f">= {self.learners} or lower learners"
+            )
+        return self
 
 
 class ChannelConfig(_Section):

@@ -23,6 +23,7 @@ import traceback
 import numpy as np
 import psutil
 from distributed import get_worker
+from distributed.comm import get_address_host
 
 from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
 from tianji_dask.config import ExperimentConfig
@@ -31,10 +32,15 @@ from tianji_dask.config import ExperimentConfig
 # samples from it directly (batches are local; nothing is copied between processes).
 _LOCAL_BUFFERS: dict[str, object] = {}
 FIRST_PARAMS_TIMEOUT_S = 60.0
+DP_TIMEOUT_S = 30.0  # a data-parallel rank waits this long for the others (joining, all-reduce)
 
 
 def metrics_topic(run_id: str) -> str:
     return f"tianji-{run_id}"
+
+
+def buffer_key(run_id: str, buffer_id: int) -> str:
+    return f"{run_id}/{buffer_id}"
 
 
 def stop_event_name(run_id: str) -> str:
@@ -113,7 +119,7 @@ class _LoopHost:
             self._before_loop()
             next_beat = time.monotonic()
             step = self._step
-            while not self._stop.is_set():
+            while self._continue():
                 step()
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + interval
@@ -139,6 +145,9 @@ class _LoopHost:
         self._last = hb
         self.worker.log_event(metrics_topic(self.run_id), hb)
 
+    def _continue(self) -> bool:
+        return not self._stop.is_set()
+
     def _step(self) -> None:
         self.role.step()
 
@@ -155,15 +164,14 @@ class BufferHost(_LoopHost):
     role_name = "buffer"
 
     def __init__(self, run_id: str, config_json: str, host_id: int, seed: int, channel: str,
-                 obs_shape: tuple, obs_dtype: str):
+                 obs_shape: tuple, obs_dtype: str, n_senders: int = 1):
         super().__init__(run_id, config_json, host_id)
         from tianji_dask.roles import make_buffer_role
 
-        inbox = ChannelService.current().open_queue(channel, self.cfg.channel.capacity_bytes
-                                                    * max(1, self.cfg.topology.actors))
+        inbox = ChannelService.current().open_queue(channel, self.cfg.channel.capacity_bytes * max(1, n_senders))
         self.channel = channel
         self.role = make_buffer_role(self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id)
-        _LOCAL_BUFFERS[run_id] = self.role
+        _LOCAL_BUFFERS[buffer_key(run_id, host_id)] = self.role
 
     def _make_role(self):
         return self.role
@@ -172,40 +180,136 @@ class BufferHost(_LoopHost):
         self.role.ingest(timeout=0.05)
 
     def _after_loop(self) -> None:
-        _LOCAL_BUFFERS.pop(self.run_id, None)
+        _LOCAL_BUFFERS.pop(buffer_key(self.run_id, self.id), None)
         ChannelService.for_worker(self.worker).close(self.channel)
 
 
 class LearnerHost(_LoopHost):
-    """Trains on its co-located buffer and publishes parameters to ``subscribers``."""
+    """Trains on its co-located buffer; a group's rank 0 publishes parameters to ``subscribers``.
+
+    With ``world_size > 1`` the group's learners form a ``torch.distributed`` process group
+    (:mod:`tianji_dask.dataparallel`): rank 0 opens the rendezvous store in its constructor
+    and the driver reads its port with :meth:`rendezvous_port`. With ``gossip`` (rank 0 of
+    each group when there are several groups) it averages parameters with the other groups
+    (:mod:`tianji_dask.gossip`).
+    """
 
     role_name = "learner"
 
     def __init__(self, run_id: str, config_json: str, host_id: int, seed: int,
-                 subscribers: list, obs_dim: int, n_actions: int):
+                 subscribers: list, obs_dim: int, n_actions: int, *, buffer_id: int | None = None,
+                 rank: int = 0, world_size: int = 1, store_port: int | None = None,
+                 gossip_peers: dict | None = None):
         super().__init__(run_id, config_json, host_id)
+        self.buffer_id = host_id if buffer_id is None else buffer_id
         self._args = (seed, [tuple(s) for s in subscribers], obs_dim, n_actions)
-        if run_id not in _LOCAL_BUFFERS:
-            raise RuntimeError(f"LearnerHost for run {run_id} must be placed on its BufferHost's worker "
-                               f"({self.worker.address} has none)")
+        if buffer_key(run_id, self.buffer_id) not in _LOCAL_BUFFERS:
+            raise RuntimeError(f"LearnerHost {host_id} of run {run_id} must be placed on the worker of "
+                               f"its BufferHost {self.buffer_id} ({self.worker.address} has none)")
+        self.rank, self.world_size = rank, world_size
+        self.dp = None
+        self._dp_stopped = False
+        self._host = get_address_host(self.worker.address)
+        self._store = None
+        self._store_port = store_port
+        if world_size > 1 and rank == 0:
+            from tianji_dask.dataparallel import open_store
+
+            self._store = open_store(self._host, world_size, DP_TIMEOUT_S)
+            self._store_port = self._store.port
+        # gossip: {"publish_to": [(address, channel)], "inboxes": {peer_group: channel}}
+        self._gossip_spec = gossip_peers
+        self.gossip = None
+        self._gossip_inboxes = {}
+        if gossip_peers:
+            service = ChannelService.current()
+            self._gossip_inboxes = {int(g): service.open_latest(ch) for g, ch in gossip_peers["inboxes"].items()}
+
+    async def rendezvous_port(self) -> int | None:
+        """Port of this rank-0 learner's rendezvous store (None without data parallelism)."""
+        return self._store_port
 
     def _make_role(self):
         from tianji_dask.roles import learner_role_class
 
         seed, subscribers, obs_dim, n_actions = self._args
-        self.publisher = TopicPublisher(subscribers, **self._comm_kwargs())
-        return learner_role_class(self.cfg)(self.cfg, _LOCAL_BUFFERS[self.run_id], self.publisher,
-                                            obs_dim, n_actions, seed)
+        self.publisher = TopicPublisher(subscribers, **self._comm_kwargs()) if self.rank == 0 else None
+        grad_hook = None
+        if self.world_size > 1:
+            from tianji_dask.dataparallel import DataParallel
+
+            backend = "nccl" if self.cfg.learner.device.startswith("cuda") else "gloo"
+            self.dp = DataParallel(self.rank, self.world_size, self._host, self._store_port,
+                                   backend=backend, timeout_s=DP_TIMEOUT_S, store=self._store)
+        role = learner_role_class(self.cfg)(self.cfg, _LOCAL_BUFFERS[buffer_key(self.run_id, self.buffer_id)],
+                                            self.publisher, obs_dim, n_actions, seed,
+                                            learner_id=self.id, world_size=self.world_size)
+        if self.dp is not None:
+            params = list(role.core.module.parameters())
+            role.grad_hook = lambda: self.dp.average_gradients(params)
+        if self._gossip_spec:
+            from tianji_dask.gossip import GroupGossip
+
+            pub = TopicPublisher([tuple(x) for x in self._gossip_spec["publish_to"]], **self._comm_kwargs())
+            self.gossip = GroupGossip(int(self._gossip_spec["group"]), pub, self._gossip_inboxes,
+                                      self.cfg.topology.sync_interval_s)
+            role.counters.update(gossip_rounds=0, group_distance=float("nan"))
+        return role
 
     def _before_loop(self) -> None:
         self.role.publish()  # version 0: actors start acting as soon as it lands
 
+    def _gossip_if_due(self) -> bool:
+        """Rank 0 of a group: average with the other groups when due; True if params changed."""
+        if self.gossip is None or not self.gossip.due():
+            return False
+        averaged, distance, peers = self.gossip.exchange(self.role.core.actor_params())
+        self.role.counters["gossip_rounds"] = self.gossip.rounds
+        self.role.counters["group_distance"] = distance
+        if peers:
+            self.role.core.load_actor_params(averaged)
+        return bool(peers)
+
+    def _continue(self) -> bool:
+        if self.dp is None:
+            return not self._stop.is_set()
+        return not self._dp_stopped  # ranks leave together, through the agreement in _step
+
     def _step(self) -> None:
-        if not self.role.step():
+        if self.dp is None:
+            self._gossip_if_due()
+            if not self.role.step():
+                time.sleep(0.0002)
+            return
+        can = self.role.wants_update()
+        changed = self._gossip_if_due()
+        everyone, stopping, broadcast = self.dp.agree(can, self._stop.is_set(), changed)
+        if stopping:
+            self._dp_stopped = True
+            self._stop.set()
+            return
+        if broadcast:
+            self.dp.broadcast(self.role.core.module)
+        if everyone:
+            self.role.update()
+        else:
             time.sleep(0.0002)
 
     def _after_loop(self) -> None:
-        self.publisher.close(timeout=2.0)
+        if self.publisher is not None:
+            self.publisher.close(timeout=2.0)
+        if self.gossip is not None:
+            self.gossip.publisher.close(timeout=1.0)
+        for ch in (self._gossip_spec or {}).get("inboxes", {}).values():
+            ChannelService.for_worker(self.worker).close(ch)
+        if self.dp is not None:
+            self.dp.close()
+            self.dp = None
+            self._store = None  # rank 0's rendezvous store goes with the group, not at process exit
+
+    async def parameters(self) -> dict:
+        """The learner's current network parameters as numpy arrays (tests, diagnostics)."""
+        return self.role.core.actor_params() if self.role is not None else {}
 
     async def checkpoint(self) -> tuple[dict, dict]:
         """(tensors, metadata) of the learner's full state; call after ``stop``."""

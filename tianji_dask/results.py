@@ -78,6 +78,8 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
                        "1", "float64"),
     "sample_age_s": ("mean age of the rollouts trained on since the previous row (training time "
                      "minus creation time)", "s", "float64"),
+    "group_param_distance": ("largest L2 distance between a group's parameters and the other "
+                             "groups' latest snapshots, at the last gossip round", "1", "float64"),
 }
 # name -> (dim, long_name, units, source) with source the per-host value stored each row.
 _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
@@ -291,6 +293,7 @@ class MetricsRecorder:
                 "policy_lag_mean": _nanmean([h.raw.get("policy_lag_mean", math.nan) for _, h in learners]),
                 "policy_lag_max": _nanmax([h.raw.get("policy_lag_max", math.nan) for _, h in learners]),
                 "sample_age_s": _nanmean([h.raw.get("sample_age_s", math.nan) for _, h in learners]),
+                "group_param_distance": _nanmax([h.raw.get("group_distance", math.nan) for _, h in learners]),
             }
             per_host = {}
             for role in ROLES:

@@ -19,3 +19,13 @@ def role_seeds(root: int, n_actors: int) -> RoleSeeds:
     children = np.random.SeedSequence(root).spawn(n_actors + 2)
     as_int = [int(c.generate_state(1)[0]) for c in children]
     return RoleSeeds(actors=as_int[:n_actors], buffer=as_int[n_actors], learner=as_int[n_actors + 1])
+
+
+def group_seeds(root: int, group: int, n_actors: int) -> RoleSeeds:
+    """Seeds of one training group. Group 0 gets :func:`role_seeds` of the root seed (the same
+    as the serial reference); group g > 0 that of the g-th child of the root. All data-parallel
+    learners of a group share its learner seed, so they start from identical parameters."""
+    if group == 0:
+        return role_seeds(root, n_actors)
+    child = np.random.SeedSequence(root).spawn(group + 1)[group]
+    return role_seeds(int(child.generate_state(1)[0]), n_actors)

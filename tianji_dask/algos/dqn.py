@@ -85,7 +85,9 @@ class DQNLearner:
         self.optim = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, fused=True)
         self.updates = 0
 
-    def update(self, batch: dict[str, np.ndarray]) -> tuple[float, float]:
+    def update(self, batch: dict[str, np.ndarray], grad_hook=None) -> tuple[float, float]:
+        """One gradient step; ``grad_hook()`` runs between backward and the optimiser step
+        (data-parallel learners average gradients there)."""
         t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
         n = len(t["actions"])
         both = self.online(torch.cat([t["obs"], t["next_obs"]]))
@@ -96,6 +98,8 @@ class DQNLearner:
                                         t["rewards"], t["discounts"])
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
+        if grad_hook is not None:
+            grad_hook()
         nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.max_grad_norm, foreach=True)
         self.optim.step()
         self.updates += 1
@@ -106,6 +110,15 @@ class DQNLearner:
     def actor_params(self) -> dict[str, np.ndarray]:
         """The online network's weights as CPU numpy arrays (fresh copies: safe to hand to a channel)."""
         return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.online.state_dict().items()}
+
+    def load_actor_params(self, params: dict[str, np.ndarray]) -> None:
+        """Replace the online network's weights (the target keeps its own schedule)."""
+        self.online.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
+
+    @property
+    def module(self) -> nn.Module:
+        """The network whose parameters data-parallel ranks keep identical."""
+        return self.online
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Everything a resume needs, as plain dicts of tensors (checkpoint format)."""

@@ -141,13 +141,13 @@ class PPOLearner:
         a = self.cfg
         t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
         n = len(t["actions"])
-        mb = max(1, n // a.minibatches)
         stats: dict[str, float] = {}
         count = 0
         for _ in range(a.epochs):
-            order = torch.from_numpy(self.rng.permutation(n)).to(self.device)
-            for start in range(0, n, mb):
-                idx = order[start:start + mb]
+            # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
+            # batches may differ in size, must make the same number of all-reduce calls
+            for idx in np.array_split(self.rng.permutation(n), a.minibatches):
+                idx = torch.from_numpy(idx).to(self.device)
                 loss, st = ppo_loss(self.net, t["obs"][idx], t["actions"][idx], t["logp"][idx],
                                     t["advantages"][idx], t["returns"][idx], a.clip_coef, a.vf_coef,
                                     a.ent_coef, a.normalize_advantages)
@@ -163,6 +163,13 @@ class PPOLearner:
                 for k, v in st.items():
                     stats[k] = stats.get(k, 0.0) + v
         return {k: v / count for k, v in stats.items()}
+
+    def load_actor_params(self, params: dict[str, np.ndarray]) -> None:
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
+
+    @property
+    def module(self) -> nn.Module:
+        return self.net
 
     def actor_params(self) -> dict[str, np.ndarray]:
         return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.net.state_dict().items()}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import time
 
+from tianji_dask.roles.publishing import publish_params
+
 from tianji_dask.algos.dqn import DQNLearner
 
 
@@ -18,21 +20,24 @@ class LearnerRole:
     ``step()`` returns False when it did not update (warm-up or balance control)."""
 
     def __init__(self, cfg, buffer, publisher, obs_dim: int, n_actions: int, seed: int,
-                 *, balance: bool = True, learner_id: int = 0):
+                 *, balance: bool = True, learner_id: int = 0, grad_hook=None, world_size: int = 1):
         self.cfg = cfg
         self.id = learner_id
         self.buffer = buffer
         self.publisher = publisher
+        self.grad_hook = grad_hook
+        self.world_size = world_size
         self.balance = balance and cfg.algo.ratio_tolerance is not None
         self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device)
         self._loss_sum = self._q_sum = 0.0
         self._n = 0
-        self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0}
+        self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0, "publish_errors": 0}
 
     def publish(self) -> None:
         version = self.core.updates
-        self.publisher.publish(version, {"params": self.core.actor_params(),
-                                         "consumed": self.counters["samples"]})
+        if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
+            publish_params(self.publisher, version, self.core.actor_params(),
+                           self.counters["samples"] * self.world_size, self.counters)
         self.counters["param_version"] = version
 
     def ahead_of_actors(self) -> bool:
@@ -49,18 +54,21 @@ class LearnerRole:
     def ready(self) -> bool:
         return len(self.buffer) >= self.cfg.algo.learning_starts
 
-    def step(self) -> bool:
+    def wants_update(self) -> bool:
+        """Warm-up done and the balance controller does not hold the learner back."""
         if not self.ready():
             return False
         if self.balance and self.ahead_of_actors():
-            t = time.perf_counter()
             if self.counters["param_version"] != self.core.updates:
                 self.publish()  # actors pace themselves on the consumption count it carries
-            time.sleep(0.0005)
-            self.counters["throttled_s"] += time.perf_counter() - t
             return False
+        return True
+
+    def update(self) -> None:
+        """One gradient step on a batch from the local buffer (gradients averaged by
+        ``grad_hook`` in a data-parallel group)."""
         a = self.cfg.algo
-        loss, q = self.core.update(self.buffer.sample(a.batch_size))
+        loss, q = self.core.update(self.buffer.sample(a.batch_size), self.grad_hook)
         self._loss_sum += loss
         self._q_sum += q
         self._n += 1
@@ -68,7 +76,16 @@ class LearnerRole:
         self.counters["samples"] += a.batch_size
         if self.counters["updates"] % self.cfg.learner.publish_interval == 0:
             self.publish()
-        return True
+
+    def step(self) -> bool:
+        if self.wants_update():
+            self.update()
+            return True
+        if self.ready():  # held back by the balance controller
+            t = time.perf_counter()
+            time.sleep(0.0005)
+            self.counters["throttled_s"] += time.perf_counter() - t
+        return False
 
     def heartbeat(self) -> dict:
         c = dict(self.counters)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import time
 
+from tianji_dask.roles.publishing import publish_params
+
 import numpy as np
 
 from tianji_dask.algos.ppo import PPOLearner, gae
@@ -21,28 +23,42 @@ class PPOLearnerRole:
     """Protocol as LearnerRole: ``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
 
     def __init__(self, cfg, buffer, publisher, obs_dim: int, n_actions: int, seed: int,
-                 *, balance: bool = True, learner_id: int = 0, grad_hook=None):
+                 *, balance: bool = True, learner_id: int = 0, grad_hook=None, world_size: int = 1):
         self.cfg = cfg
         self.id = learner_id
         self.buffer = buffer
         self.publisher = publisher
         self.core = PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device)
         self.grad_hook = grad_hook
+        self.world_size = world_size
         self.version = 0
+        self._pending = None  # rollouts taken by wants_update, trained on by update
         self._stats: dict[str, float] = {}
         self._n = 0
         self._lags: list[int] = []
         self._ages: list[float] = []
-        self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0,
+        self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0, "publish_errors": 0,
                          "iterations": 0}
 
     def publish(self) -> None:
-        self.publisher.publish(self.version, {"params": self.core.actor_params(),
-                                              "consumed": self.counters["samples"]})
+        if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
+            publish_params(self.publisher, self.version, self.core.actor_params(),
+                           self.counters["samples"] * self.world_size, self.counters)
         self.counters["param_version"] = self.version
 
     def ready(self) -> bool:
         return True
+
+    def wants_update(self) -> bool:
+        """Takes the next batch's rollouts now (kept until :meth:`update`), so a data-parallel
+        rank that agreed to update always has data for the same number of all-reduces."""
+        if self._pending is None:
+            self._pending = self.buffer.take(self.version) or None
+        return self._pending is not None
+
+    def update(self) -> None:
+        rollouts, self._pending = self._pending, None
+        self._train_on(rollouts)
 
     def batch_from(self, rollouts) -> dict[str, np.ndarray]:
         a = self.cfg.algo
@@ -59,9 +75,12 @@ class PPOLearnerRole:
         return {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 
     def step(self) -> bool:
-        rollouts = self.buffer.take(self.version)
-        if not rollouts:
+        if not self.wants_update():
             return False
+        self.update()
+        return True
+
+    def _train_on(self, rollouts) -> None:
         now = time.time()
         self._lags += [self.version - r.version for r in rollouts]
         self._ages += [now - r.created for r in rollouts]
@@ -77,7 +96,6 @@ class PPOLearnerRole:
         self.counters["updates"] += self.core.updates - before
         self.counters["samples"] += len(batch["actions"])
         self.publish()
-        return True
 
     def heartbeat(self) -> dict:
         c = dict(self.counters)

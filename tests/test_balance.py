@@ -1,0 +1,225 @@
+"""The production/consumption balance controller acts only outside its band.
+
+Counters are set by hand. For the actors the band is on the measured ratio of samples consumed
+by the learner to transitions produced beyond the warm-up slack (``learning_starts`` for DQN plus
+one chunk or rollout per actor): an actor pauses only when that ratio falls below
+``target * (1 - ratio_tolerance)``. The DQN learner pauses only when its consumption beyond one
+publication's worth of samples reaches ``target * (1 + ratio_tolerance)`` times the fresh
+transitions. With ``algo.ratio_tolerance: null`` (or ``balance=False``, as in the serial
+runner) nothing ever pauses. No cluster.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tianji_dask.channels import LocalQueue, LocalTopic
+from tianji_dask.config import load_config
+from tianji_dask.roles.actor import ActorRole
+from tianji_dask.roles.learner import LearnerRole
+from tianji_dask.roles.ppo_actor import PPOActorRole
+
+DQN = "configs/cartpole_dqn.yaml"
+PPO = "configs/cartpole_ppo.yaml"
+
+
+def _dqn_cfg(*extra):
+    # the reference numbers: target ratio 8 * 64 / 64 = 8, band 0.25 -> [6, 10], learning_starts 1000,
+    # chunk 32 steps x 8 envs = 256 transitions, publish_interval 50 x batch 64 = 3200 samples slack
+    cfg = load_config(DQN, ["algo.ratio_tolerance=0.25", *extra])
+    a = cfg.algo
+    assert (a.target_replay_ratio, a.learning_starts, cfg.channel.chunk_steps * cfg.env.num_envs,
+            cfg.learner.publish_interval * a.batch_size) == (8.0, 1000, 256, 3200)
+    return cfg
+
+
+def _ppo_cfg(*extra):
+    # rollout 32 steps x 8 envs = 256 transitions; band 0.25 around sample_reuse
+    cfg = load_config(PPO, ["algo.ratio_tolerance=0.25", *extra])
+    assert cfg.algo.rollout_steps * cfg.env.num_envs == 256
+    return cfg
+
+
+def _channels():
+    return LocalQueue(capacity_bytes=1 << 26), LocalTopic().subscribe()
+
+
+class _StubReplay:
+    """What LearnerRole reads from its buffer: ``received``, ``len()`` and ``sample(n)``."""
+
+    def __init__(self, received: int):
+        self.received = received
+        self.rng = np.random.default_rng(0)
+
+    def __len__(self) -> int:
+        return self.received
+
+    def sample(self, n: int) -> dict[str, np.ndarray]:
+        return {"obs": self.rng.normal(size=(n, 4)).astype(np.float32),
+                "next_obs": self.rng.normal(size=(n, 4)).astype(np.float32),
+                "actions": self.rng.integers(0, 2, n).astype(np.int64),
+                "rewards": np.ones(n, np.float32), "discounts": np.full(n, 0.9, np.float32)}
+
+
+# ------------------------------------------------------------------ DQN actor
+# (n_actors, env_steps of this actor, learner samples consumed, paused?)
+# allowed production = 1000 + 256 * n_actors + consumed / (8 * 0.75); production = env_steps * n_actors
+DQN_ACTOR_CASES = [
+    (1, 11256, 80_000, False),   # fresh 10000, ratio 8: on target
+    (1, 11256, 60_000, False),   # ratio 6.0: the band's lower edge, still inside
+    (1, 11256, 120_000, False),  # ratio 12: the learner is ahead; not the actor's business
+    (1, 11256, 59_000, True),    # ratio 5.9: below the band
+    (1, 11256, 0, True),         # nothing consumed yet, far beyond the warm-up slack
+    (1, 1256, 0, False),         # warm-up: within learning_starts + one chunk, nothing consumed
+    (4, 3000, 59_856, False),    # 4 actors: production 12000, fresh 9976, ratio 6.0
+    (4, 3000, 59_000, True),     # 4 actors: ratio 5.91
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("n_actors, env_steps, consumed, paused", DQN_ACTOR_CASES)
+def test_dqn_actor_pauses_only_below_the_band(n_actors, env_steps, consumed, paused):
+    queue, params = _channels()
+    actor = ActorRole(_dqn_cfg(), 0, 1, queue, params, n_actors=n_actors)
+    assert actor.balance
+    actor.counters["env_steps"] = env_steps
+    actor.learner_consumed = consumed
+    assert actor.ahead_of_learner() is paused
+    actor.step()  # the controller's decision shows in step(): no env step, throttled time recorded
+    if paused:
+        assert actor.counters["env_steps"] == env_steps
+        assert actor.counters["throttled_s"] > 0
+    else:
+        assert actor.counters["env_steps"] == env_steps + actor.num_envs
+        assert actor.counters["throttled_s"] == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
+def test_dqn_actor_never_pauses_without_controller(how):
+    queue, params = _channels()
+    if how == "balance=False":
+        actor = ActorRole(_dqn_cfg(), 0, 1, queue, params, balance=False)
+    else:
+        actor = ActorRole(load_config(DQN, ["algo.ratio_tolerance=null"]), 0, 1, queue, params)
+    assert actor.balance is False
+    actor.counters["env_steps"] = 10**9  # absurdly far ahead of a learner that consumed nothing
+    actor.learner_consumed = 0
+    for i in range(1, 4):
+        actor.step()
+        assert actor.counters["env_steps"] == 10**9 + i * actor.num_envs
+    assert actor.counters["throttled_s"] == 0
+
+
+# ------------------------------------------------------------------ DQN learner
+# (transitions received by the buffer, learner samples consumed, paused?)
+# paused when samples >= 8 * 1.25 * (received - 1000) + 3200
+DQN_LEARNER_CASES = [
+    (11_000, 83_200, False),     # fresh 10000, ratio (83200 - 3200) / 10000 = 8: on target
+    (11_000, 103_136, False),    # ratio 9.99: inside the band
+    (11_000, 103_200, True),     # ratio 10.0: the upper edge pauses
+    (11_000, 123_200, True),     # ratio 12: above the band
+    (11_000, 3_200, False),      # ratio 0: the actors are ahead; not the learner's business
+    (1_000, 3_136, False),       # nothing fresh yet: one publication's slack is allowed
+    (1_000, 3_200, True),        # ... and no more
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("received, samples, paused", DQN_LEARNER_CASES)
+def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
+    learner = LearnerRole(_dqn_cfg(), _StubReplay(received), LocalTopic(), 4, 2, seed=0)
+    assert learner.balance
+    learner.counters["samples"] = samples
+    assert learner.ahead_of_actors() is paused
+    updated = learner.step()
+    assert updated is (not paused)
+    assert learner.counters["updates"] == (0 if paused else 1)
+    assert (learner.counters["throttled_s"] > 0) is paused
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
+def test_dqn_learner_never_pauses_without_controller(how):
+    if how == "balance=False":
+        learner = LearnerRole(_dqn_cfg(), _StubReplay(2000), LocalTopic(), 4, 2, seed=0, balance=False)
+    else:
+        cfg = load_config(DQN, ["algo.ratio_tolerance=null"])
+        learner = LearnerRole(cfg, _StubReplay(2000), LocalTopic(), 4, 2, seed=0)
+    assert learner.balance is False
+    learner.counters["samples"] = 10**9  # ratio ~10^6, far above any band
+    assert all(learner.step() for _ in range(3))
+    assert learner.counters["updates"] == 3
+    assert learner.counters["throttled_s"] == 0
+
+
+# ------------------------------------------------------------------ PPO actor
+# (sample_reuse, n_actors, env_steps of this actor, learner samples consumed, paused?)
+# allowed production = 256 * n_actors + consumed / (sample_reuse * 0.75)
+PPO_ACTOR_CASES = [
+    (1, 1, 10_256, 10_000, False),   # fresh 10000, ratio 1: "New", on target
+    (1, 1, 10_256, 7_500, False),    # ratio 0.75: the lower edge
+    (1, 1, 10_256, 7_000, True),     # ratio 0.7: below the band
+    (1, 1, 10_256, 0, True),
+    (1, 1, 256, 0, False),           # the first rollout is always allowed
+    (8, 1, 10_256, 80_000, False),   # "Staleness": ratio 8 on target
+    (8, 1, 10_256, 60_000, False),   # ratio 6: the lower edge
+    (8, 1, 10_256, 59_000, True),    # ratio 5.9
+    (8, 3, 3_000, 49_392, False),    # 3 actors: production 9000, fresh 8232, ratio 6.0
+    (8, 3, 3_000, 48_000, True),     # ratio 5.83
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("reuse, n_actors, env_steps, consumed, paused", PPO_ACTOR_CASES)
+def test_ppo_actor_pauses_only_below_the_band(reuse, n_actors, env_steps, consumed, paused):
+    queue, params = _channels()
+    actor = PPOActorRole(_ppo_cfg(f"algo.sample_reuse={reuse}"), 0, 1, queue, params, n_actors=n_actors)
+    assert actor.balance
+    actor.counters["env_steps"] = env_steps
+    actor.learner_consumed = consumed
+    assert actor.ahead_of_learner() is paused
+    actor.step()  # between rollouts: the controller decides
+    if paused:
+        assert actor.counters["env_steps"] == env_steps and actor._t == 0
+        assert actor.counters["throttled_s"] > 0
+    else:
+        assert actor.counters["env_steps"] == env_steps + actor.num_envs
+        assert actor.counters["throttled_s"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_ppo_actor_never_pauses_inside_a_rollout():
+    """A rollout is one policy version: once started it is finished, even outside the band."""
+    queue, params = _channels()
+    actor = PPOActorRole(_ppo_cfg(), 0, 1, queue, params, n_actors=1)
+    actor.step()  # start a rollout while on target
+    actor.counters["env_steps"] = 10**9
+    actor.learner_consumed = 0
+    assert actor.ahead_of_learner()
+    for _ in range(actor.T - 1):  # the rest of the rollout runs
+        actor.step()
+    assert actor.counters["throttled_s"] == 0
+    assert actor.counters["chunks_sent"] == 1 and len(queue.poll()) == 1
+    actor.step()  # the next rollout would start: now it pauses
+    assert actor.counters["throttled_s"] > 0 and actor._t == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
+def test_ppo_actor_never_pauses_without_controller(how):
+    queue, params = _channels()
+    if how == "balance=False":
+        actor = PPOActorRole(_ppo_cfg(), 0, 1, queue, params, balance=False)
+    else:
+        cfg = load_config(PPO, ["algo.ratio_tolerance=null"])
+        assert cfg.algo.ratio_tolerance is None
+        actor = PPOActorRole(cfg, 0, 1, queue, params)
+    assert actor.balance is False
+    actor.counters["env_steps"] = 10**9
+    actor.learner_consumed = 0
+    for _ in range(actor.T + 1):  # a whole rollout and the start of the next
+        actor.step()
+    assert actor.counters["env_steps"] == 10**9 + (actor.T + 1) * actor.num_envs
+    assert actor.counters["throttled_s"] == 0 and actor.counters["chunks_sent"] == 1

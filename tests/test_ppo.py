@@ -1,0 +1,450 @@
+"""Unit tests of the PPO pieces: GAE, the clipped loss, acting, the learner's update, and the
+on-policy roles (rollout buffer and actor) on in-process channels. No cluster."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from tianji_dask.algos.ppo import ActorCritic, PPOLearner, PPOPolicy, gae, ppo_loss
+from tianji_dask.channels import LocalQueue, LocalTopic
+from tianji_dask.config import PPOConfig, load_config
+from tianji_dask.envs import make_vector_env
+from tianji_dask.roles.ppo_actor import PPOActorRole
+from tianji_dask.roles.rollout_buffer import RolloutBufferRole
+
+PPO_CONFIG = "configs/cartpole_ppo.yaml"
+
+# CartPole with a 5-step time limit: from CartPole's start state no episode can terminate
+# (pole angle > 12 degrees or cart off the track) within 5 steps, so every episode is truncated.
+SHORT_ENV = "TianjiTestCartPole5-v0"
+if SHORT_ENV not in gymnasium.registry:
+    gymnasium.register(SHORT_ENV, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+                       max_episode_steps=5)
+
+
+# ------------------------------------------------------------------ GAE
+@pytest.mark.timeout(10)
+def test_gae_hand_computed_with_episode_end_and_bootstrap():
+    gamma, lam = 0.5, 0.5  # gamma * lam = 0.25; every number below is exact in binary
+    rewards = np.array([[1.0, 0.0], [2.0, 1.0], [0.0, 3.0]], np.float32)  # (T=3, N=2)
+    values = np.array([[0.5, 1.0], [1.0, 0.0], [2.0, 1.0]], np.float32)
+    dones = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]], np.float32)  # env 0's episode ends at t=1
+    last_values = np.array([6.0, 2.0], np.float32)  # V(obs after the last step)
+    # env 0:
+    #   t=2: delta = 0 + 0.5*6 (bootstrap from last_values) - 2 = 1;        A = 1
+    #   t=1: done, nothing bootstrapped nor carried: delta = 2 - 1 = 1;     A = 1
+    #   t=0: delta = 1 + 0.5*V[1]=0.5*1 - 0.5 = 1;                          A = 1 + 0.25*1 = 1.25
+    # env 1 (no episode end):
+    #   t=2: delta = 3 + 0.5*2 - 1 = 3;                                      A = 3
+    #   t=1: delta = 1 + 0.5*1 - 0 = 1.5;                                    A = 1.5 + 0.25*3 = 2.25
+    #   t=0: delta = 0 + 0.5*0 - 1 = -1;                                     A = -1 + 0.25*2.25 = -0.4375
+    # returns = A + V
+    expected_adv = np.array([[1.25, -0.4375], [1.0, 2.25], [1.0, 3.0]], np.float32)
+    expected_ret = np.array([[1.75, 0.5625], [2.0, 2.25], [3.0, 4.0]], np.float32)
+    adv, ret = gae(rewards, values, dones, last_values, gamma, lam)
+    assert adv.shape == ret.shape == (3, 2)
+    assert adv.dtype == np.float32
+    np.testing.assert_allclose(adv, expected_adv, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(ret, expected_ret, rtol=0, atol=1e-6)
+
+
+@pytest.mark.timeout(10)
+def test_gae_lambda_limits():
+    """lambda=0: one-step TD errors; lambda=1: discounted return-to-go (bootstrapped) minus V."""
+    rng = np.random.default_rng(3)
+    T, N, gamma = 6, 3, 0.9
+    rewards = rng.normal(size=(T, N)).astype(np.float32)
+    values = rng.normal(size=(T, N)).astype(np.float32)
+    dones = np.zeros((T, N), np.float32)
+    dones[2, 1] = 1.0
+    last = rng.normal(size=N).astype(np.float32)
+    nxt = np.concatenate([values[1:], last[None]])
+    td = rewards + gamma * nxt * (1 - dones) - values
+    adv0, _ = gae(rewards, values, dones, last, gamma, 0.0)
+    np.testing.assert_allclose(adv0, td, atol=1e-5)
+    g = last.astype(np.float64)
+    mc = np.zeros((T, N))
+    for t in range(T - 1, -1, -1):
+        g = rewards[t] + gamma * g * (1 - dones[t])
+        mc[t] = g
+    adv1, ret1 = gae(rewards, values, dones, last, gamma, 1.0)
+    np.testing.assert_allclose(ret1, mc, atol=1e-5)
+    np.testing.assert_allclose(adv1, mc - values, atol=1e-5)
+
+
+# ------------------------------------------------------------------ loss
+def _net_and_batch(n: int, seed: int = 0):
+    torch.manual_seed(seed)
+    net = ActorCritic(4, 2, [8])
+    obs = torch.randn(n, 4)
+    actions = torch.randint(0, 2, (n,))
+    return net, obs, actions
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "ratio, adv, expected_pg, clipped",
+    [
+        (1.5, 2.0, -1.2 * 2.0, True),     # above 1+clip, A>0: the clipped term -A*(1+clip)
+        (0.5, -1.0, 0.8 * 1.0, True),     # below 1-clip, A<0: the clipped term -A*(1-clip)
+        (1.5, -1.0, 1.5 * 1.0, False),    # above 1+clip, A<0: pessimistic bound is the unclipped -A*r
+        (0.5, 2.0, -0.5 * 2.0, False),    # below 1-clip, A>0: unclipped -A*r
+        (1.1, 3.0, -1.1 * 3.0, False),    # inside the band: unclipped
+    ],
+    ids=["high-pos", "low-neg", "high-neg", "low-pos", "inside"])
+def test_ppo_loss_clipping(ratio, adv, expected_pg, clipped):
+    clip = 0.2
+    net, obs, actions = _net_and_batch(4)
+    with torch.no_grad():
+        logp, _, value = net.evaluate(obs, actions)
+    old_logp = logp - math.log(ratio)  # so that exp(logp - old_logp) == ratio
+    advs = torch.full((4,), adv)
+    loss, st = ppo_loss(net, obs, actions, old_logp, advs, value.clone(), clip, vf_coef=0.0,
+                        ent_coef=0.0, normalize=False)
+    assert st["pg_loss"] == pytest.approx(expected_pg, abs=1e-5)
+    assert loss.item() == pytest.approx(expected_pg, abs=1e-5)
+    assert st["clipfrac"] == (1.0 if abs(ratio - 1) > clip else 0.0)
+    assert st["approx_kl"] == pytest.approx((ratio - 1) - math.log(ratio), abs=1e-5)
+    net.zero_grad()
+    loss.backward()
+    grad = sum(p.grad.abs().sum().item() for p in net.actor.parameters() if p.grad is not None)
+    if clipped:
+        assert grad == 0.0  # the clipped term is constant in the policy parameters
+    else:
+        assert grad > 0.0
+
+
+@pytest.mark.timeout(10)
+def test_ppo_loss_mixed_batch_and_value_entropy_terms():
+    clip, vf_coef, ent_coef = 0.2, 0.5, 0.01
+    net, obs, actions = _net_and_batch(5, seed=1)
+    ratios = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1])
+    adv = torch.tensor([2.0, -1.0, -1.0, 2.0, 3.0])
+    returns = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0])
+    with torch.no_grad():
+        logp, _, _ = net.evaluate(obs, actions)
+        probs = torch.softmax(net.actor(obs), -1)
+        entropy = -(probs * probs.log()).sum(-1).mean().item()
+        v = net.critic(obs).squeeze(-1)
+        v_loss = 0.5 * ((v - returns) ** 2).mean().item()
+    old_logp = logp - ratios.log()
+    # the five cases of test_ppo_loss_clipping: -2.4, 1.5, 0.8, -1.0, -3.3
+    pg = (-2.4 + 1.5 + 0.8 - 1.0 - 3.3) / 5  # -0.88
+    loss, st = ppo_loss(net, obs, actions, old_logp, adv, returns, clip, vf_coef, ent_coef, normalize=False)
+    assert st["pg_loss"] == pytest.approx(pg, abs=1e-5)
+    assert st["entropy"] == pytest.approx(entropy, abs=1e-6)
+    assert st["v_loss"] == pytest.approx(v_loss, abs=1e-5)
+    assert st["clipfrac"] == pytest.approx(0.8)  # |r - 1| > clip in four of five samples
+    assert loss.item() == pytest.approx(pg - ent_coef * entropy + vf_coef * v_loss, abs=1e-5)
+    # with zero advantages, the value term trains only the critic and the entropy term only the actor
+    zero = torch.zeros(5)
+    net.zero_grad()
+    ppo_loss(net, obs, actions, old_logp, zero, returns, clip, 1.0, 0.0, False)[0].backward()
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in net.actor.parameters())
+    assert sum(p.grad.abs().sum().item() for p in net.critic.parameters()) > 0
+    net.zero_grad()
+    ppo_loss(net, obs, actions, old_logp, zero, returns, clip, 0.0, 1.0, False)[0].backward()
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in net.critic.parameters())
+    assert sum(p.grad.abs().sum().item() for p in net.actor.parameters()) > 0
+
+
+@pytest.mark.timeout(10)
+def test_ppo_loss_normalizes_advantages():
+    net, obs, actions = _net_and_batch(6, seed=2)
+    with torch.no_grad():
+        logp, _, value = net.evaluate(obs, actions)
+    old_logp = logp - torch.tensor([0.1, -0.1, 0.05, 0.3, -0.3, 0.0])
+    adv = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    norm = (adv - adv.mean()) / (adv.std() + 1e-8)
+    _, a = ppo_loss(net, obs, actions, old_logp, adv, value, 0.2, 0.0, 0.0, normalize=True)
+    _, b = ppo_loss(net, obs, actions, old_logp, norm, value, 0.2, 0.0, 0.0, normalize=False)
+    _, c = ppo_loss(net, obs, actions, old_logp, 10 * adv - 7, value, 0.2, 0.0, 0.0, normalize=True)
+    assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-6)
+    assert a["pg_loss"] == pytest.approx(c["pg_loss"], abs=1e-5)  # invariant to scale and shift
+    _, raw = ppo_loss(net, obs, actions, old_logp, adv, value, 0.2, 0.0, 0.0, normalize=False)
+    assert abs(raw["pg_loss"] - a["pg_loss"]) > 0.5
+
+
+# ------------------------------------------------------------------ acting
+@pytest.mark.timeout(10)
+def test_policy_act_shapes_dtypes_and_logp_match_evaluate():
+    policy = PPOPolicy(4, 3, [16], seed=7)
+    source = ActorCritic(4, 3, [16])  # load other weights, as an actor does
+    policy.load(5, {k: v.numpy() for k, v in source.state_dict().items()})
+    assert policy.version == 5
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    actions, logp, values = policy.act(obs)
+    assert actions.shape == logp.shape == values.shape == (8,)
+    assert actions.dtype == np.int64 and logp.dtype == np.float32 and values.dtype == np.float32
+    assert ((actions >= 0) & (actions < 3)).all()
+    assert (logp <= 0).all()
+    with torch.no_grad():
+        lp, ent, v = source.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
+    np.testing.assert_allclose(logp, lp.numpy(), atol=1e-6)
+    np.testing.assert_allclose(values, v.numpy(), atol=1e-6)
+    np.testing.assert_allclose(policy.value(obs), v.numpy(), atol=1e-6)
+    # same seed, same weights, same observations: the same actions
+    again = PPOPolicy(4, 3, [16], seed=7)
+    again.load(5, {k: v.numpy() for k, v in source.state_dict().items()})
+    assert np.array_equal(again.act(obs)[0], actions)
+
+
+# ------------------------------------------------------------------ learner
+def _ppo_cfg(**kw) -> PPOConfig:
+    base = dict(name="ppo", hidden_sizes=[16], lr=3e-3, epochs=3, minibatches=4, ent_coef=0.0,
+                normalize_advantages=False)
+    return PPOConfig(**{**base, **kw})
+
+
+def _train_batch(learner: PPOLearner, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, 4)).astype(np.float32)
+    actions = rng.integers(0, 2, n).astype(np.int64)
+    with torch.no_grad():
+        logp, _, _ = learner.net.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
+    return {"obs": obs, "actions": actions, "logp": logp.numpy(),
+            "advantages": rng.normal(size=n).astype(np.float32),
+            "returns": (obs[:, 0] * 2 + 1).astype(np.float32)}
+
+
+def _full_loss(learner: PPOLearner, batch, cfg) -> float:
+    t = {k: torch.as_tensor(v) for k, v in batch.items()}
+    with torch.no_grad():
+        loss, _ = ppo_loss(learner.net, t["obs"], t["actions"], t["logp"], t["advantages"], t["returns"],
+                           cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.normalize_advantages)
+    return loss.item()
+
+
+@pytest.mark.timeout(20)
+def test_learner_train_reduces_loss_and_calls_grad_hook_per_minibatch_step():
+    cfg = _ppo_cfg()
+    learner = PPOLearner(4, 2, cfg, seed=0)
+    batch = _train_batch(learner, 64)
+    before = _full_loss(learner, batch, cfg)
+    calls = []
+
+    def hook():  # runs after backward, before the optimizer step: gradients are there
+        calls.append(all(p.grad is not None for p in learner.net.parameters()))
+
+    stats = learner.train(batch, grad_hook=hook)
+    assert len(calls) == cfg.epochs * cfg.minibatches == 12
+    assert all(calls)
+    assert learner.updates == 12
+    after = _full_loss(learner, batch, cfg)
+    assert after < before - 0.05, (before, after)
+    assert {"loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac"} <= set(stats)
+    for _ in range(5):
+        learner.train(batch)
+    assert _full_loss(learner, batch, cfg) < after
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("n", [64, 70, 255])
+def test_learner_train_runs_exactly_the_configured_minibatches(n, monkeypatch):
+    """``minibatches`` per epoch whatever the batch size: no extra tiny minibatch of the remainder."""
+    cfg = _ppo_cfg(epochs=2, minibatches=4)
+    learner = PPOLearner(4, 2, cfg, seed=0)
+    sizes = []
+    real = ppo_loss
+
+    def spy(net, obs, *args):
+        sizes.append(len(obs))
+        return real(net, obs, *args)
+
+    monkeypatch.setattr("tianji_dask.algos.ppo.ppo_loss", spy)
+    learner.train(_train_batch(learner, n))
+    assert len(sizes) == cfg.epochs * cfg.minibatches, sizes
+    assert sum(sizes) == cfg.epochs * n  # every sample once per epoch
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.timeout(20)
+def test_grad_hook_sees_gradients_before_the_step():
+    """Zeroing the gradients in the hook (where data-parallel learners average them) means Adam
+    moves nothing: the hook runs between backward and step."""
+    cfg = _ppo_cfg()
+    learner = PPOLearner(4, 2, cfg, seed=0)
+    before = {k: v.clone() for k, v in learner.net.state_dict().items()}
+
+    def zero():
+        for p in learner.net.parameters():
+            p.grad.zero_()
+
+    learner.train(_train_batch(learner, 64), grad_hook=zero)
+    assert all(torch.equal(before[k], v) for k, v in learner.net.state_dict().items())
+    learner.train(_train_batch(learner, 64))
+    assert not all(torch.equal(before[k], v) for k, v in learner.net.state_dict().items())
+
+
+# ------------------------------------------------------------------ rollout buffer
+def _rollout(version: int, T: int = 4, N: int = 2, tag: int = 0) -> dict:
+    return {"obs": np.zeros((T, N, 4), np.float32), "actions": np.full((T, N), tag, np.int64),
+            "rewards": np.zeros((T, N), np.float32), "version": np.array(version, np.int64),
+            "created": np.array(time.time(), np.float64)}
+
+
+def _buffer(*overrides):
+    cfg = load_config(PPO_CONFIG, list(overrides), check_env=False)
+    inbox = LocalQueue(capacity_bytes=1 << 26, full_policy="wait")
+    return RolloutBufferRole(cfg, inbox), inbox
+
+
+def _tags(rollouts) -> list[int]:
+    return [int(r.data["actions"].flat[0]) for r in rollouts]
+
+
+@pytest.mark.timeout(10)
+def test_buffer_drops_rollouts_beyond_max_policy_lag_and_counts_transitions():
+    buf, inbox = _buffer("algo.max_policy_lag=1", "topology.actors=4")
+    inbox.push(_rollout(0, tag=1))  # lag 2 at learner version 2: dropped
+    inbox.push(_rollout(1, tag=2))  # lag 1: still usable
+    inbox.push(_rollout(2, tag=3))
+    assert buf.ingest() == 3 * 8
+    assert buf.stale_dropped == 0
+    assert _tags(buf.take(2)) == [3]  # the newest first
+    assert buf.stale_dropped == 8     # 4 steps x 2 envs of the version-0 rollout
+    assert _tags(buf.take(2)) == [2]  # lag exactly max_policy_lag is kept
+    assert buf.take(2) == []
+    assert buf.stale_dropped == 8
+    assert buf.heartbeat()["counters"]["stale_dropped"] == 8
+    # a rollout that was used and later goes stale is not counted as dropped unused
+    buf2, inbox2 = _buffer("algo.max_policy_lag=1", "algo.sample_reuse=2", "topology.actors=4")
+    inbox2.push(_rollout(0, tag=1))
+    buf2.ingest()
+    assert _tags(buf2.take(0)) == [1]
+    assert buf2.take(5) == []
+    assert buf2.stale_dropped == 0
+
+
+@pytest.mark.timeout(10)
+def test_buffer_serves_newest_first_and_each_rollout_once_with_reuse_1():
+    buf, inbox = _buffer("algo.sample_reuse=1", "algo.max_policy_lag=8", "topology.actors=3")
+    for tag in (1, 2, 3):
+        inbox.push(_rollout(0, tag=tag))
+    buf.ingest()
+    served = [_tags(buf.take(v)) for v in range(4)]
+    assert served == [[3], [2], [1], []]
+    assert len(buf) == 0 and buf.stale_dropped == 0
+    # a newer arrival is served before older ones still waiting
+    for tag in (4, 5):
+        inbox.push(_rollout(4, tag=tag))
+    buf.ingest()
+    assert _tags(buf.take(4)) == [5]
+    inbox.push(_rollout(5, tag=6))
+    buf.ingest()
+    assert _tags(buf.take(5)) == [6]
+    assert _tags(buf.take(6)) == [4]
+
+
+@pytest.mark.timeout(10)
+def test_buffer_sample_reuse_8_serves_a_rollout_up_to_8_times():
+    buf, inbox = _buffer("algo.sample_reuse=8", "algo.max_policy_lag=8")
+    inbox.push(_rollout(0, tag=1))
+    buf.ingest()
+    served = [_tags(buf.take(v)) for v in range(10)]  # learner versions 0..9; lag <= 7 while served
+    assert served == [[1]] * 8 + [[], []]
+    assert buf.stale_dropped == 0
+    # a newer rollout takes over at once; the older one comes back after the newer is used up
+    inbox.push(_rollout(10, tag=2))
+    inbox.push(_rollout(10, tag=3))
+    buf.ingest()
+    served = [_tags(buf.take(v)) for v in range(10, 10 + 17)]
+    assert served[:8] == [[3]] * 8
+    assert served[8] == [2]  # lag 8 == max_policy_lag: still allowed
+    assert served[9:] == [[]] * 8  # lag 9: dropped, with 7 uses left it was used once
+    assert buf.stale_dropped == 0
+
+
+# ------------------------------------------------------------------ PPO actor
+def _actor_cfg(*extra):
+    return load_config(PPO_CONFIG, [f"env.id={SHORT_ENV}", "env.num_envs=2", "algo.rollout_steps=8", *extra])
+
+
+def _params(seed: int) -> tuple[ActorCritic, dict]:
+    torch.manual_seed(seed)
+    net = ActorCritic(4, 2, [64, 64])
+    return net, {k: v.numpy().copy() for k, v in net.state_dict().items()}
+
+
+def _logp_under(net: ActorCritic, r: dict) -> np.ndarray:
+    with torch.no_grad():
+        lp, _, _ = net.evaluate(torch.from_numpy(r["obs"].reshape(-1, 4)),
+                                torch.from_numpy(r["actions"].reshape(-1)))
+    return lp.numpy().reshape(r["actions"].shape)
+
+
+@pytest.mark.timeout(30)
+def test_actor_tags_each_rollout_with_the_version_it_started_with():
+    cfg = _actor_cfg()
+    queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
+    actor = PPOActorRole(cfg, 0, 123, queue, topic.subscribe(), n_actors=1)
+    net0, p0 = _params(0)
+    net1, p1 = _params(1)
+    topic.publish(0, {"params": p0, "consumed": 0})
+    actor.wait_for_params(5.0)
+    for _ in range(4):
+        actor.step()
+    topic.publish(1, {"params": p1, "consumed": 256})  # mid-rollout
+    for _ in range(4):
+        actor.step()
+    (first,) = [item.payload for item in queue.poll()]
+    assert int(first["version"]) == 0
+    assert actor.policy.version == 0  # not swapped mid-rollout
+    np.testing.assert_allclose(first["logp"], _logp_under(net0, first), atol=1e-5)  # all 8 steps by v0
+    for _ in range(8):
+        actor.step()
+    (second,) = [item.payload for item in queue.poll()]
+    assert int(second["version"]) == 1
+    np.testing.assert_allclose(second["logp"], _logp_under(net1, second), atol=1e-5)
+    assert not np.allclose(second["logp"], _logp_under(net0, second), atol=1e-3)
+    assert first["obs"].shape == (8, 2, 4) and first["actions"].shape == (8, 2)
+    assert first["last_values"].shape == (2,)
+    assert float(second["created"]) >= float(first["created"])
+    hb = actor.heartbeat()["counters"]
+    assert hb["env_steps"] == 32 and hb["chunks_sent"] == 2 and hb["param_version"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_actor_bootstraps_truncated_steps_but_reports_the_env_return():
+    cfg = _actor_cfg()
+    gamma = cfg.algo.gamma
+    seed = 321
+    queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
+    actor = PPOActorRole(cfg, 0, seed, queue, topic.subscribe(), n_actors=1)
+    net, p = _params(4)
+    topic.publish(0, {"params": p, "consumed": 0})
+    actor.wait_for_params(5.0)
+    for _ in range(8):
+        actor.step()
+    (r,) = [item.payload for item in queue.poll()]
+    # replay the same actions in a twin env to find where episodes ended and their final obs
+    twin = make_vector_env(SHORT_ENV, 2, seed)
+    obs, _ = twin.reset(seed=seed)
+    np.testing.assert_array_equal(r["obs"][0], obs)
+    expected = np.empty((8, 2), np.float32)
+    truncations = 0
+    for t in range(8):
+        obs, rew, term, trunc, info = twin.step(r["actions"][t])
+        expected[t] = rew
+        for i in np.flatnonzero(trunc & ~term):
+            truncations += 1
+            with torch.no_grad():
+                v_final = net.value(torch.from_numpy(info["final_obs"][i].astype(np.float32)[None]))[0].item()
+            assert abs(gamma * v_final) > 1e-3  # the bootstrap is visible in the reward
+            expected[t, i] += gamma * v_final
+        np.testing.assert_array_equal(r["dones"][t], (term | trunc).astype(np.float32))
+        if t < 7:
+            np.testing.assert_allclose(r["obs"][t + 1], obs, atol=1e-6)
+    assert truncations == 2  # both envs hit the 5-step limit at t=4
+    assert r["dones"][4].tolist() == [1.0, 1.0] and r["dones"].sum() == 2
+    np.testing.assert_allclose(r["rewards"], expected, atol=1e-5)
+    assert not np.allclose(r["rewards"][4], 1.0)
+    assert np.all(r["rewards"][[0, 1, 2, 3, 5, 6, 7]] == 1.0)
+    episodes = actor.heartbeat()["episodes"]
+    assert [(ret, length) for ret, length, _ in episodes] == [(5.0, 5), (5.0, 5)]  # the env's own sum

@@ -1,0 +1,68 @@
+"""Data-parallel learners of one group: a ``torch.distributed`` process group bootstrapped
+from the Dask cluster.
+
+The driver creates rank 0's learner first; it opens a ``TCPStore`` on its worker's host on a
+port the OS picks (:func:`open_store`) and the driver hands ``(host, port)`` to the other
+ranks: no hard-coded ports. Every update, all ranks first agree (one tiny all-reduce) on
+whether everyone can update, whether anyone is stopping, and whether rank 0 has new
+parameters to broadcast (after averaging between groups); then gradients are averaged.
+Same initial parameters + same averaged gradients + same optimiser = identical parameters.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+
+def open_store(host: str, world_size: int, timeout_s: float) -> torch.distributed.TCPStore:
+    """Rank 0's rendezvous store on ``host``, port chosen by the OS (``store.port``)."""
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class DataParallel:
+    """One learner's membership in its group's process group.
+
+    Protocol: construct (blocks until all ranks joined), then per update ``agree(...)``,
+    ``average_gradients(params)`` between backward and step; ``close()`` at the end.
+    """
+
+    def __init__(self, rank: int, world_size: int, host: str, port: int, *, backend: str = "gloo",
+                 timeout_s: float = 60.0, store=None):
+        self.rank, self.world_size = rank, world_size
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if store is None:
+            store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        self._flags = torch.zeros(3, dtype=torch.int32)
+
+    def agree(self, can_update: bool, stopping: bool, has_new_params: bool) -> tuple[bool, bool, bool]:
+        """(everyone can update, someone is stopping, rank 0 broadcasts parameters now)."""
+        f = self._flags
+        f[0], f[1], f[2] = int(not can_update), int(stopping), int(has_new_params and self.rank == 0)
+        dist.all_reduce(f, op=dist.ReduceOp.MAX)
+        return not bool(f[0]), bool(f[1]), bool(f[2])
+
+    def average_gradients(self, params) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+    def broadcast(self, module: torch.nn.Module) -> None:
+        """Make every rank's ``module`` parameters and buffers equal to rank 0's."""
+        with torch.no_grad():
+            for t in module.state_dict().values():
+                dist.broadcast(t, src=0)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
