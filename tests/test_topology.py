@@ -48,3 +48,18 @@ def test_two_groups_stay_close_and_reach_the_target(tmp_path):
     assert measured[len(measured) // 2:].max() < measured[0], measured
     assert ds.sizes["learner"] == 2 and ds.sizes["actor"] == 2
     assert not math.isnan(result.time_to_target_s)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_dqn_with_two_learners_fills_both_buffers_and_learns(tmp_path):
+    # regression: the actors' balance allowance once covered one buffer's warm-up only, so with
+    # two learners neither buffer reached learning_starts and the whole group waited forever
+    cfg = load_config("configs/cartpole_dqn.yaml",
+                      ["topology.learners=2", "topology.actors=2", "stop.target_return=100",
+                       "stop.max_seconds=150"])
+    run = train(cfg, out=tmp_path / "run")
+    result = run.wait()
+    assert result.error is None, result.error
+    assert result.status == "target_reached", (result.status, result.env_steps, result.return_mean_100)
+    assert (run.metrics().learner_train_fps.max("time") > 0).all()

@@ -88,7 +88,8 @@ class ActorRole:
         """Production/consumption balance: is this actor's share of production ahead of
         what the learner's consumption allows at the serial replay ratio (minus the band)?"""
         a = self.cfg.algo
-        allowed = (a.learning_starts + self.chunk_len * self.n_actors
+        # every learner's buffer must fill to learning_starts before its group can update
+        allowed = (a.learning_starts * self.cfg.topology.learners + self.chunk_len * self.n_actors
                    + self.learner_consumed / (a.target_replay_ratio * (1.0 - a.ratio_tolerance)))
         return self.counters["env_steps"] * self.n_actors > allowed
 
