@@ -63,7 +63,7 @@ def test_distributed_ppo_records_staleness(tmp_path):
     lag_mean, lag_max = ds["policy_lag_mean"].values, ds["policy_lag_max"].values
     age, dropped = ds["sample_age_s"].values, ds["stale_dropped"].values
     trained = ~np.isnan(lag_mean)
-    assert trained.sum() >= 10, trained  # the learner trained through most of the 20 s
+    assert trained.sum() >= 5, trained  # rows in which the learner trained (of ~30 after start-up)
     assert np.array_equal(trained, ~np.isnan(lag_max)) and np.array_equal(trained, ~np.isnan(age))
     lag = cfg.algo.max_policy_lag
     assert np.all((lag_mean[trained] >= 0) & (lag_mean[trained] <= lag)), lag_mean

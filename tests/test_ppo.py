@@ -16,6 +16,7 @@ from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import PPOConfig, load_config
 from tianji_dask.envs import make_vector_env
 from tianji_dask.roles.ppo_actor import PPOActorRole
+from tianji_dask.roles.ppo_learner import PPOLearnerRole
 from tianji_dask.roles.rollout_buffer import RolloutBufferRole
 
 PPO_CONFIG = "configs/cartpole_ppo.yaml"
@@ -359,6 +360,40 @@ def test_buffer_sample_reuse_8_serves_a_rollout_up_to_8_times():
     assert served[8] == [2]  # lag 8 == max_policy_lag: still allowed
     assert served[9:] == [[]] * 8  # lag 9: dropped, with 7 uses left it was used once
     assert buf.stale_dropped == 0
+
+
+# ------------------------------------------------------------------ PPO learner role
+def _full_rollout(version: int, T: int, N: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.normal(size=(T, N, 4)).astype(np.float32),
+            "actions": rng.integers(0, 2, (T, N)).astype(np.int64),
+            "logp": np.full((T, N), math.log(0.5), np.float32), "values": np.zeros((T, N), np.float32),
+            "rewards": np.ones((T, N), np.float32), "dones": np.zeros((T, N), np.float32),
+            "last_values": np.zeros(N, np.float32), "version": np.array(version, np.int64),
+            "created": np.array(time.time(), np.float64)}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("reuse", [1, 8])
+def test_learner_lr_schedule_follows_training_not_production(reuse):
+    """As in the serial algorithm, one iteration advances the lr schedule by the env steps of one
+    rollout per ``sample_reuse``, however many transitions the actors produced (and the buffer
+    dropped) meanwhile."""
+    cfg = load_config(PPO_CONFIG, [f"algo.sample_reuse={reuse}", f"algo.max_policy_lag={reuse}"], check_env=False)
+    a = cfg.algo
+    per_iteration = a.rollout_steps * cfg.env.num_envs / reuse  # 256 or 32 env steps
+    buf, inbox = _buffer(f"algo.sample_reuse={reuse}", f"algo.max_policy_lag={reuse}")
+    learner = PPOLearnerRole(cfg, buf, LocalTopic(), 4, 2, seed=0)
+    lrs = []
+    for i in range(6):
+        inbox.push(_full_rollout(learner.version, a.rollout_steps, cfg.env.num_envs, seed=i))
+        buf.ingest()
+        buf.received += 50_000  # actors far ahead of the learner: their transitions were dropped
+        assert learner.step()
+        lrs.append(learner.core.optim.param_groups[0]["lr"])
+    expected = [a.lr * max(1 - i * per_iteration / a.lr_anneal_steps, 0.05) for i in range(6)]
+    assert lrs == pytest.approx(expected, rel=1e-9)
+    assert lrs[-1] > 0.9 * a.lr  # production (300k transitions) did not anneal it to its floor
 
 
 # ------------------------------------------------------------------ PPO actor

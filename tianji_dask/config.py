@@ -212,7 +212,11 @@ class PPOConfig(_Section):
     gae_lambda: float = Field(0.8, ge=0, le=1, description="GAE lambda")
     lr: float = Field(0.001, gt=0, description="Adam learning rate")
     lr_anneal_steps: int | None = Field(
-        100_000, ge=1, description="env steps over which lr decays linearly to 0; null = constant"
+        100_000,
+        ge=1,
+        description="lr decays linearly to 5 % over this many env steps of training, counted as "
+        "the serial algorithm would (learner iterations x rollout size x learners / sample_reuse, "
+        "not what the actors produced); null = constant",
     )
     rollout_steps: int = Field(32, ge=1, description="env steps per env in one rollout (one push)")
     rollouts_per_update: int = Field(

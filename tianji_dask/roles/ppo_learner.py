@@ -31,6 +31,9 @@ class PPOLearnerRole:
         self.core = PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device)
         self.grad_hook = grad_hook
         self.world_size = world_size
+        a = cfg.algo  # env steps one iteration stands for in the serial algorithm (a rollout per reuse)
+        self._env_steps_per_iteration = (a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs
+                                         * world_size / a.sample_reuse)
         self.version = 0
         self._pending = None  # rollouts taken by wants_update, trained on by update
         self._stats: dict[str, float] = {}
@@ -85,7 +88,11 @@ class PPOLearnerRole:
         self._lags += [self.version - r.version for r in rollouts]
         self._ages += [now - r.created for r in rollouts]
         batch = self.batch_from(rollouts)
-        self.core.set_lr_for(self.buffer.received)
+        # the lr schedule follows what the learner trained on, as in the serial algorithm, not what
+        # the actors produced: with actors faster than the learner most rollouts are dropped
+        # unused, and annealing on received transitions reached the lr floor within a few dozen
+        # iterations (identical on every data-parallel rank: iterations advance together)
+        self.core.set_lr_for(int(self.counters["iterations"] * self._env_steps_per_iteration))
         before = self.core.updates
         stats = self.core.train(batch, self.grad_hook)
         for k, v in stats.items():
