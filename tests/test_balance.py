@@ -155,48 +155,47 @@ def test_dqn_learner_never_pauses_without_controller(how):
 
 
 # ------------------------------------------------------------------ PPO actor
-# (sample_reuse, n_actors, env_steps of this actor, learner samples consumed, paused?)
-# allowed production = 256 * n_actors + consumed / (sample_reuse * 0.75)
-PPO_ACTOR_CASES = [
-    (1, 1, 10_256, 10_000, False),   # fresh 10000, ratio 1: "New", on target
-    (1, 1, 10_256, 7_500, False),    # ratio 0.75: the lower edge
-    (1, 1, 10_256, 7_000, True),     # ratio 0.7: below the band
-    (1, 1, 10_256, 0, True),
-    (1, 1, 256, 0, False),           # the first rollout is always allowed
-    (8, 1, 10_256, 80_000, False),   # "Staleness": ratio 8 on target
-    (8, 1, 10_256, 60_000, False),   # ratio 6: the lower edge
-    (8, 1, 10_256, 59_000, True),    # ratio 5.9
-    (8, 3, 3_000, 49_392, False),    # 3 actors: production 9000, fresh 8232, ratio 6.0
-    (8, 3, 3_000, 48_000, True),     # ratio 5.83
+# The PPO controller paces on parameter versions: an actor makes at most
+# quota = max(1, floor(rollouts_per_update * learners / (actors * sample_reuse) * (1 + tol)))
+# rollouts per version, then waits for a newer version.
+# (sample_reuse, rollouts_per_update, n_actors, expected quota)
+PPO_QUOTA_CASES = [
+    (1, 1, 1, 1),    # "New", one actor: one rollout per version (lag exactly 1, nothing dropped)
+    (8, 1, 1, 1),    # "Staleness": 1/8 of a rollout per version, never less than one
+    (1, 4, 1, 5),    # 4 rollouts per iteration: 4 * 1.25 = 5
+    (1, 4, 3, 1),    # 3 actors share the 4: 4/3 * 1.25 = 1.67 -> 1
+    (2, 8, 1, 5),    # 8 / 2 * 1.25 = 5
 ]
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("reuse, n_actors, env_steps, consumed, paused", PPO_ACTOR_CASES)
-def test_ppo_actor_pauses_only_below_the_band(reuse, n_actors, env_steps, consumed, paused):
-    queue, params = _channels()
-    actor = PPOActorRole(_ppo_cfg(f"algo.sample_reuse={reuse}"), 0, 1, queue, params, n_actors=n_actors)
-    assert actor.balance
-    actor.counters["env_steps"] = env_steps
-    actor.learner_consumed = consumed
-    assert actor.ahead_of_learner() is paused
-    actor.step()  # between rollouts: the controller decides
-    if paused:
-        assert actor.counters["env_steps"] == env_steps and actor._t == 0
-        assert actor.counters["throttled_s"] > 0
-    else:
-        assert actor.counters["env_steps"] == env_steps + actor.num_envs
-        assert actor.counters["throttled_s"] == 0
+@pytest.mark.parametrize("reuse, per_update, n_actors, quota", PPO_QUOTA_CASES)
+def test_ppo_actor_pauses_only_after_its_share_of_a_version(reuse, per_update, n_actors, quota):
+    queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
+    cfg = _ppo_cfg(f"algo.sample_reuse={reuse}", f"algo.rollouts_per_update={per_update}",
+                   f"topology.actors={max(n_actors, 1)}")
+    actor = PPOActorRole(cfg, 0, 1, queue, topic.subscribe(), n_actors=n_actors)
+    assert actor.balance and actor.quota == quota
+    actor._rollouts_this_version = quota - 1
+    assert not actor.ahead_of_learner()
+    actor._rollouts_this_version = quota
+    assert actor.ahead_of_learner()
+    steps = actor.counters["env_steps"]
+    actor.step()  # between rollouts: the controller holds it
+    assert actor.counters["env_steps"] == steps and actor.counters["throttled_s"] > 0
+    state = {k: v.numpy().copy() for k, v in actor.policy.net.state_dict().items()}
+    topic.publish(5, {"params": state, "consumed": 0})  # a newer version arrives: it goes on at once
+    actor.step()
+    assert actor.counters["env_steps"] == steps + actor.num_envs
 
 
 @pytest.mark.timeout(30)
 def test_ppo_actor_never_pauses_inside_a_rollout():
-    """A rollout is one policy version: once started it is finished, even outside the band."""
+    """A rollout is one policy version: once started it is finished, even past its quota."""
     queue, params = _channels()
     actor = PPOActorRole(_ppo_cfg(), 0, 1, queue, params, n_actors=1)
-    actor.step()  # start a rollout while on target
-    actor.counters["env_steps"] = 10**9
-    actor.learner_consumed = 0
+    actor.step()  # start a rollout while within the quota
+    actor._rollouts_this_version = actor.quota
     assert actor.ahead_of_learner()
     for _ in range(actor.T - 1):  # the rest of the rollout runs
         actor.step()
@@ -218,7 +217,7 @@ def test_ppo_actor_never_pauses_without_controller(how):
         actor = PPOActorRole(cfg, 0, 1, queue, params)
     assert actor.balance is False
     actor.counters["env_steps"] = 10**9
-    actor.learner_consumed = 0
+    actor._rollouts_this_version = 10**6  # far past any quota
     for _ in range(actor.T + 1):  # a whole rollout and the start of the next
         actor.step()
     assert actor.counters["env_steps"] == 10**9 + (actor.T + 1) * actor.num_envs

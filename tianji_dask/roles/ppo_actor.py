@@ -38,6 +38,10 @@ class PPOActorRole:
         self.T = cfg.algo.rollout_steps
         self.chunk_len = self.T * self.num_envs
         self.learner_consumed = 0
+        a, topo = cfg.algo, cfg.topology
+        share = a.rollouts_per_update * topo.learners / (self.n_actors * a.sample_reuse)
+        self.quota = max(1, int(share * (1.0 + (a.ratio_tolerance or 0.0))))
+        self._rollouts_this_version = 0
         self._t = 0
         self._new_rollout()
         self.counters = {"env_steps": 0, "chunks_sent": 0, "bytes_sent": 0, "dropped": 0,
@@ -51,7 +55,7 @@ class PPOActorRole:
                    "rewards": np.empty((T, N), np.float32), "dones": np.empty((T, N), np.float32)}
         self._t = 0
 
-    def probe_params(self) -> bool:
+    def _probe(self) -> bool:
         got = self.params.probe()
         if got is None:
             return False
@@ -72,11 +76,22 @@ class PPOActorRole:
             time.sleep(0.005)
 
     def ahead_of_learner(self) -> bool:
-        """Balance controller: produced transitions ahead of consumption at ``sample_reuse`` minus the band."""
-        a = self.cfg.algo
-        allowed = self.chunk_len * self.n_actors + self.learner_consumed / (
-            a.target_replay_ratio * (1.0 - a.ratio_tolerance))
-        return self.counters["env_steps"] * self.n_actors > allowed
+        """Balance controller: has this actor produced its share of rollouts for the current
+        parameter version?
+
+        A learner iteration takes ``rollouts_per_update`` rollouts per learner and may use each
+        ``sample_reuse`` times, so a version needs ``rollouts_per_update * learners /
+        (actors * sample_reuse)`` new rollouts from each actor; the band allows
+        ``1 + ratio_tolerance`` times that, rounded down, and never less than one. It paces on
+        versions, not on a consumption count: rollouts that go stale and are dropped would never
+        be counted as consumed, and both sides could end up waiting for each other."""
+        return self._rollouts_this_version >= self.quota
+
+    def probe_params(self) -> bool:
+        got = self._probe()
+        if got:
+            self._rollouts_this_version = 0
+        return got
 
     def step(self) -> None:
         if self._t == 0:  # between rollouts: newest parameters, and the controller's say
@@ -114,6 +129,7 @@ class PPOActorRole:
         r["version"] = np.array(self.policy.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
         nbytes = sum(v.nbytes for v in r.values())
+        self._rollouts_this_version += 1
         if self.sender.push(r):
             self.counters["chunks_sent"] += 1
             self.counters["bytes_sent"] += nbytes
