@@ -156,15 +156,16 @@ def test_dqn_learner_never_pauses_without_controller(how):
 
 # ------------------------------------------------------------------ PPO actor
 # The PPO controller paces on parameter versions: an actor makes at most
-# quota = max(1, floor(rollouts_per_update * learners / (actors * sample_reuse) * (1 + tol)))
-# rollouts per version, then waits for a newer version.
+# quota = max(1, floor(rollouts_per_update * learners / (actors * sample_reuse) * (1 + tol))) + 1
+# rollouts per version (the + 1 is the rollout made while the learner trains on the previous
+# one), then waits for a newer version.
 # (sample_reuse, rollouts_per_update, n_actors, expected quota)
 PPO_QUOTA_CASES = [
-    (1, 1, 1, 1),    # "New", one actor: one rollout per version (lag exactly 1, nothing dropped)
-    (8, 1, 1, 1),    # "Staleness": 1/8 of a rollout per version, never less than one
-    (1, 4, 1, 5),    # 4 rollouts per iteration: 4 * 1.25 = 5
-    (1, 4, 3, 1),    # 3 actors share the 4: 4/3 * 1.25 = 1.67 -> 1
-    (2, 8, 1, 5),    # 8 / 2 * 1.25 = 5
+    (1, 1, 1, 2),    # "New", one actor: one rollout per version, plus one in flight
+    (8, 1, 1, 2),    # "Staleness": 1/8 of a rollout per version, never less than one, plus one
+    (1, 4, 1, 6),    # 4 rollouts per iteration: 4 * 1.25 = 5, plus one
+    (1, 4, 3, 2),    # 3 actors share the 4: 4/3 * 1.25 = 1.67 -> 1, plus one
+    (2, 8, 1, 6),    # 8 / 2 * 1.25 = 5, plus one
 ]
 
 

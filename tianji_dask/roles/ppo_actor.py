@@ -40,7 +40,9 @@ class PPOActorRole:
         self.learner_consumed = 0
         a, topo = cfg.algo, cfg.topology
         share = a.rollouts_per_update * topo.learners / (self.n_actors * a.sample_reuse)
-        self.quota = max(1, int(share * (1.0 + (a.ratio_tolerance or 0.0))))
+        # its share of a version within the band, plus the one rollout it makes while the
+        # learner trains on the previous one (without it actor and learner would alternate)
+        self.quota = max(1, int(share * (1.0 + (a.ratio_tolerance or 0.0)))) + 1
         self._rollouts_this_version = 0
         self._t = 0
         self._new_rollout()
@@ -82,7 +84,8 @@ class PPOActorRole:
         A learner iteration takes ``rollouts_per_update`` rollouts per learner and may use each
         ``sample_reuse`` times, so a version needs ``rollouts_per_update * learners /
         (actors * sample_reuse)`` new rollouts from each actor; the band allows
-        ``1 + ratio_tolerance`` times that, rounded down, and never less than one. It paces on
+        ``1 + ratio_tolerance`` times that, rounded down, never less than one, plus the rollout
+        made while the learner trains on the previous one. It paces on
         versions, not on a consumption count: rollouts that go stale and are dropped would never
         be counted as consumed, and both sides could end up waiting for each other."""
         return self._rollouts_this_version >= self.quota
