@@ -268,6 +268,12 @@ class TopologyConfig(_Section):
     replicates the whole group; groups average their parameters every ``sync_interval_s``.
     """
 
+    mode: Literal["relaxed", "synchronous"] = Field(
+        "relaxed",
+        description="relaxed: TianJi's relaxed assignment dependencies (nothing waits); "
+        "synchronous: Gorila-style ablation, an actor waits for newer parameters after each push "
+        "and the learner waits for fresh data before each update",
+    )
     actors: int = Field(1, ge=1, description="actor hosts per group")
     learners: int = Field(
         1, ge=1, description="data-parallel learners per group (gradients averaged every update)"

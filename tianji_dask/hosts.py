@@ -337,7 +337,9 @@ class ActorHost(_LoopHost):
         c = self.cfg.channel
         self.sender = QueueSender(buffer_address, traj_channel, f"actor-{self.id}", c.capacity_bytes,
                                   full_policy=c.full_policy, **self._comm_kwargs())
-        return actor_role_class(self.cfg)(self.cfg, self.id, seed, self.sender, self.params)
+        role = actor_role_class(self.cfg)(self.cfg, self.id, seed, self.sender, self.params)
+        role.should_stop = self._stop.is_set
+        return role
 
     def _before_loop(self) -> None:
         # the only wait of an actor: for the first parameters; heartbeats go on meanwhile

@@ -17,6 +17,20 @@ from tianji_dask.envs import EpisodeTracker, make_vector_env, next_observations
 from tianji_dask.nstep import NStepWindow
 
 
+def wait_for_newer_params(actor, should_stop, timeout: float = 60.0) -> None:
+    """Synchronous (Gorila-style) ablation: block until a parameter version newer than the one
+    in use arrives. Time spent is counted as ``sync_wait_s``."""
+    t = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    while not actor.probe_params():
+        if should_stop():
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"actor {actor.id}: synchronous mode, no newer parameters after {timeout:.0f} s")
+        time.sleep(0.0002)
+    actor.counters["sync_wait_s"] = actor.counters.get("sync_wait_s", 0.0) + time.perf_counter() - t
+
+
 class ActorRole:
     """One actor: ``step()`` advances all its envs by one step.
 
@@ -31,7 +45,9 @@ class ActorRole:
         self.id = actor_id
         self.sender = sender
         self.params = params
-        self.balance = balance and cfg.algo.ratio_tolerance is not None
+        self.synchronous = cfg.topology.mode == "synchronous" and balance
+        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
+        self.should_stop = lambda: False  # the host sets its stop flag here
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
         self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
@@ -132,6 +148,9 @@ class ActorRole:
             self.counters["chunks_sent"] += 1
             self.counters["bytes_sent"] += nbytes
         self._new_chunk()  # the pushed arrays now belong to the channel
+        if self.synchronous and self.counters["env_steps"] * self.n_actors >= (
+                self.cfg.algo.learning_starts * self.cfg.topology.learners):
+            wait_for_newer_params(self, self.should_stop)
 
     def heartbeat(self) -> dict:
         sent = self.sender.stats()

@@ -27,7 +27,9 @@ class LearnerRole:
         self.publisher = publisher
         self.grad_hook = grad_hook
         self.world_size = world_size
-        self.balance = balance and cfg.algo.ratio_tolerance is not None
+        self.synchronous = cfg.topology.mode == "synchronous" and balance
+        self._received_at_update = -1
+        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
         self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device)
         self._loss_sum = self._q_sum = 0.0
         self._n = 0
@@ -55,9 +57,12 @@ class LearnerRole:
         return len(self.buffer) >= self.cfg.algo.learning_starts
 
     def wants_update(self) -> bool:
-        """Warm-up done and the balance controller does not hold the learner back."""
+        """Warm-up done and the balance controller does not hold the learner back
+        (synchronous mode: and fresh data arrived since the previous update)."""
         if not self.ready():
             return False
+        if self.synchronous:
+            return self.buffer.received > self._received_at_update
         if self.balance and self.ahead_of_actors():
             if self.counters["param_version"] != self.core.updates:
                 self.publish()  # actors pace themselves on the consumption count it carries
@@ -68,14 +73,15 @@ class LearnerRole:
         """One gradient step on a batch from the local buffer (gradients averaged by
         ``grad_hook`` in a data-parallel group)."""
         a = self.cfg.algo
+        self._received_at_update = self.buffer.received
         loss, q = self.core.update(self.buffer.sample(a.batch_size), self.grad_hook)
         self._loss_sum += loss
         self._q_sum += q
         self._n += 1
         self.counters["updates"] += 1
         self.counters["samples"] += a.batch_size
-        if self.counters["updates"] % self.cfg.learner.publish_interval == 0:
-            self.publish()
+        if self.synchronous or self.counters["updates"] % self.cfg.learner.publish_interval == 0:
+            self.publish()  # synchronous mode: the actors wait for every version
 
     def step(self) -> bool:
         if self.wants_update():

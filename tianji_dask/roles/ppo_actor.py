@@ -13,6 +13,7 @@ import numpy as np
 
 from tianji_dask.algos.ppo import PPOPolicy
 from tianji_dask.envs import EpisodeTracker, make_vector_env
+from tianji_dask.roles.actor import wait_for_newer_params
 
 
 class PPOActorRole:
@@ -24,7 +25,9 @@ class PPOActorRole:
         self.id = actor_id
         self.sender = sender
         self.params = params
-        self.balance = balance and cfg.algo.ratio_tolerance is not None
+        self.synchronous = cfg.topology.mode == "synchronous" and balance
+        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
+        self.should_stop = lambda: False  # the host sets its stop flag here
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
         self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
@@ -137,6 +140,8 @@ class PPOActorRole:
             self.counters["chunks_sent"] += 1
             self.counters["bytes_sent"] += nbytes
         self._new_rollout()
+        if self.synchronous:
+            wait_for_newer_params(self, self.should_stop)
 
     def heartbeat(self) -> dict:
         sent = self.sender.stats()
