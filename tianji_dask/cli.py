@@ -37,6 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use the Dask cluster at this scheduler address instead of a LocalCluster")
     g.add_argument("--serial", action="store_true",
                    help="run the serial reference in this process (no Dask)")
+    b = sub.add_parser("bench", help="run a benchmark (docs/benchmarks.md)",
+                       description="Benchmarks of the system itself; each writes NetCDF, JSON and PNG results.")
+    bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    from tianji_dask.bench.comm import add_arguments as add_comm_arguments
+
+    c = bsub.add_parser("comm", help="the paper's virtual communication experiment (Fig. 5, equation 1)",
+                        description="Actors push messages through the trajectory channel into one inbox until N "
+                                    "arrived; raw TCP between plain processes is the anchor. Sweeps message size, "
+                                    "actors x sample time, alternative transports and 100-byte messages.")
+    add_comm_arguments(c)
     return p
 
 
@@ -112,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
         return cmd_train(args)
+    if args.command == "bench" and args.bench == "comm":
+        from tianji_dask.bench.comm import main_from_args
+
+        return main_from_args(args)
     return EXIT_BAD_INPUT
 
 

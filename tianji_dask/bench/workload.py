@@ -1,0 +1,84 @@
+"""Pieces every transport of the communication benchmark shares: the simulated sampling step,
+process CPU time, and a receiver-memory sampler.
+
+The sampling step stands in for an actor's env steps and inference between two sends:
+
+- ``sleep``: ``time.sleep(t)``. Costs no CPU, so on a machine with few cores it measures the
+  data plane rather than CPU contention between actors (the default).
+- ``busy``: a pure-Python spin for ``t`` seconds. Holds the GIL like an interpreted env step,
+  so it also competes with the sending process's event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+SAMPLE_MODES = ("sleep", "busy")
+
+
+def sample(mode: str, seconds: float) -> None:
+    """One simulated sampling step of ``seconds`` (nothing when 0)."""
+    if seconds <= 0:
+        return
+    if mode == "sleep":
+        time.sleep(seconds)
+    elif mode == "busy":
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    else:
+        raise ValueError(f"sample mode must be one of {SAMPLE_MODES}, got {mode!r}")
+
+
+def process_cpu_s() -> float:
+    """User + system CPU seconds of this process, all threads (kernel socket copies included)."""
+    return time.process_time()
+
+
+class RssSampler:
+    """Samples the resident memory of process ``pid`` every ``interval`` seconds in a thread of
+    the calling process (so the measured process does no extra work).
+
+    Protocol::
+
+        with RssSampler(pid) as rss:
+            ...                         # the run
+        rss.start_bytes, rss.peak_bytes
+    """
+
+    def __init__(self, pid: int, interval: float = 0.01):
+        import psutil
+
+        self._proc = psutil.Process(pid)
+        self.interval = interval
+        self.start_bytes = self._proc.memory_info().rss
+        self.peak_bytes = self.start_bytes
+        self.samples = 1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self.interval):
+            try:
+                rss = self._proc.memory_info().rss
+            except psutil.Error:  # the process ended
+                return
+            self.samples += 1
+            if rss > self.peak_bytes:
+                self.peak_bytes = rss
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def loadavg_1m() -> float:
+    return os.getloadavg()[0]
