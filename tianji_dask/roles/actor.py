@@ -15,23 +15,10 @@ import numpy as np
 from tianji_dask.algos.dqn import DQNPolicy, epsilon_at
 from tianji_dask.envs import EpisodeTracker, make_vector_env, next_observations
 from tianji_dask.nstep import NStepWindow
+from tianji_dask.roles.actor_base import ActorBase
 
 
-def wait_for_newer_params(actor, should_stop, timeout: float = 60.0) -> None:
-    """Synchronous (Gorila-style) ablation: block until a parameter version newer than the one
-    in use arrives. Time spent is counted as ``sync_wait_s``."""
-    t = time.perf_counter()
-    deadline = time.monotonic() + timeout
-    while not actor.probe_params():
-        if should_stop():
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"actor {actor.id}: synchronous mode, no newer parameters after {timeout:.0f} s")
-        time.sleep(0.0002)
-    actor.counters["sync_wait_s"] = actor.counters.get("sync_wait_s", 0.0) + time.perf_counter() - t
-
-
-class ActorRole:
+class ActorRole(ActorBase):
     """One actor: ``step()`` advances all its envs by one step.
 
     Protocol: construct, ``wait_for_params()`` once (or load params yourself),
@@ -77,28 +64,6 @@ class ActorRole:
             "discounts": np.empty(n, np.float32),
         }
         self._fill = 0
-
-    def probe_params(self) -> bool:
-        """Swap in a newer parameter version if one arrived. Never blocks."""
-        got = self.params.probe()
-        if got is None:
-            return False
-        version, payload = got
-        self.policy.load(version, payload["params"])
-        self.learner_consumed = int(payload.get("consumed", 0))
-        self.counters["param_version"] = version
-        self.counters["params_received"] += 1
-        return True
-
-    def wait_for_params(self, timeout: float, stop=lambda: False) -> None:
-        """Block until the first parameter version arrives (the only time an actor waits)."""
-        deadline = time.monotonic() + timeout
-        while not self.probe_params():
-            if stop():
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"actor {self.id}: no parameters from the learner after {timeout:.0f} s")
-            time.sleep(0.005)
 
     def ahead_of_learner(self) -> bool:
         """Production/consumption balance: is this actor's share of production ahead of
@@ -150,14 +115,4 @@ class ActorRole:
         self._new_chunk()  # the pushed arrays now belong to the channel
         if self.synchronous and self.counters["env_steps"] * self.n_actors >= (
                 self.cfg.algo.learning_starts * self.cfg.topology.learners):
-            wait_for_newer_params(self, self.should_stop)
-
-    def heartbeat(self) -> dict:
-        sent = self.sender.stats()
-        self.counters["blocked_s"] = float(sent.get("blocked_s", 0.0))
-        self.counters["dropped"] = int(sent.get("dropped", 0))
-        return {"role": "actor", "id": self.id, "t": time.time(), "counters": dict(self.counters),
-                "episodes": self.tracker.drain()}
-
-    def close(self) -> None:
-        self.env.close()
+            self.wait_for_newer_params()

@@ -13,10 +13,10 @@ import numpy as np
 
 from tianji_dask.algos.ppo import PPOPolicy
 from tianji_dask.envs import EpisodeTracker, make_vector_env
-from tianji_dask.roles.actor import wait_for_newer_params
+from tianji_dask.roles.actor_base import ActorBase
 
 
-class PPOActorRole:
+class PPOActorRole(ActorBase):
     """Protocol as ActorRole: ``wait_for_params()``, then ``step()`` in a loop; ``heartbeat()``."""
 
     def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
@@ -60,26 +60,6 @@ class PPOActorRole:
                    "rewards": np.empty((T, N), np.float32), "dones": np.empty((T, N), np.float32)}
         self._t = 0
 
-    def _probe(self) -> bool:
-        got = self.params.probe()
-        if got is None:
-            return False
-        version, payload = got
-        self.policy.load(version, payload["params"])
-        self.learner_consumed = int(payload.get("consumed", 0))
-        self.counters["param_version"] = version
-        self.counters["params_received"] += 1
-        return True
-
-    def wait_for_params(self, timeout: float, stop=lambda: False) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.probe_params():
-            if stop():
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"actor {self.id}: no parameters from the learner after {timeout:.0f} s")
-            time.sleep(0.005)
-
     def ahead_of_learner(self) -> bool:
         """Balance controller: has this actor produced its share of rollouts for the current
         parameter version?
@@ -93,11 +73,8 @@ class PPOActorRole:
         be counted as consumed, and both sides could end up waiting for each other."""
         return self._rollouts_this_version >= self.quota
 
-    def probe_params(self) -> bool:
-        got = self._probe()
-        if got:
-            self._rollouts_this_version = 0
-        return got
+    def _on_new_version(self) -> None:
+        self._rollouts_this_version = 0
 
     def step(self) -> None:
         if self._t == 0:  # between rollouts: newest parameters, and the controller's say
@@ -141,14 +118,4 @@ class PPOActorRole:
             self.counters["bytes_sent"] += nbytes
         self._new_rollout()
         if self.synchronous:
-            wait_for_newer_params(self, self.should_stop)
-
-    def heartbeat(self) -> dict:
-        sent = self.sender.stats()
-        self.counters["blocked_s"] = float(sent.get("blocked_s", 0.0))
-        self.counters["dropped"] = int(sent.get("dropped", 0))
-        return {"role": "actor", "id": self.id, "t": time.time(), "counters": dict(self.counters),
-                "episodes": self.tracker.drain()}
-
-    def close(self) -> None:
-        self.env.close()
+            self.wait_for_newer_params()

@@ -1,0 +1,64 @@
+"""What every actor role shares: probing for parameter versions, the one wait for the first
+version, the synchronous ablation's wait, heartbeats and closing the envs.
+
+A subclass sets ``params`` (anything with ``probe()``), ``policy`` (with ``load(version,
+params)``), ``sender``, ``tracker``, ``env``, ``id`` and a ``counters`` dict holding at least
+``param_version`` and ``params_received``; ``_on_new_version()`` is its hook.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class ActorBase:
+    learner_consumed = 0
+
+    def probe_params(self) -> bool:
+        """Swap in a newer parameter version if one arrived. Never blocks."""
+        got = self.params.probe()
+        if got is None:
+            return False
+        version, payload = got
+        self.policy.load(version, payload["params"])
+        self.learner_consumed = int(payload.get("consumed", 0))
+        self.counters["param_version"] = version
+        self.counters["params_received"] += 1
+        self._on_new_version()
+        return True
+
+    def _on_new_version(self) -> None:
+        pass
+
+    def wait_for_params(self, timeout: float, stop=lambda: False) -> None:
+        """Block until the first parameter version arrives (the only time an actor waits)."""
+        deadline = time.monotonic() + timeout
+        while not self.probe_params():
+            if stop():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"actor {self.id}: no parameters from the learner after {timeout:.0f} s")
+            time.sleep(0.005)
+
+    def wait_for_newer_params(self, timeout: float = 60.0) -> None:
+        """Synchronous (Gorila-style) ablation: block until a parameter version newer than the one
+        in use arrives. Time spent is counted as ``sync_wait_s``."""
+        t = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        while not self.probe_params():
+            if self.should_stop():
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"actor {self.id}: synchronous mode, no newer parameters after {timeout:.0f} s")
+            time.sleep(0.0002)
+        self.counters["sync_wait_s"] = self.counters.get("sync_wait_s", 0.0) + time.perf_counter() - t
+
+    def heartbeat(self) -> dict:
+        sent = self.sender.stats()
+        self.counters["blocked_s"] = float(sent.get("blocked_s", 0.0))
+        self.counters["dropped"] = int(sent.get("dropped", 0))
+        return {"role": "actor", "id": self.id, "t": time.time(), "counters": dict(self.counters),
+                "episodes": self.tracker.drain()}
+
+    def close(self) -> None:
+        self.env.close()
