@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from tianji_dask.algos.dqn import DQNPolicy, epsilon_at
-from tianji_dask.envs import EpisodeTracker, make_vector_env, next_observations
+from tianji_dask.envs import next_observations
 from tianji_dask.nstep import NStepWindow
 from tianji_dask.roles.actor_base import ActorBase
 
@@ -28,24 +28,10 @@ class ActorRole(ActorBase):
 
     def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
                  n_actors: int | None = None):
-        self.cfg = cfg
-        self.id = actor_id
-        self.sender = sender
-        self.params = params
-        self.synchronous = cfg.topology.mode == "synchronous" and balance
-        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.should_stop = lambda: False  # the host sets its stop flag here
-        self.n_actors = n_actors or cfg.topology.actors
-        self.num_envs = cfg.env.num_envs
-        self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
-        obs_space = self.env.single_observation_space
-        self.obs_dtype = np.float32
-        self.obs_shape = obs_space.shape
-        self.policy = DQNPolicy(int(np.prod(self.obs_shape)), int(self.env.single_action_space.n),
-                                cfg.algo.hidden_sizes, seed)
+        super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
+        self.policy = DQNPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed)
         self.obs, _ = self.env.reset(seed=seed)
         self.obs = self.obs.astype(self.obs_dtype)
-        self.tracker = EpisodeTracker(self.num_envs)
         self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self.obs_shape, self.obs_dtype)
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()

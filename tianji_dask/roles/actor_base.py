@@ -10,9 +10,32 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
+from tianji_dask.envs import EpisodeTracker, make_vector_env
+
 
 class ActorBase:
     learner_consumed = 0
+
+    def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool, n_actors):
+        """The common half of an actor: its channels, controller switches and vector env.
+        The serial runner passes ``balance=False`` (no controller, no synchronous waits)."""
+        self.cfg = cfg
+        self.id = actor_id
+        self.sender = sender
+        self.params = params
+        self.synchronous = cfg.topology.mode == "synchronous" and balance
+        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
+        self.should_stop = lambda: False  # the host sets its stop flag here
+        self.n_actors = n_actors or cfg.topology.actors
+        self.num_envs = cfg.env.num_envs
+        self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
+        self.obs_shape = self.env.single_observation_space.shape
+        self.obs_dtype = np.float32
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.n_actions = int(self.env.single_action_space.n)
+        self.tracker = EpisodeTracker(self.num_envs)
 
     def probe_params(self) -> bool:
         """Swap in a newer parameter version if one arrived. Never blocks."""

@@ -12,7 +12,6 @@ import time
 import numpy as np
 
 from tianji_dask.algos.ppo import PPOPolicy
-from tianji_dask.envs import EpisodeTracker, make_vector_env
 from tianji_dask.roles.actor_base import ActorBase
 
 
@@ -21,23 +20,10 @@ class PPOActorRole(ActorBase):
 
     def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
                  n_actors: int | None = None):
-        self.cfg = cfg
-        self.id = actor_id
-        self.sender = sender
-        self.params = params
-        self.synchronous = cfg.topology.mode == "synchronous" and balance
-        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.should_stop = lambda: False  # the host sets its stop flag here
-        self.n_actors = n_actors or cfg.topology.actors
-        self.num_envs = cfg.env.num_envs
-        self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
-        self.obs_shape = self.env.single_observation_space.shape
-        self.obs_dtype = np.float32
-        self.policy = PPOPolicy(int(np.prod(self.obs_shape)), int(self.env.single_action_space.n),
-                                cfg.algo.hidden_sizes, seed)
+        super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
+        self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed)
         obs, _ = self.env.reset(seed=seed)
         self.obs = obs.astype(np.float32)
-        self.tracker = EpisodeTracker(self.num_envs)
         self.T = cfg.algo.rollout_steps
         self.chunk_len = self.T * self.num_envs
         self.learner_consumed = 0
