@@ -27,6 +27,7 @@ from collections import Counter, deque
 from distributed.comm import CommClosedError
 
 from .common import ChannelError, Item, call_soon, logger, on_event_loop
+from .malloc import fit_allocator
 
 
 class _Malformed(Exception):
@@ -254,6 +255,7 @@ class QueueInbox:
             if self._closed:
                 return
             for seq, nbytes, payload in entries:
+                fit_allocator(nbytes)
                 if seq > conn.next_seq:
                     self._seq_gaps += seq - conn.next_seq
                 conn.next_seq = seq + 1

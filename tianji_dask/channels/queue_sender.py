@@ -40,6 +40,7 @@ from .common import (
     payload_nbytes,
     resolve_loop,
 )
+from .malloc import fit_allocator
 
 
 class QueueSender:
@@ -125,6 +126,7 @@ class QueueSender:
         ``capacity_bytes``, RuntimeError when ``wait`` would have to block an event loop.
         """
         nbytes = payload_nbytes(payload)
+        fit_allocator(nbytes)
         if nbytes > self.capacity_bytes:
             raise ValueError(
                 f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of "
