@@ -1,0 +1,137 @@
+"""Pytest wiring for the tests that need a real (local) Slurm: ``require_slurm()`` and the
+session fixture ``slurm_conf``.
+
+A test module uses it with::
+
+    from slurm_support import slurm_conf  # noqa: F401
+
+    def test_something(slurm_conf): ...
+
+(``tests/`` is on ``sys.path`` under pytest's default import mode, as for ``conftest``.)
+
+The tests only ever talk to a Slurm started by ``jobqueue/local-slurm.sh`` (its slurm.conf names
+the cluster ``tianji-local``), found through ``SLURM_CONF``: they never submit to a real
+cluster that happens to be configured on the machine. Without one they skip, unless
+``TIANJI_REQUIRE_SLURM=1`` (set by CI), where they fail: a skip there would hide a broken
+Slurm install.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "jobqueue" / "local-slurm.sh"
+CLUSTER_NAME = "tianji-local"  # written by jobqueue/local-slurm.sh
+HOW_TO_START = (
+    "start one with: sudo jobqueue/local-slurm.sh start /tmp/tj-slurm && "
+    'eval "$(jobqueue/local-slurm.sh env /tmp/tj-slurm)"'
+)
+
+
+def _why_not() -> tuple[str | None, str | None]:
+    """``(SLURM_CONF, None)`` when the local Slurm answers, else ``(None, reason)``."""
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        return None, "SLURM_CONF is not set"
+    path = Path(conf)
+    if not path.is_file():
+        return None, f"SLURM_CONF={conf} does not exist"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        return None, f"SLURM_CONF={conf} is not readable ({e})"
+    if f"ClusterName={CLUSTER_NAME}" not in text.split():
+        return None, (
+            f"SLURM_CONF={conf} is not a local Slurm from {SCRIPT.relative_to(ROOT)} "
+            f"(no ClusterName={CLUSTER_NAME}); the tests never submit to another cluster"
+        )
+    if shutil.which("sinfo") is None:
+        return None, "sinfo is not installed"
+    # A stopped slurmctld makes sinfo retry for ~10 s; a refused connect answers at once.
+    host = re.search(r"^SlurmctldHost=[^(\s]*\(([^)\s]+)\)", text, re.M)
+    port = re.search(r"^SlurmctldPort=(\d+)\s*$", text, re.M)
+    addr = (host.group(1) if host else "127.0.0.1", int(port.group(1)) if port else 6817)
+    try:
+        socket.create_connection(addr, timeout=5).close()
+    except OSError as e:
+        return None, f"slurmctld does not answer on {addr[0]}:{addr[1]} ({e.strerror or e})"
+    try:
+        r = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"],
+            capture_output=True, text=True, timeout=15, env={**os.environ, "SLURM_CONF": conf},
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"sinfo (SLURM_CONF={conf}) did not answer within 15 s"
+    if r.returncode != 0:
+        err = (r.stderr or r.stdout).strip().splitlines()
+        return None, f"sinfo (SLURM_CONF={conf}) failed: {err[-1] if err else f'exit {r.returncode}'}"
+    states = r.stdout.split()
+    usable = {"idle", "mixed", "allocated", "completing"}
+    if not states or not usable.intersection(s.rstrip("*~#!%$@^-") for s in states):
+        return None, f"no usable node in sinfo (SLURM_CONF={conf}): {states or 'no nodes'}"
+    return conf, None
+
+
+def require_slurm() -> dict[str, str]:
+    """The environment of the local Slurm, ``{"SLURM_CONF": path}``, when it answers.
+
+    Otherwise ``pytest.fail`` when ``TIANJI_REQUIRE_SLURM=1`` (CI), else ``pytest.skip``, both
+    with the reason and how to start one.
+    """
+    conf, reason = _why_not()
+    if conf is not None:
+        return {"SLURM_CONF": conf}
+    if os.environ.get("TIANJI_REQUIRE_SLURM") == "1":
+        pytest.fail(
+            f"TIANJI_REQUIRE_SLURM=1 but no local Slurm answers: {reason}; {HOW_TO_START}",
+            pytrace=False,
+        )
+    pytest.skip(f"no local Slurm: {reason}; {HOW_TO_START}")
+
+
+@pytest.fixture(scope="session")
+def slurm_conf() -> str:
+    """Path of the local Slurm's slurm.conf (also in ``os.environ["SLURM_CONF"]``, which
+    sbatch and the jobs inherit); skips or fails as ``require_slurm()`` does."""
+    return require_slurm()["SLURM_CONF"]
+
+
+def import_dask_jobqueue():
+    """``import dask_jobqueue`` without its side effect of writing a commented template
+    ``jobqueue.yaml`` into the user's dask config dir (~/.config/dask or $DASK_CONFIG)."""
+    if "dask_jobqueue" in sys.modules:
+        return sys.modules["dask_jobqueue"]
+    import dask.config
+
+    saved = dask.config.PATH
+    with tempfile.TemporaryDirectory(prefix="tianji-dask-config-") as scratch:
+        dask.config.PATH = scratch  # where dask.config.ensure_file puts the template
+        try:
+            import dask_jobqueue
+        finally:
+            dask.config.PATH = saved
+    return dask_jobqueue
+
+
+@pytest.fixture
+def jobqueue_defaults():
+    """Run the test with dask-jobqueue's own defaults for ``jobqueue.slurm``, so that a user's
+    jobqueue.yaml (queue, account, interface, ...) cannot leak into tests on the local Slurm."""
+    import dask
+
+    dask_jobqueue = import_dask_jobqueue()
+    pkg = Path(dask_jobqueue.__file__).with_name("jobqueue.yaml")
+    defaults = yaml.safe_load(pkg.read_text(encoding="utf-8"))["jobqueue"]["slurm"]
+    with dask.config.set({"jobqueue.slurm": defaults}):
+        yield

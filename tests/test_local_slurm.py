@@ -1,0 +1,143 @@
+"""dask-jobqueue's SLURMCluster against a real local Slurm (jobqueue/local-slurm.sh).
+
+Skipped without one, failed without one when TIANJI_REQUIRE_SLURM=1 (CI); see slurm_support.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_support import SCRIPT, jobqueue_defaults, slurm_conf  # noqa: F401
+
+pytestmark = pytest.mark.slurm
+
+
+def squeue_ids() -> list[str]:
+    r = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True, timeout=15)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def wait_queue_empty(timeout: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (ids := squeue_ids()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ids
+
+
+def node_cpus() -> int:
+    r = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, timeout=15)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.split()[0].rstrip("+"))
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.timeout(180)
+def test_slurmcluster_scale_compute_close(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+    from dask_jobqueue import SLURMCluster
+    from distributed import Client
+
+    assert wait_queue_empty() == [], "jobs left over from an earlier test"
+    cluster = SLURMCluster(
+        cores=1, processes=1, memory="1GiB", walltime="00:05:00", interface="lo",
+        job_name="tianji-test",
+        log_directory=str(tmp_path / "logs"), local_directory=str(tmp_path / "scratch"),
+        death_timeout=30, scheduler_options={"dashboard_address": "127.0.0.1:0"},
+    )
+    try:
+        script = cluster.job_script()
+        assert "#SBATCH --cpus-per-task=1" in script and "#SBATCH --mem=1G" in script
+        assert "#SBATCH -t 00:05:00" in script
+        with Client(cluster) as client:
+            cluster.scale(jobs=2)
+            client.wait_for_workers(2, timeout=60)
+            assert len(squeue_ids()) == 2
+            # the workers really are Slurm jobs of this Slurm
+            job_ids = client.run(lambda: os.environ.get("SLURM_JOB_ID"))
+            assert len(job_ids) == 2 and all(job_ids.values())
+            assert sorted(job_ids.values()) == sorted(squeue_ids())
+            assert client.submit(sum, range(10)).result(timeout=30) == 45
+            assert sum(client.gather(client.map(lambda x: x * x, range(20)))) == 2470
+            cluster.scale(0)
+            deadline = time.monotonic() + 30
+            while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert client.scheduler_info()["workers"] == {}
+    finally:
+        cluster.close()
+    assert wait_queue_empty() == [], "SLURMCluster.close() left jobs in the queue"
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert any(n.startswith("tianji-test-") and n.endswith(".err") for n in logs), logs
+
+
+def test_oversized_job_rejected_at_submit(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+    """EnforcePartLimits=ALL: a job bigger than the node fails at sbatch time (it does not sit
+    PENDING forever) with Slurm's own message; a fitting one passes --test-only."""
+    from dask_jobqueue.slurm import SLURMJob
+
+    def job_script(cores: int) -> Path:
+        job = SLURMJob(
+            scheduler="tcp://127.0.0.1:1", name="probe", cores=cores, processes=1,
+            memory="1GiB", walltime="00:01:00", python=sys.executable,
+        )
+        path = tmp_path / f"job-{cores}.sh"
+        path.write_text(job.job_script(), encoding="utf-8")
+        return path
+
+    def test_only(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=30,
+            cwd=tmp_path,
+        )
+
+    cpus = node_cpus()
+    big = test_only(job_script(cpus + 1))
+    assert big.returncode != 0, big.stdout + big.stderr
+    assert "More processors requested than permitted" in big.stderr, big.stderr
+    ok = test_only(job_script(1))
+    assert ok.returncode == 0, ok.stderr
+    assert "to start at" in ok.stderr, ok.stderr
+    assert squeue_ids() == []  # --test-only submits nothing
+
+
+def test_script_status_env_and_refusals(slurm_conf):  # noqa: F811
+    state = str(Path(slurm_conf).parent)
+    st = run_script("status", state)
+    assert st.returncode == 0, st.stdout + st.stderr
+    for daemon in ("munged", "slurmctld", "slurmd"):
+        assert f"{daemon}:" in st.stdout and "not running" not in st.stdout, st.stdout
+    assert "PARTITION" in st.stdout and "debug*" in st.stdout, st.stdout
+
+    env = run_script("env", state)
+    assert env.returncode == 0, env.stderr
+    prefix = "export SLURM_CONF="
+    assert env.stdout.startswith(prefix) and env.stdout.count("\n") == 1, env.stdout
+    assert Path(env.stdout[len(prefix):].strip()).resolve() == Path(slurm_conf).resolve()
+
+    missing = run_script("status")
+    assert missing.returncode == 2 and "missing STATE_DIR" in missing.stderr, missing.stderr
+    if os.geteuid() == 0 and shutil.which("runuser"):
+        # `start` on a running Slurm is a quick no-op
+        t0 = time.monotonic()
+        again = run_script("start", state)
+        assert again.returncode == 0 and "already running" in again.stderr, again.stderr
+        assert time.monotonic() - t0 < 10
+        # and start/stop refuse to run as anyone but root
+        r = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "bash", str(SCRIPT), "start", state],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )
+        assert r.returncode == 1 and "must be run as root" in r.stderr, r.stderr
