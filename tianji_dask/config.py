@@ -283,6 +283,14 @@ class TopologyConfig(_Section):
         1.0, gt=0, description="seconds between a group's parameter-averaging (gossip) rounds"
     )
     torch_threads: int = Field(1, ge=1, description="torch/OpenMP threads per host")
+    learner_threads: int | None = Field(
+        None, ge=1, description="torch threads of each learner's process (it hosts the buffer "
+        "too); null = torch_threads. The planner sizes it"
+    )
+
+    @property
+    def learner_torch_threads(self) -> int:
+        return self.learner_threads or self.torch_threads
 
     @model_validator(mode="after")
     def _check_actors_per_learner(self) -> TopologyConfig:
