@@ -37,6 +37,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use the Dask cluster at this scheduler address instead of a LocalCluster")
     g.add_argument("--serial", action="store_true",
                    help="run the serial reference in this process (no Dask)")
+    g.add_argument("--slurm", action="store_true",
+                   help="submit Slurm jobs through dask-jobqueue, sized by --plan (or by the config's "
+                        "topology); site settings come from your jobqueue.yaml (see jobqueue/)")
+    t.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml",
+                   help="apply a plan from tianji-dask plan (topology, learner threads, batch)")
+    t.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
+
+    pr = sub.add_parser("profile", help="measure TR_A and TR_L of a config on a cluster (the planner's input)",
+                        description="Measure production (TR_A, k actors at once) and consumption (TR_L, learner "
+                                    "threads x batch size) of a config; writes a NetCDF profile for tianji-dask plan.")
+    pr.add_argument("config")
+    pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    pr.add_argument("--out", type=Path, default=Path("profile.nc"), help="profile file (default profile.nc)")
+    _add_profile_arguments(pr)
+
+    pl = sub.add_parser("plan", help="size groups, actors and learner threads for M cores (TianJi's strategy)",
+                        description="Compute the core allocation that maximises min(TR_A, TR_L) at the serial "
+                                    "replay ratio; prints it and writes it as YAML for train --plan.")
+    pl.add_argument("config")
+    pl.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    pl.add_argument("--cores", type=int, required=True, help="cores to plan for (M)")
+    pl.add_argument("--nodes", type=int, default=1, help="nodes the cores are spread over (default 1)")
+    pl.add_argument("--cores-per-node", type=int, default=None, help="cores of one node (groups never straddle nodes)")
+    pl.add_argument("--memory-per-node", default=None, help="memory of one node, e.g. 64GiB (checked against replay)")
+    pl.add_argument("--profile", type=Path, default=None,
+                    help="profile to plan from; measured on a LocalCluster of this machine (and saved "
+                         "there) when the file does not exist (default: PLAN's name with .profile.nc)")
+    pl.add_argument("--out", type=Path, default=Path("plan.yaml"), help="plan file (default plan.yaml)")
+    _add_profile_arguments(pl)
+
+    js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
+    js.add_argument("config")
+    js.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    js.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml")
+    js.add_argument("--walltime", default=None)
     b = sub.add_parser("bench", help="run a benchmark (docs/benchmarks.md)",
                        description="Benchmarks of the system itself; each writes NetCDF, JSON and PNG results.")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
@@ -50,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_profile_arguments(p) -> None:
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement (default 3)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="profile on this Dask cluster (default: a LocalCluster with one worker per core)")
+    p.add_argument("--batch-sizes", default=None, metavar="LIST",
+                   help="DQN: comma-separated batch sizes to measure (default: the config's)")
+    p.add_argument("--max-actors", type=int, default=None, help="largest actor count measured (default: workers)")
+    p.add_argument("--max-threads", type=int, default=None, help="largest learner thread count (default: cores - 1)")
+
+
 def _bad_input(message: str) -> int:
     print(f"tianji-dask: error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -59,9 +104,15 @@ def cmd_train(args) -> int:
     from tianji_dask.config import ConfigError, load_config
     from tianji_dask.rundir import RunDirExists
 
+    from tianji_dask.planner import PlanError, load_plan
+
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
+        plan = None
+        if args.plan is not None:
+            plan = load_plan(args.plan)
+            cfg = plan.apply(cfg)
+    except (ConfigError, PlanError) as exc:
         return _bad_input(str(exc))
     if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         return _bad_input(f"--out {args.out} exists and is not an empty directory; "
@@ -72,7 +123,15 @@ def cmd_train(args) -> int:
     from tianji_dask.driver import train
     from tianji_dask.progress import Progress
 
-    client = None
+    client = cluster = None
+    if args.slurm:
+        try:
+            client, cluster = _slurm_client(cfg, plan, args)
+        except PlanError as exc:
+            return _bad_input(str(exc))
+        except Exception as exc:  # noqa: BLE001 - jobs that never started: say what Slurm said
+            print(f"tianji-dask: error: the Slurm jobs did not start: {exc}", file=sys.stderr)
+            return EXIT_FAILED
     if args.scheduler:
         from distributed import Client
 
@@ -102,10 +161,150 @@ def cmd_train(args) -> int:
         progress.close()
         if client is not None:
             client.close()
+        if cluster is not None:
+            cluster.close()  # cancels the jobs
     _report(result)
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _slurm_client(cfg, plan, args):
+    """Submit the plan's jobs and wait for all their workers; returns (client, cluster)."""
+    import time
+
+    from distributed import Client
+
+    from tianji_dask.slurm import plan_from_config, planned_processes, slurm_cluster
+
+    plan = plan or plan_from_config(cfg)
+    kw = {"walltime": args.walltime} if args.walltime else {}
+    cluster = slurm_cluster(plan, run_tag=f"{int(time.time()) % 100000}", **kw)
+    client = Client(cluster)
+    n = planned_processes(plan)
+    print(f"tianji-dask: submitted {len(plan.jobs)} Slurm jobs; waiting for {n} workers "
+          f"(dashboard {client.dashboard_link})", file=sys.stderr)
+    try:
+        client.wait_for_workers(n, timeout=600)
+    except BaseException:
+        client.close()
+        cluster.close()
+        raise
+    return client, cluster
+
+
+def _profile_client(args, cfg):
+    from distributed import Client, LocalCluster
+
+    if args.scheduler:
+        return Client(args.scheduler, timeout="10s"), None
+    import os
+
+    n = max(2, len(os.sched_getaffinity(0)))
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                           dashboard_address="127.0.0.1:0", preload=["tianji_dask.worker_preload"])
+    return Client(cluster), cluster
+
+
+def _batch_sizes(text):
+    if text is None:
+        return None
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise ValueError(f"--batch-sizes takes comma-separated positive integers, got {text!r}")
+    return out
+
+
+def _measure(cfg, args, path: Path) -> None:
+    from tianji_dask import profiling
+
+    client, cluster = _profile_client(args, cfg)
+    try:
+        ds = profiling.profile(cfg, client, seconds=args.seconds, max_actors=args.max_actors,
+                               max_threads=args.max_threads, batch_sizes=_batch_sizes(args.batch_sizes),
+                               log=lambda s: print(s, file=sys.stderr, flush=True))
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    profiling.save(ds, path)
+    print(profiling.describe(ds))
+    print(f"profile: {path}", file=sys.stderr)
+
+
+def cmd_profile(args) -> int:
+    from tianji_dask.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        _batch_sizes(args.batch_sizes)
+    except (ConfigError, ValueError) as exc:
+        return _bad_input(str(exc))
+    if args.seconds <= 0:
+        return _bad_input(f"--seconds must be positive, got {args.seconds}")
+    _measure(cfg, args, args.out)
+    return EXIT_OK
+
+
+def cmd_plan(args) -> int:
+    import xarray as xr
+    from rich.console import Console
+    from dask.utils import parse_bytes
+
+    from tianji_dask.config import ConfigError, load_config
+    from tianji_dask.planner import PlanError, Profile, Resources, make_plan, plan_table, save_plan
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        _batch_sizes(args.batch_sizes)
+        mem = parse_bytes(args.memory_per_node) if args.memory_per_node else None
+        res = Resources(cores=args.cores, nodes=args.nodes, cores_per_node=args.cores_per_node, memory_per_node=mem)
+    except (ConfigError, PlanError, ValueError) as exc:
+        return _bad_input(str(exc))
+    path = args.profile or args.out.with_suffix(".profile.nc")
+    if not path.exists():
+        print(f"tianji-dask: no profile at {path}: measuring one on this machine", file=sys.stderr)
+        _measure(cfg, args, path)
+    ds = xr.open_dataset(path, engine="h5netcdf")
+    try:
+        if (ds.attrs.get("algo"), ds.attrs.get("env_id")) != (cfg.algo.name, cfg.env.id):
+            return _bad_input(f"--profile {path} measured {ds.attrs.get('algo')} on {ds.attrs.get('env_id')}, "
+                              f"the config is {cfg.algo.name} on {cfg.env.id}: profile this config")
+        plan = make_plan(cfg, Profile.from_dataset(ds), res)
+    except PlanError as exc:
+        return _bad_input(str(exc))
+    finally:
+        ds.close()
+    console = Console(stderr=False)
+    console.print(plan_table(plan))
+    for line in plan.explanation:
+        console.print(f"  {line}")
+    console.print("  predicted: " + ", ".join(f"{k} {v:,.0f}" for k, v in plan.predicted.items()))
+    save_plan(plan, args.out)
+    console.print(f"plan: {args.out}  (tianji-dask train {args.config} --plan {args.out})")
+    return EXIT_OK
+
+
+def cmd_job_script(args) -> int:
+    from tianji_dask.config import ConfigError, load_config
+    from tianji_dask.planner import PlanError, load_plan
+    from tianji_dask.slurm import job_scripts, plan_from_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        plan = load_plan(args.plan) if args.plan else None
+        if plan is not None:
+            cfg = plan.apply(cfg)
+    except (ConfigError, PlanError) as exc:
+        return _bad_input(str(exc))
+    plan = plan or plan_from_config(cfg)
+    kw = {"walltime": args.walltime} if args.walltime else {}
+    for name, script in job_scripts(plan, **kw):
+        print(f"# ---- {name}\n{script}")
+    return EXIT_OK
 
 
 def _report(result) -> None:
@@ -122,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
         return cmd_train(args)
+    if args.command == "profile":
+        return cmd_profile(args)
+    if args.command == "plan":
+        return cmd_plan(args)
+    if args.command == "job-script":
+        return cmd_job_script(args)
     if args.command == "bench" and args.bench == "comm":
         from tianji_dask.bench.comm import main_from_args
 

@@ -18,6 +18,7 @@ from tianji_dask.seeding import group_seeds
 
 STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
 STOP_TIMEOUT_S = 10.0
+WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' workers are still there
 
 
 class HostLost(RuntimeError):
@@ -54,6 +55,7 @@ class RunCluster:
         self._final: list[dict] = []
         self._subscribed = False
         self._started_at = time.time()
+        self._next_worker_check = 0.0
 
     # --- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> "RunCluster":
@@ -103,6 +105,13 @@ class RunCluster:
         if self._errors:
             raise HostLost(self._errors[0])
         now = time.time()
+        if self._expected and now >= self._next_worker_check:
+            self._next_worker_check = now + WORKER_CHECK_S
+            present = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            for key, where in self._expected.items():
+                if where not in present:  # no need to wait for heartbeats (nor the start-up grace)
+                    raise HostLost(f"{key[0]} {key[1]} on {where}: its worker left the cluster "
+                                   "(the process died, or its batch job ended or was cancelled)")
         timeout = self.cfg.run.heartbeat_timeout
         for key, where in self._expected.items():
             last = self._last_rx.get(key)
@@ -122,6 +131,38 @@ class RunCluster:
         if len(workers) < needed:
             self._on_event(f"{len(workers)} workers for {needed} host processes: hosts will share workers")
         return [workers[i % len(workers)] for i in range(needed)]
+
+    def _placement(self, G: int, L: int, A: int) -> tuple[dict[int, str], dict[int, str]]:
+        """Worker of each learner (with its buffer) and of each actor, by global id.
+
+        Workers tagged with the planner's resources (``tianji_learner``/``tianji_actor`` and
+        ``tianji_group_<g>``, as :mod:`tianji_dask.slurm` starts them) take exactly the hosts
+        they were sized for; untagged workers are used in order (learners first in each group)."""
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        tagged = {a: w.get("resources") or {} for a, w in info.items()
+                  if any(k.startswith("tianji_") for k in (w.get("resources") or {}))}
+        if not tagged:
+            slots = iter(self._workers(G * (L + A)))
+            learner_w, actor_w = {}, {}
+            for g in range(G):
+                for j in range(L):
+                    learner_w[g * L + j] = next(slots)
+                for i in range(A):
+                    actor_w[g * A + i] = next(slots)
+            return learner_w, actor_w
+        learner_w, actor_w = {}, {}
+        for g in range(G):
+            def having(role, g=g):
+                return sorted((a for a, r in tagged.items() if role in r and f"tianji_group_{g}" in r),
+                              key=lambda a: info[a].get("name", a))
+            learners, actors = having("tianji_learner"), having("tianji_actor")
+            if len(learners) < L or len(actors) < A:
+                raise RuntimeError(f"group {g} needs {L} learner and {A} actor workers, the cluster has "
+                                   f"{len(learners)} and {len(actors)} tagged for it: the cluster was "
+                                   "started for another plan")
+            learner_w.update({g * L + j: learners[j] for j in range(L)})
+            actor_w.update({g * A + i: actors[i] for i in range(A)})
+        return learner_w, actor_w
 
     def _submit(self, cls, *args, worker: str, **kwargs):
         fut = self.client.submit(cls, *args, **kwargs, actor=True, workers=[worker],
@@ -143,14 +184,7 @@ class RunCluster:
         obs = spaces.observation_space
         obs_dim = int(math.prod(obs.shape))
         n_actions = int(spaces.action_space.n)
-        slots = iter(self._workers(G * (L + A)))
-        learner_w = {}
-        actor_w = {}
-        for g in range(G):
-            for j in range(L):
-                learner_w[g * L + j] = next(slots)
-            for i in range(A):
-                actor_w[g * A + i] = next(slots)
+        learner_w, actor_w = self._placement(G, L, A)
         traj = {b: f"traj-{rid}-{b}" for b in learner_w}
         params = {a: f"params-{rid}-{a}" for a in actor_w}
         futures = []

@@ -65,6 +65,9 @@ class _LoopHost:
         self._last: dict = {}
         self._proc = psutil.Process()
 
+    def _torch_threads(self) -> int:
+        return self.cfg.topology.torch_threads
+
     def _comm_kwargs(self) -> dict:
         """Where channel I/O runs (this worker's event loop) and how it connects (its security)."""
         return {"loop": self.worker.loop.asyncio_loop,
@@ -112,7 +115,7 @@ class _LoopHost:
     def _main(self) -> None:
         import torch
 
-        torch.set_num_threads(self.cfg.topology.torch_threads)
+        torch.set_num_threads(self._torch_threads())
         interval = self.cfg.run.metrics_interval
         try:
             self.role = self._make_role()
@@ -176,6 +179,9 @@ class BufferHost(_LoopHost):
     def _make_role(self):
         return self.role
 
+    def _torch_threads(self) -> int:  # shares the learner's process: the same process-wide setting
+        return self.cfg.topology.learner_torch_threads
+
     def _step(self) -> None:
         self.role.ingest(timeout=0.05)
 
@@ -195,6 +201,9 @@ class LearnerHost(_LoopHost):
     """
 
     role_name = "learner"
+
+    def _torch_threads(self) -> int:
+        return self.cfg.topology.learner_torch_threads
 
     def __init__(self, run_id: str, config_json: str, host_id: int, seed: int,
                  subscribers: list, obs_dim: int, n_actions: int, *, buffer_id: int | None = None,

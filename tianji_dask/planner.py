@@ -1,0 +1,351 @@
+"""The planner: TianJi's distribution strategy (paper, equations 2 to 4) as a pure function.
+
+    maximise  min(TR_L, TR_A)   subject to   N_c / N_s = P,   M_A + M_L = M,   TR_L ~ TR_A
+
+Units: TR_A is env steps produced per second; the learner consumes TR_L samples per second,
+which at the serial algorithm's replay ratio R (samples consumed per env step produced, fixed
+by the config) stands for TR_L / R env steps per second. A group is one learner with T torch
+threads plus A single-core actors (M_A = A, M_L = T); its throughput is
+min(TR_A(A), TR_L(T, B) / R). Beyond one balanced group the planner replicates groups (paper,
+Fig. 6c): G groups of M // G cores each.
+
+Staleness: the replay ratio R and P = B_s / N_s are the serial algorithm's. The balance
+controller (``algo.ratio_tolerance``) holds R at run time; when the plan picks another batch
+size B for DQN it scales ``train_freq`` and ``buffer_size`` with it, so R and P stay as they were.
+
+:func:`make_plan` reads only its arguments (a :class:`Profile`, :class:`Resources` and the
+config), so it is tested on synthetic profiles with known optima.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+# Memory a host process needs besides replay: Python, torch, Dask worker (measured: 276 MB for
+# a CartPole actor, 362 MB for buffer + learner with a 100k replay; rounded up).
+ACTOR_PROCESS_BYTES = 512 * 2**20
+LEARNER_PROCESS_BYTES = 1024 * 2**20
+TIE = 0.02  # throughputs within 2 % count as equal; the simpler plan wins
+
+
+class PlanError(ValueError):
+    """An infeasible request; the message carries the arithmetic."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the planner needs from a profile (``tianji-dask profile``'s profile.nc)."""
+
+    actors: tuple[int, ...]  # actor processes measured at once
+    actor_env_steps_per_s: tuple[float, ...]  # TR_A(k), all k actors together
+    threads: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    learner_samples_per_s: tuple[tuple[float, ...], ...]  # TR_L[threads][batch]
+    replay_bytes_per_transition: float = 0.0
+    message_bytes: int = 0
+
+    def __post_init__(self):
+        if not self.actors or len(self.actors) != len(self.actor_env_steps_per_s):
+            raise PlanError("profile: actors and actor_env_steps_per_s must be non-empty and of equal length")
+        shape = np.shape(self.learner_samples_per_s)
+        if shape != (len(self.threads), len(self.batch_sizes)):
+            raise PlanError(f"profile: learner_samples_per_s has shape {shape}, expected "
+                            f"(threads={len(self.threads)}, batch_sizes={len(self.batch_sizes)})")
+
+    @classmethod
+    def from_dataset(cls, ds) -> Profile:
+        return cls(
+            actors=tuple(int(k) for k in ds.actors.values),
+            actor_env_steps_per_s=tuple(float(v) for v in ds.actor_env_steps_per_s.values),
+            threads=tuple(int(t) for t in ds.threads.values),
+            batch_sizes=tuple(int(b) for b in ds.batch_size.values),
+            learner_samples_per_s=tuple(tuple(float(v) for v in row) for row in ds.learner_samples_per_s.values),
+            replay_bytes_per_transition=float(ds.replay_bytes_per_transition),
+            message_bytes=int(ds.message_bytes),
+        )
+
+    def tr_a(self, k: int) -> float:
+        """Production of k actors: interpolated between measured counts; beyond the largest,
+        each further actor adds the per-actor rate measured there (actors share nothing)."""
+        ks, v = np.asarray(self.actors, float), np.asarray(self.actor_env_steps_per_s, float)
+        if k >= ks[-1]:
+            return float(v[-1] * k / ks[-1])
+        if k <= ks[0]:
+            return float(v[0] * k / ks[0])
+        return float(np.interp(k, ks, v))
+
+    def tr_l(self, threads: int, batch_size: int) -> float:
+        """Consumption of one learner: interpolated in threads; flat beyond the largest thread
+        count measured (no speed-up is assumed that was not seen)."""
+        j = self.batch_sizes.index(batch_size)
+        ts = np.asarray(self.threads, float)
+        v = np.asarray([row[j] for row in self.learner_samples_per_s], float)
+        return float(np.interp(threads, ts, v))
+
+
+@dataclass(frozen=True)
+class Resources:
+    cores: int
+    nodes: int = 1
+    cores_per_node: int | None = None
+    memory_per_node: float | None = None  # bytes; None = not checked
+
+    def __post_init__(self):
+        if self.cores < 1 or self.nodes < 1:
+            raise PlanError(f"resources: cores ({self.cores}) and nodes ({self.nodes}) must be at least 1")
+        if self.cores_per_node is not None and self.cores_per_node * self.nodes < self.cores:
+            raise PlanError(f"resources: --cores {self.cores} exceeds --nodes {self.nodes} x --cores-per-node "
+                            f"{self.cores_per_node} = {self.nodes * self.cores_per_node}")
+
+    @property
+    def group_core_limit(self) -> int:
+        return min(self.cores, self.cores_per_node) if self.cores_per_node else self.cores
+
+
+@dataclass
+class Job:
+    """One batch job (or a LocalCluster's share of workers): the hosts it carries."""
+
+    kind: str  # "learner" (buffer + learner of a group) or "actors"
+    group: int
+    cores: int
+    processes: int
+    memory_bytes: int
+    node: int
+
+    @property
+    def resources(self) -> dict[str, int]:
+        """Dask worker resources that tag which hosts each worker takes."""
+        role = "tianji_learner" if self.kind == "learner" else "tianji_actor"
+        return {role: 1, f"tianji_group_{self.group}": 1}
+
+
+@dataclass
+class Plan:
+    algo: str
+    env_id: str
+    groups: int
+    actors: int  # per group
+    learner_threads: int
+    batch_size: int
+    buffer_size: int | None  # DQN only
+    train_freq: int | None  # DQN only
+    cores_total: int
+    cores_used: int
+    replay_ratio: float
+    predicted: dict[str, float]
+    bottleneck: str
+    explanation: list[str]
+    jobs: list[Job] = field(default_factory=list)
+    learners: int = 1  # per group; plans replicate groups rather than add data-parallel learners
+
+    def overrides(self) -> dict[str, object]:
+        """The config fields the plan sets (dotted names, as ``--set`` takes them)."""
+        out: dict[str, object] = {"topology.groups": self.groups, "topology.actors": self.actors,
+                                  "topology.learners": self.learners, "topology.learner_threads": self.learner_threads}
+        if self.algo == "dqn":
+            out.update({"algo.batch_size": self.batch_size, "algo.buffer_size": self.buffer_size,
+                        "algo.train_freq": self.train_freq})
+        return out
+
+    def apply(self, cfg):
+        """``cfg`` with the plan's fields set; refuses a plan made for another algorithm or env."""
+        from tianji_dask.config import ConfigError, apply_overrides, validate_config
+
+        if (cfg.algo.name, cfg.env.id) != (self.algo, self.env_id):
+            raise ConfigError(f"the plan was made for {self.algo} on {self.env_id}, the config is "
+                              f"{cfg.algo.name} on {cfg.env.id}; make a plan for this config with "
+                              "tianji-dask plan CONFIG --cores M")
+        data = apply_overrides(cfg.model_dump(mode="json"), [f"{k}={v}" for k, v in self.overrides().items()])
+        return validate_config(data)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["jobs"] = [{**asdict(j), "resources": j.resources} for j in self.jobs]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        d = dict(d)
+        jobs = [Job(**{k: v for k, v in j.items() if k != "resources"}) for j in d.pop("jobs", [])]
+        return cls(**d, jobs=jobs)
+
+
+def _config_batch(cfg) -> int:
+    a = cfg.algo
+    return a.batch_size if a.name == "dqn" else a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs
+
+
+def _candidate_batches(cfg, profile: Profile) -> list[int]:
+    if cfg.algo.name != "dqn":
+        return list(profile.batch_sizes)
+    return [b for b in profile.batch_sizes if b >= 1]
+
+
+def _scaled(cfg, b: int) -> tuple[int | None, int | None]:
+    """DQN: train_freq and buffer_size scaled with the batch so that R and P stay the serial ones."""
+    if cfg.algo.name != "dqn":
+        return None, None
+    a = cfg.algo
+    k = b / a.batch_size
+    return max(1, round(a.train_freq * k)), max(b, round(a.buffer_size * k))
+
+
+def _learner_memory(cfg, profile: Profile, buffer_size: int | None) -> int:
+    replay = (buffer_size or 0) * profile.replay_bytes_per_transition
+    return int(LEARNER_PROCESS_BYTES + replay)
+
+
+def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
+    """The best core allocation for ``cfg`` on ``resources`` according to ``profile``."""
+    M = resources.cores
+    m_max = resources.group_core_limit
+    if M < 2 or m_max < 2:
+        raise PlanError(f"{M} core(s) (at most {m_max} per node) cannot hold a training group: it needs "
+                        "1 actor core + 1 learner core = 2 cores. Give --cores 2 or more.")
+    R = cfg.algo.target_replay_ratio
+    best = None
+    refused_memory: list[str] = []
+    for b in _candidate_batches(cfg, profile):
+        train_freq, buffer_size = _scaled(cfg, b)
+        learner_mem = _learner_memory(cfg, profile, buffer_size)
+        for G in range(1, M // 2 + 1):
+            m = min(M // G, m_max)
+            per_node = resources.cores_per_node or M
+            if G > resources.nodes * (per_node // m):
+                continue  # groups never straddle nodes
+            for T in range(1, m):
+                A = m - T
+                groups_per_node = math.ceil(G / resources.nodes)
+                node_mem = groups_per_node * (learner_mem + A * ACTOR_PROCESS_BYTES)
+                if resources.memory_per_node is not None and node_mem > resources.memory_per_node:
+                    refused_memory.append(
+                        f"{G} group(s) x ({A} actors x {ACTOR_PROCESS_BYTES / 2**30:.2f} GiB + learner "
+                        f"{learner_mem / 2**30:.2f} GiB incl. replay {buffer_size or 0:,} x "
+                        f"{profile.replay_bytes_per_transition:,.0f} B) = {node_mem / 2**30:.2f} GiB on a node "
+                        f"> {resources.memory_per_node / 2**30:.2f} GiB")
+                    continue
+                prod = profile.tr_a(A)
+                cons = profile.tr_l(T, b) / R  # env steps/s the learner can consume at ratio R
+                group = min(prod, cons)
+                # simpler wins a tie: fewer cores, the config's own batch, fewer groups
+                key = (G * group, -(G * m), b == _config_batch(cfg), -G)
+                if best is None or _better(key, best[0]):
+                    best = (key, dict(G=G, m=m, T=T, A=A, b=b, prod=prod, cons=cons, train_freq=train_freq,
+                                      buffer_size=buffer_size, learner_mem=learner_mem))
+    if best is None:
+        raise PlanError("no allocation fits in memory:\n  " + "\n  ".join(sorted(set(refused_memory))[:5])
+                        + "\nGive more memory per node, or a smaller algo.buffer_size.")
+    c = best[1]
+    return _build(cfg, profile, resources, R, **c)
+
+
+def _better(key, other) -> bool:
+    """Throughput first (within TIE counts as equal), then the tie-breakers."""
+    a, b = key[0], other[0]
+    if a > b * (1 + TIE):
+        return True
+    if b > a * (1 + TIE):
+        return False
+    return key[1:] > other[1:] or (key[1:] == other[1:] and a > b)
+
+
+def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq, buffer_size, learner_mem) -> Plan:
+    bottleneck = "learner" if cons < prod else "actors"
+    group = min(prod, cons)
+    why = [
+        f"replay ratio R = {R:g} samples consumed per env step (the serial algorithm's); "
+        f"a learner's TR_L samples/s consume TR_L / R env steps/s",
+        f"chosen: {G} group(s) x ({A} actor cores + 1 learner with {T} torch thread(s)) = {G * m} of "
+        f"{resources.cores} cores" + (f"; batch {b}" if cfg.algo.name == "dqn" else ""),
+        f"per group: TR_A({A}) = {prod:,.0f} env steps/s produced, TR_L({T}, {b}) / R = {cons:,.0f} "
+        f"env steps/s consumed (ratio {prod / cons:.2f})",
+        f"bottleneck: {bottleneck}",
+    ]
+    if bottleneck == "learner":
+        more = profile.tr_l(T + 1, b) / R
+        why.append(f"another core: a {T + 1}th learner thread would consume {more:,.0f} env steps/s "
+                   f"({_pct(more, cons)}); moving one from the actors would drop production to "
+                   f"{profile.tr_a(A - 1):,.0f}" if A > 1 else
+                   f"another core: a {T + 1}th learner thread would consume {more:,.0f} env steps/s "
+                   f"({_pct(more, cons)}); more actors add nothing while the learner is the bottleneck")
+    else:
+        more = profile.tr_a(A + 1)
+        why.append(f"another core: a {A + 1}th actor would produce {more:,.0f} env steps/s ({_pct(more, prod)}) "
+                   f"but the learner consumes only {cons:,.0f}" if more > cons else
+                   f"another core: a {A + 1}th actor would produce {more:,.0f} env steps/s ({_pct(more, prod)})")
+    if G > 1:
+        why.append(f"replicated groups: {G} x {group:,.0f} = {G * group:,.0f} env steps/s; "
+                   f"groups average parameters every topology.sync_interval_s")
+    spare = resources.cores - G * m
+    if spare:
+        why.append(f"{spare} core(s) left idle: a group of {m} cores does not fit in them")
+    if cfg.algo.name == "dqn" and b != cfg.algo.batch_size:
+        why.append(f"batch {cfg.algo.batch_size} -> {b}: train_freq {cfg.algo.train_freq} -> {train_freq} and "
+                   f"buffer_size {cfg.algo.buffer_size:,} -> {buffer_size:,} keep R and P = B/N_s of serial training")
+    per_node = resources.cores_per_node or resources.cores
+    groups_per_node = max(1, per_node // m)
+    jobs: list[Job] = []
+    for g in range(G):
+        node = g // groups_per_node
+        jobs.append(Job("learner", g, T, 1, learner_mem, node))
+        jobs.append(Job("actors", g, A, A, A * ACTOR_PROCESS_BYTES, node))
+    return Plan(
+        algo=cfg.algo.name, env_id=cfg.env.id, groups=G, actors=A, learner_threads=T, batch_size=b,
+        buffer_size=buffer_size, train_freq=train_freq, cores_total=resources.cores, cores_used=G * m,
+        replay_ratio=R,
+        predicted={"actor_env_steps_per_s": G * prod, "learner_env_steps_per_s": G * cons,
+                   "train_env_steps_per_s": G * group, "train_samples_per_s": G * group * R},
+        bottleneck=bottleneck, explanation=why, jobs=jobs)
+
+
+def _pct(new: float, old: float) -> str:
+    return f"{(new / old - 1) * 100:+.0f} %" if old > 0 else "n/a"
+
+
+def save_plan(plan: Plan, path) -> None:
+    """Write the plan as YAML (replacing a file only with a complete one)."""
+    import os
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("# tianji-dask plan: tianji-dask train CONFIG --plan " + path.name + "\n"
+                   + yaml.safe_dump(plan.to_dict(), sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_plan(path) -> Plan:
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"--plan {path}: no such file; make one with tianji-dask plan CONFIG --cores M --out {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return Plan.from_dict(data)
+    except (yaml.YAMLError, TypeError, AttributeError) as exc:
+        raise PlanError(f"--plan {path} is not a tianji-dask plan ({exc}); make one with "
+                        "tianji-dask plan CONFIG --cores M") from None
+
+
+def plan_table(plan: Plan):
+    """A rich Table of the plan's jobs and predictions (``rich.print`` it)."""
+    from rich.table import Table
+
+    t = Table(title=f"plan: {plan.algo} on {plan.env_id}, {plan.cores_used} of {plan.cores_total} cores")
+    for col in ("group", "job", "processes", "cores", "memory", "hosts"):
+        t.add_column(col, justify="right" if col in ("group", "processes", "cores", "memory") else "left")
+    for j in plan.jobs:
+        hosts = (f"buffer + learner ({plan.learner_threads} torch threads)" if j.kind == "learner"
+                 else f"{j.processes} actor(s)")
+        t.add_row(str(j.group), j.kind, str(j.processes), str(j.cores), f"{j.memory_bytes / 2**30:.2f} GiB", hosts)
+    return t

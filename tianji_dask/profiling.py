@@ -1,0 +1,272 @@
+"""Performance analysis (the paper's first step of its distribution strategy): measure what one
+config's components produce and consume on the current cluster.
+
+* TR_A(k): env steps per second produced by ``k`` actor processes stepping at once (one core
+  each), for k = 1, 2, 4, ... up to the actor cores available;
+* TR_L(T, B): samples per second a learner consumes with ``T`` torch threads at batch size ``B``;
+* the message: bytes per trajectory chunk (or rollout), and the time to serialize (T_sd) and
+  deserialize (T_rv) one with distributed's protocol;
+* replay memory bytes per transition (the planner's memory check).
+
+Every measurement runs the real role objects (the serial runner's actor, buffer and learner,
+wired by in-process channels) inside a Dask worker, with exploration at its final value so the
+actor does its steady-state work. Results go to an xarray Dataset (``profile.nc``), which
+:func:`tianji_dask.planner.Profile.from_dataset` reads back, so a plan can be recomputed without
+profiling again.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import numpy as np
+
+from tianji_dask.config import ExperimentConfig
+
+DEFAULT_SECONDS = 3.0
+
+
+def _steady_config(cfg: ExperimentConfig, batch_size: int | None = None) -> ExperimentConfig:
+    """The config as the profile runs it: no balance controller, exploration already decayed,
+    warm-up as short as a batch, and the batch size under test."""
+    data = cfg.model_dump(mode="json")
+    data["algo"]["ratio_tolerance"] = None
+    if cfg.algo.name == "dqn":
+        data["algo"]["exploration_steps"] = 1
+        if batch_size is not None:
+            data["algo"]["batch_size"] = batch_size
+        data["algo"]["learning_starts"] = max(data["algo"]["batch_size"], 1)
+    data["topology"].update(actors=1, learners=1, groups=1, mode="relaxed")
+    return ExperimentConfig.model_validate(data)
+
+
+def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
+    """One actor process's production (env steps/s), and its message size and (de)serialization
+    time. Waits until the wall clock reaches ``start_at`` so that concurrent actors overlap."""
+    import torch
+    from distributed.protocol import dumps, loads
+
+    from tianji_dask.serial import SerialRun
+
+    torch.set_num_threads(1)
+    cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json))
+    run = SerialRun(cfg)
+    run.learner.publish()
+    run.actor.probe_params()
+    for _ in range(20):  # first steps: lazy allocations, first env resets
+        run.actor.step()
+    run.queue.poll()
+    time.sleep(max(0.0, start_at - time.time()))
+    steps0 = run.actor.counters["env_steps"]
+    busy = 0.0
+    last = None
+    t_end = time.perf_counter() + seconds
+    while (now := time.perf_counter()) < t_end:
+        run.actor.step()
+        busy += time.perf_counter() - now
+        items = run.queue.poll()
+        if items:
+            last = items[-1]
+    steps = run.actor.counters["env_steps"] - steps0
+    if last is None:
+        run.actor.flush()
+        last = run.queue.poll()[-1]
+    run.actor.close()
+    msg = {"items": [[0, last.nbytes, last.payload]]}
+    t = time.perf_counter()
+    frames = dumps(msg)
+    t_sd = time.perf_counter() - t
+    t = time.perf_counter()
+    loads(frames)
+    t_rv = time.perf_counter() - t
+    return {"env_steps_per_s": steps / busy, "message_bytes": int(sum(len(memoryview(f)) for f in frames)),
+            "steps_per_message": _steps_per_message(cfg), "serialize_s": t_sd, "deserialize_s": t_rv}
+
+
+def _steps_per_message(cfg: ExperimentConfig) -> int:
+    if cfg.algo.name == "ppo":
+        return cfg.algo.rollout_steps * cfg.env.num_envs
+    return cfg.channel.chunk_steps * cfg.env.num_envs
+
+
+def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds: float) -> dict:
+    """A learner's consumption (samples/s) with ``threads`` torch threads on a buffer filled
+    by its actor, and the replay memory's bytes per transition."""
+    import torch
+
+    from tianji_dask.serial import SerialRun
+
+    torch.set_num_threads(threads)
+    cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json), batch_size)
+    run = SerialRun(cfg)
+    run.learner.publish()
+    run.actor.probe_params()
+    if cfg.algo.name == "ppo":
+        need = cfg.algo.rollouts_per_update
+        while len(run.buffer) < need:
+            run.actor.step()
+            run.buffer.ingest()
+        rollouts = run.buffer.take(run.learner.version)
+
+        def work() -> int:
+            batch = run.learner.batch_from(rollouts)
+            run.learner.core.train(batch)
+            return len(batch["actions"])
+
+        per_transition = 0.0
+    else:
+        while len(run.buffer) < cfg.algo.learning_starts:
+            run.actor.step()
+            run.actor.flush()
+            run.buffer.ingest()
+
+        def work() -> int:
+            run.learner.update()
+            return cfg.algo.batch_size
+
+        per_transition = run.buffer.replay.nbytes / run.buffer.replay.capacity
+    run.actor.close()
+    work()  # first update: optimizer state, lazy allocations
+    samples = 0
+    t0 = time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds or samples == 0:
+        samples += work()
+    return {"samples_per_s": samples / elapsed, "replay_bytes_per_transition": per_transition,
+            "batch_size": cfg.algo.batch_size if cfg.algo.name == "dqn" else samples}
+
+
+def doubling(limit: int) -> list[int]:
+    """1, 2, 4, ... below ``limit``, then ``limit`` itself."""
+    out, k = [], 1
+    while k < limit:
+        out.append(k)
+        k *= 2
+    return out + [limit] if limit >= 1 else []
+
+
+def profile(cfg: ExperimentConfig, client, *, seconds: float = DEFAULT_SECONDS, max_actors: int | None = None,
+            max_threads: int | None = None, batch_sizes: list[int] | None = None, log=lambda s: None):
+    """Measure TR_A and TR_L on ``client``'s cluster; returns the profile Dataset.
+
+    Actors: k single-threaded actor processes at once on k different workers. Learner: one at a
+    time, on one worker, with T torch threads (T up to the cluster's cores less one)."""
+    import xarray as xr
+
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"].items())
+    if not workers:
+        raise RuntimeError("the cluster has no workers to profile on")
+    cores = min(sum(int(w.get("nthreads", 1)) for _, w in workers), _node_cpus(client))
+    addresses = [a for a, _ in workers]
+    max_actors = min(max_actors or len(addresses), len(addresses))
+    max_threads = max_threads or max(1, cores - 1)
+    if cfg.algo.name == "ppo":
+        batch_sizes = [cfg.algo.rollouts_per_update * cfg.algo.rollout_steps * cfg.env.num_envs]
+    else:
+        batch_sizes = sorted(set(batch_sizes or [cfg.algo.batch_size]))
+    cfg_json = cfg.to_json()
+
+    actor_counts = doubling(max_actors)
+    tr_a, per_msg = [], None
+    for k in actor_counts:
+        start_at = time.time() + 2.0  # every actor builds its env and policy first
+        futs = [client.submit(measure_actor, cfg_json, seconds, start_at, workers=[addresses[i]],
+                              pure=False, allow_other_workers=False) for i in range(k)]
+        results = client.gather(futs)
+        tr_a.append(sum(r["env_steps_per_s"] for r in results))
+        per_msg = per_msg or results[0]
+        log(f"actors {k:3d}: TR_A {tr_a[-1]:10.0f} env steps/s")
+
+    thread_counts = doubling(max_threads)
+    tr_l = np.zeros((len(thread_counts), len(batch_sizes)))
+    bytes_per_transition = 0.0
+    for i, t in enumerate(thread_counts):
+        for j, b in enumerate(batch_sizes):
+            r = client.submit(measure_learner, cfg_json, t, b if cfg.algo.name == "dqn" else None, seconds,
+                              workers=[addresses[0]], pure=False).result()
+            tr_l[i, j] = r["samples_per_s"]
+            bytes_per_transition = r["replay_bytes_per_transition"]
+            log(f"learner threads {t:3d} batch {b:6d}: TR_L {tr_l[i, j]:10.0f} samples/s")
+
+    ds = xr.Dataset(
+        {
+            "actor_env_steps_per_s": ("actors", np.asarray(tr_a),
+                                      {"long_name": "production throughput TR_A of k actors at once",
+                                       "units": "env steps/s"}),
+            "learner_samples_per_s": (("threads", "batch_size"), tr_l,
+                                      {"long_name": "consumption throughput TR_L of one learner",
+                                       "units": "samples/s"}),
+            "message_bytes": ((), per_msg["message_bytes"],
+                              {"long_name": "serialized trajectory message", "units": "B"}),
+            "steps_per_message": ((), per_msg["steps_per_message"],
+                                  {"long_name": "env steps per trajectory message", "units": "1"}),
+            "serialize_s": ((), per_msg["serialize_s"],
+                            {"long_name": "time to serialize one message (T_sd)", "units": "s"}),
+            "deserialize_s": ((), per_msg["deserialize_s"],
+                              {"long_name": "time to deserialize one message (T_rv)", "units": "s"}),
+            "replay_bytes_per_transition": ((), bytes_per_transition,
+                                            {"long_name": "replay memory per transition", "units": "B"}),
+        },
+        coords={
+            "actors": ("actors", actor_counts, {"long_name": "actor processes stepping at once", "units": "1"}),
+            "threads": ("threads", thread_counts, {"long_name": "learner torch threads", "units": "1"}),
+            "batch_size": ("batch_size", batch_sizes, {"long_name": "learner batch size", "units": "samples"}),
+        },
+        attrs={
+            "title": "tianji-dask performance profile (TR_A, TR_L)",
+            "config": cfg.to_json(),
+            "algo": cfg.algo.name,
+            "env_id": cfg.env.id,
+            "replay_ratio": cfg.algo.target_replay_ratio,
+            "cluster_cores": cores,
+            "cluster_workers": len(addresses),
+            "seconds_per_measurement": seconds,
+            "machine": platform.platform(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
+    return ds
+
+
+def _node_cpus(client) -> int:
+    """CPUs of the machines the workers run on (a LocalCluster of single-threaded workers
+    reports 1 thread each, but its machine may have more cores than workers)."""
+    info = client.run(_cpu_count)
+    hosts = {}
+    for addr, n in info.items():
+        hosts[addr.rsplit(":", 1)[0]] = n
+    return sum(hosts.values())
+
+
+def _cpu_count() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def save(ds, path) -> None:
+    """Write the profile atomically (an existing profile is replaced only by a complete one)."""
+    from pathlib import Path
+
+    from tianji_dask.results import _write_netcdf_atomic
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _write_netcdf_atomic(ds, Path(path))
+
+
+def describe(ds) -> str:
+    lines = [f"profile of {ds.attrs['algo']} on {ds.attrs['env_id']} ({ds.attrs['cluster_cores']} cores)"]
+    for k, v in zip(ds.actors.values, ds.actor_env_steps_per_s.values):
+        lines.append(f"  TR_A({int(k)} actors) = {v:,.0f} env steps/s")
+    for t in ds.threads.values:
+        for b in ds.batch_size.values:
+            v = float(ds.learner_samples_per_s.sel(threads=t, batch_size=b))
+            lines.append(f"  TR_L({int(t)} threads, batch {int(b)}) = {v:,.0f} samples/s")
+    lines.append(f"  message {int(ds.message_bytes):,} B per {int(ds.steps_per_message)} env steps; "
+                 f"T_sd {float(ds.serialize_s) * 1e3:.2f} ms, T_rv {float(ds.deserialize_s) * 1e3:.2f} ms")
+    return "\n".join(lines)
+
+

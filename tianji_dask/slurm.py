@@ -1,0 +1,131 @@
+"""Slurm through dask-jobqueue, sized by a :class:`~tianji_dask.planner.Plan`.
+
+Each group of the plan becomes two kinds of batch jobs: a learner job (one process per learner,
+``learner_threads`` cores each; it also hosts the group's buffer, so its memory includes the
+replay memory) and an actors job (one single-core process per actor). Their workers carry Dask
+resources (``tianji_learner`` or ``tianji_actor``, and ``tianji_group_<g>``) by which the run
+places its hosts. Site settings (queue, account, interface, walltime, prologue, log directory)
+come from the user's dask-jobqueue configuration (``jobqueue.yaml``: see jobqueue/jobqueue.yaml),
+never from the experiment config; keyword arguments given here override it, as in
+``SLURMCluster(...)``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from tianji_dask.planner import Job, Plan, PlanError
+
+SCHEDULER_PLACEHOLDER = "tcp://<scheduler-address>:8786"
+
+
+def plan_from_config(cfg) -> Plan:
+    """The config's own topology as a plan (no profile): for ``train --slurm`` without ``--plan``."""
+    from tianji_dask.planner import ACTOR_PROCESS_BYTES, LEARNER_PROCESS_BYTES
+
+    t = cfg.topology
+    threads = t.learner_torch_threads
+    jobs = []
+    for g in range(t.groups):
+        jobs.append(Job("learner", g, t.learners * threads, t.learners, t.learners * LEARNER_PROCESS_BYTES, 0))
+        jobs.append(Job("actors", g, t.actors, t.actors, t.actors * ACTOR_PROCESS_BYTES, 0))
+    a = cfg.algo
+    return Plan(algo=a.name, env_id=cfg.env.id, groups=t.groups, actors=t.actors, learner_threads=threads,
+                batch_size=a.batch_size if a.name == "dqn" else a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs,
+                buffer_size=a.buffer_size if a.name == "dqn" else None,
+                train_freq=a.train_freq if a.name == "dqn" else None,
+                cores_total=sum(j.cores for j in jobs), cores_used=sum(j.cores for j in jobs),
+                replay_ratio=a.target_replay_ratio, predicted={}, bottleneck="unknown",
+                explanation=["the config's topology as it is (no profile)"], jobs=jobs, learners=t.learners)
+
+
+def job_name(run_tag: str, job: Job) -> str:
+    return f"tianji-{run_tag}-g{job.group}-{job.kind}"
+
+
+def job_options(job: Job, **site) -> dict:
+    """dask-jobqueue job keywords for one planned job; ``site`` keywords (queue, walltime...)
+    pass through, and anything not given comes from the dask-jobqueue configuration."""
+    import dask
+
+    extra = list(site.pop("worker_extra_args", None)
+                 or dask.config.get("jobqueue.slurm.worker-extra-args", None) or [])
+    resources = ",".join(f"{k}={v}" for k, v in job.resources.items())
+    return {**site, "cores": job.cores, "processes": job.processes, "memory": f"{job.memory_bytes}B",
+            "worker_extra_args": [*extra, "--resources", resources]}
+
+
+def job_scripts(plan: Plan, run_tag: str = "run", **site) -> list[tuple[str, str]]:
+    """(job name, script) for every job of the plan, without a scheduler or a submission."""
+    from dask_jobqueue.slurm import SLURMJob
+
+    out = []
+    for job in plan.jobs:
+        name = job_name(run_tag, job)
+        script = SLURMJob(SCHEDULER_PLACEHOLDER, name=name, job_name=name, **job_options(job, **site)).job_script()
+        out.append((name, script))
+    return out
+
+
+def partition_limits(queue: str | None = None) -> tuple[int, int] | None:
+    """(CPUs, memory in bytes) of the largest node of ``queue`` (the default partition if None),
+    from ``sinfo``; None when sinfo is not available."""
+    if shutil.which("sinfo") is None:
+        return None
+    cmd = ["sinfo", "--noheader", "--format=%P %c %m"]
+    if queue:
+        cmd += ["--partition", queue]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    best = None
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or (queue is None and not parts[0].endswith("*")):
+            continue
+        cpus, mem = int(parts[1].rstrip("+")), int(parts[2].rstrip("+")) * 2**20
+        best = max(best or (0, 0), (cpus, mem))
+    return best
+
+
+def check_fits(plan: Plan, queue: str | None = None) -> None:
+    """Refuse, before anything is submitted, a plan whose jobs no node of the partition can hold."""
+    limits = partition_limits(queue)
+    if limits is None:
+        return
+    cpus, mem = limits
+    where = f"partition {queue}" if queue else "the default partition"
+    for job in plan.jobs:
+        if job.cores > cpus or job.memory_bytes > mem:
+            raise PlanError(
+                f"group {job.group}'s {job.kind} job needs {job.cores} cores and "
+                f"{job.memory_bytes / 2**30:.2f} GiB, but the largest node of {where} has {cpus} CPUs and "
+                f"{mem / 2**30:.2f} GiB (sinfo): nothing was submitted. Plan for this cluster with "
+                f"tianji-dask plan CONFIG --cores M --cores-per-node {cpus}")
+
+
+def slurm_cluster(plan: Plan, run_tag: str = "run", **kwargs):
+    """A ``SLURMCluster`` with the plan's jobs submitted. ``kwargs`` go to ``SLURMCluster``
+    (e.g. ``walltime``, ``log_directory``); what is not given comes from jobqueue.yaml."""
+    import dask
+    from dask_jobqueue import SLURMCluster
+
+    check_fits(plan, kwargs.get("queue") or dask.config.get("jobqueue.slurm.queue", None))
+    first = plan.jobs[0]  # the cluster's own job template (cluster.job_script()); no job is submitted for it
+    cluster = SLURMCluster(**{"cores": first.cores, "processes": first.processes,
+                              "memory": f"{first.memory_bytes}B", **kwargs})
+    site = {k: v for k, v in cluster._job_kwargs.items()}  # the resolved keywords every job shares
+    for job in plan.jobs:
+        name = job_name(run_tag, job)
+        spec = {"cls": cluster.job_cls, "options": {**job_options(job, **site), "job_name": name}}
+        if job.processes > 1:
+            spec["group"] = [f"-{i}" for i in range(job.processes)]
+        cluster.worker_spec[name] = spec
+    cluster.sync(cluster._correct_state)
+    return cluster
+
+
+def planned_processes(plan: Plan) -> int:
+    return sum(j.processes for j in plan.jobs)
