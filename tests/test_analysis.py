@@ -1,0 +1,253 @@
+"""tianji_dask.analysis on real run directories: open one run, stack several on ``run``, time to
+target, the summary table, every plot rendered to PNG, and the errors for bad paths.
+
+Three short CartPole runs are made once for the module: serial with seeds 0 and 1, and
+distributed with seed 0 and two actors. They differ in ``seed``, ``topology.actors`` and the
+``mode`` attr, and have a low target (so most reach it and stop early, at different lengths)
+or stop after 20,000 env steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+from tianji_dask.analysis import RunNotFound, open_run, open_runs
+from tianji_dask.config import load_config
+from tianji_dask.driver import train
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+integration = pytest.mark.integration
+TARGET = 60.0
+STEPS = 20_000
+RUNS = {  # directory name -> (overrides, serial)
+    "serial-seed0": (["seed=0"], True),
+    "serial-seed1": (["seed=1"], True),
+    "dist-seed0-actors2": (["seed=0", "topology.actors=2"], False),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(h, tmp_path_factory):
+    """``{name: (run_dir, config)}`` of three finished runs under one parent directory."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, (extra, serial) in RUNS.items():
+        # stopped by env steps, not seconds: a slow cluster start must not shorten the run
+        cfg = load_config(h.CONFIG, [*h.SHORT, f"stop.target_return={TARGET}", f"stop.max_env_steps={STEPS}",
+                                     "stop.max_seconds=60", *extra])
+        result = train(cfg, out=root / name, serial=serial).wait(timeout=90)
+        assert result is not None and result.error is None, result and result.error
+        assert result.status in ("target_reached", "max_env_steps"), result.status
+        assert open_run(result.run_dir).sizes["time"] >= 2, "too short a run to analyse"
+        print(f"\n{name}: {result.status}, {result.env_steps} env steps in {result.wall_s:.1f} s, "
+              f"time to target {result.time_to_target_s:.1f} s")
+        out[name] = (result.run_dir, cfg)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def png(path) -> bool:
+    data = path.read_bytes()
+    return len(data) > 1000 and data.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+# ------------------------------------------------------------------------------ open_run
+@integration
+@pytest.mark.timeout(240)
+def test_open_run_merges_metrics_episodes_and_config(runs):
+    run_dir, cfg = runs["dist-seed0-actors2"]
+    ds = open_run(run_dir)
+    assert ds["time"].dims == ("time",) and "time" in ds.indexes
+    assert ds.sizes["time"] >= 2 and ds.sizes["actor"] == 2 and ds.sizes["episode"] > 0
+    assert ds["return_mean_100"].dims == ("time",) and ds["actor_sample_fps"].dims == ("time", "actor")
+    for var in ("return", "length", "actor", "wall_time", "env_steps"):
+        assert ds[f"episode_{var}"].dims == ("episode",), var
+    assert int(ds["episodes"][-1]) == ds.sizes["episode"]
+    for var in [*ds.data_vars, *ds.coords]:  # labels for plots survive
+        assert ds[var].attrs.get("long_name") and "units" in ds[var].attrs, var
+    config = ds.tianji.config
+    assert config["seed"] == 0 and config["topology.actors"] == 2 and config["env.id"] == "CartPole-v1"
+    assert config["stop.target_return"] == TARGET and config["algo.hidden_sizes"] == [64, 64]
+    assert ds.attrs["run_dir"] == str(run_dir) and ds.attrs["mode"] == "distributed"
+    assert ds.attrs["run_name"].startswith("CartPole-v1__dqn__0__")
+
+
+# ------------------------------------------------------------------------------ open_runs
+@integration
+@pytest.mark.timeout(240)
+def test_open_runs_stacks_runs_with_differing_config_as_coords(runs):
+    root = next(iter(runs.values()))[0].parent
+    ds = open_runs(str(root / "*"))
+    names = sorted(runs)
+    assert ds.sizes["run"] == 3 and list(ds["run"].values) == names
+    singles = {n: open_run(runs[n][0]) for n in names}
+    assert ds.sizes["row"] == max(s.sizes["time"] for s in singles.values())
+    assert ds.sizes["episode"] == max(s.sizes["episode"] for s in singles.values())
+    assert ds.sizes["actor"] == 2  # outer join of the host ids: the serial runs have actor 0 only
+
+    # what differs is a typed coordinate on run; what is equal stays in attrs
+    assert list(ds["seed"].values) == [runs[n][1].seed for n in names] and ds["seed"].dtype == np.int64
+    assert list(ds["topology.actors"].values) == [runs[n][1].topology.actors for n in names]
+    assert list(ds["mode"].values) == ["distributed", "serial", "serial"]
+    for c in ("seed", "topology.actors"):
+        assert ds[c].dims == ("run",) and ds[c].attrs["long_name"] and ds[c].attrs["source"] == "config"
+    for same in ("env.id", "algo.lr", "stop.target_return", "algo.hidden_sizes", "git_commit"):
+        assert same not in ds.coords, same
+    assert ds.tianji.config["env.id"] == "CartPole-v1" and "seed" not in ds.tianji.config
+    assert set(ds.tianji.settings) == {"seed", "topology.actors", "mode"}
+    assert ds.tianji.labels()[0] == "seed=0, topology.actors=2, mode=distributed"
+
+    # each run's values are its own, NaN-padded after its last row / episode
+    assert ds["time"].dims == ("run", "row")
+    for name, single in singles.items():
+        one = ds.sel(run=name)
+        n, m = single.sizes["time"], single.sizes["episode"]
+        np.testing.assert_array_equal(one["time"].values[:n], single["time"].values)
+        np.testing.assert_array_equal(one["env_steps"].values[:n], single["env_steps"].values)
+        assert np.isnan(one["time"].values[n:]).all()
+        np.testing.assert_array_equal(one["episode_return"].values[:m], single["episode_return"].values)
+        assert np.isnan(one["episode_return"].values[m:]).all()
+        assert one["run_dir"].item() == single.attrs["run_dir"]
+    assert np.isnan(ds.sel(run="serial-seed0")["actor_sample_fps"].sel(actor=1)).all()
+
+    # a list of paths gives the same Dataset as the glob, and it saves as netCDF
+    assert ds.identical(open_runs([runs[n][0] for n in names]))
+
+
+@integration
+@pytest.mark.timeout(240)
+def test_combined_dataset_saves_and_reopens(runs, tmp_path):
+    import xarray as xr
+
+    ds = open_runs([d for d, _ in runs.values()])
+    ds.to_netcdf(tmp_path / "runs.nc", engine="h5netcdf")
+    back = xr.load_dataset(tmp_path / "runs.nc", engine="h5netcdf")
+    np.testing.assert_array_equal(back.tianji.time_to_target().values, ds.tianji.time_to_target().values)
+    assert back.tianji.settings == ds.tianji.settings
+
+
+# ------------------------------------------------------------------------------ numbers
+@integration
+@pytest.mark.timeout(240)
+def test_time_to_target_per_run_matches_the_recorder(runs):
+    ds = open_runs([d for d, _ in runs.values()])
+    ttt = ds.tianji.time_to_target()
+    assert ttt.dims == ("run",) and ttt.attrs["units"] == "s" and ttt.attrs["long_name"]
+    recorded = [open_run(d).attrs["time_to_target_s"] for d, _ in runs.values()]
+    np.testing.assert_allclose(ttt.values, recorded, equal_nan=True)
+
+    # any target: at 0 it is reached by the 100th episode (if there are 100), never at 1e9
+    at_zero = ds.tianji.time_to_target(target=0.0)
+    for name in ds["run"].values:
+        one = ds.sel(run=name)
+        n = int(one["episode_return"].notnull().sum())
+        expected = float(one["episode_wall_time"][99]) if n >= 100 else math.nan
+        np.testing.assert_allclose(float(at_zero.sel(run=name)), expected, equal_nan=True)
+    assert ds.tianji.time_to_target(target=1e9).isnull().all()
+
+    single = open_run(runs["serial-seed0"][0])
+    one = single.tianji.time_to_target()
+    assert one.ndim == 0
+    np.testing.assert_allclose(float(one), single.attrs["time_to_target_s"], equal_nan=True)
+
+
+@integration
+@pytest.mark.timeout(240)
+def test_summary_groups_runs_by_their_non_seed_settings(runs):
+    ds = open_runs([d for d, _ in runs.values()])
+    table = ds.tianji.summary()
+    assert isinstance(table, pd.DataFrame)
+    assert list(table.index.names) == ["topology.actors", "mode"]
+    assert list(table.columns) == ["runs", "reached", "median_s", "q25_s", "q75_s", "min_s", "max_s"]
+    serial = table.loc[(1, "serial")]
+    assert serial["runs"] == 2 and table["runs"].sum() == 3
+    ttt = ds.tianji.time_to_target().sel(run=["serial-seed0", "serial-seed1"]).values
+    assert serial["reached"] == np.isfinite(ttt).sum()
+    np.testing.assert_allclose(serial["median_s"], np.nanmedian(ttt) if np.isfinite(ttt).any() else math.nan,
+                               equal_nan=True)
+    # one run: a one-row table
+    one = open_run(runs["serial-seed1"][0]).tianji.summary(target=0.0)
+    assert len(one) == 1 and one["runs"].iloc[0] == 1
+
+
+# ------------------------------------------------------------------------------ plots
+@integration
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("multi", [False, True], ids=["one-run", "three-runs"])
+@pytest.mark.parametrize("plot, kwargs", [
+    ("plot_return", {}), ("plot_return", {"x": "env_steps"}), ("plot_throughput", {}), ("plot_staleness", {}),
+], ids=["return-time", "return-env-steps", "throughput", "staleness"])
+def test_every_plot_renders_to_png(runs, tmp_path, multi, plot, kwargs):
+    ds = open_runs([d for d, _ in runs.values()]) if multi else open_run(runs["dist-seed0-actors2"][0])
+    ax = getattr(ds.tianji, plot)(**kwargs)
+    fig = ax.figure
+    fig.savefig(tmp_path / f"{plot}.png")
+    assert png(tmp_path / f"{plot}.png")
+    x = kwargs.get("x", "time")
+    assert ax.get_xlabel() == {"time": "wall time since start [s]", "env_steps": "env steps (all actors) [1]"}[x]
+    if plot == "plot_return":
+        assert "mean return of the last 100" in ax.get_ylabel() and ax.get_ylabel().endswith("[1]")
+    if plot == "plot_throughput":
+        assert ax.get_ylabel() == "throughput [s-1]"
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    n_vars = 3 if plot == "plot_throughput" else 1
+    if multi:
+        assert len(ax.get_lines()) >= 3 * n_vars  # one line per run (and variable)
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any("0, 2, distributed" in t for t in legend), legend
+    else:
+        assert len(lines) >= n_vars
+
+
+@integration
+@pytest.mark.timeout(240)
+def test_plot_into_a_given_axes(runs, tmp_path):
+    ds = open_runs([d for d, _ in runs.values()])
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    assert ds.tianji.plot_return(ax=axes[0]) is axes[0]
+    assert ds.tianji.plot_throughput(ax=axes[1]) is axes[1]
+    assert ds.tianji.plot_staleness(ax=axes[2]) is axes[2]
+    fig.savefig(tmp_path / "all.png")
+    assert png(tmp_path / "all.png")
+    with pytest.raises(ValueError, match="x must be 'time' or 'env_steps'"):
+        ds.tianji.plot_return(x="episode")
+
+
+# ------------------------------------------------------------------------------ errors
+def test_a_directory_without_results_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a run\n")
+    with pytest.raises(RunNotFound, match="not a tianji-dask run directory: it has no metrics.nc") as e:
+        open_run(tmp_path)
+    assert str(tmp_path) in str(e.value) and "tianji-dask train" in str(e.value)
+    with pytest.raises(RunNotFound, match="is a file, not a run directory"):
+        open_run(tmp_path / "notes.txt")
+    with pytest.raises(RunNotFound, match="no such run directory"):
+        open_runs([tmp_path / "missing"])
+
+
+def test_a_parent_of_runs_points_to_open_runs(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.nc").write_bytes(b"")
+    with pytest.raises(RunNotFound, match=r"holds 1 run directories: open them all with open_runs\("):
+        open_run(tmp_path)
+
+
+def test_a_glob_that_matches_nothing_is_refused(tmp_path):
+    pattern = str(tmp_path / "CartPole*")
+    with pytest.raises(RunNotFound, match="matches nothing") as e:
+        open_runs(pattern)
+    assert pattern in str(e.value)
+    with pytest.raises(RunNotFound, match="got no paths"):
+        open_runs([])
