@@ -267,16 +267,16 @@ def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq,
     ]
     if bottleneck == "learner":
         more = profile.tr_l(T + 1, b) / R
-        why.append(f"another core: a {T + 1}th learner thread would consume {more:,.0f} env steps/s "
-                   f"({_pct(more, cons)}); moving one from the actors would drop production to "
-                   f"{profile.tr_a(A - 1):,.0f}" if A > 1 else
-                   f"another core: a {T + 1}th learner thread would consume {more:,.0f} env steps/s "
-                   f"({_pct(more, cons)}); more actors add nothing while the learner is the bottleneck")
+        seen = "" if T + 1 <= max(profile.threads) else f" (not measured beyond {max(profile.threads)}: assumed flat)"
+        text = (f"another core: {T + 1} learner threads would consume {more:,.0f} env steps/s "
+                f"({_pct(more, cons)}{seen})")
+        why.append(text + (f"; moving a core from the actors would drop production to {profile.tr_a(A - 1):,.0f}"
+                           if A > 1 else "; more actors add nothing while the learner is the bottleneck"))
     else:
         more = profile.tr_a(A + 1)
-        why.append(f"another core: a {A + 1}th actor would produce {more:,.0f} env steps/s ({_pct(more, prod)}) "
-                   f"but the learner consumes only {cons:,.0f}" if more > cons else
-                   f"another core: a {A + 1}th actor would produce {more:,.0f} env steps/s ({_pct(more, prod)})")
+        why.append(f"another core: {A + 1} actors would produce {more:,.0f} env steps/s ({_pct(more, prod)})"
+                   + (f", but one learner thread fewer would consume only {profile.tr_l(T - 1, b) / R:,.0f}"
+                      if T > 1 else ""))
     if G > 1:
         why.append(f"replicated groups: {G} x {group:,.0f} = {G * group:,.0f} env steps/s; "
                    f"groups average parameters every topology.sync_interval_s")
