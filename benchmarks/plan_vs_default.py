@@ -76,7 +76,10 @@ def main(argv=None) -> int:
     summary["plan_at_least_as_fast"] = bool(summary["plan"]["median_s"] <= summary["default"]["median_s"])
     summary["plan"]["overrides"] = plan.overrides()
     # a plan may well be the config as written: then the comparison is of two identical setups
-    summary["same_allocation"] = cfg.model_dump() == load_config(args.config, plan_overrides).model_dump()
+    planned = load_config(args.config, plan_overrides)
+    effective = lambda c: (c.topology.groups, c.topology.actors, c.topology.learners,  # noqa: E731
+                           c.topology.learner_torch_threads, c.algo.model_dump())
+    summary["same_allocation"] = effective(cfg) == effective(planned)
     print(json.dumps(summary, indent=1), flush=True)
     variants, seeds = ["default", "plan"], args.seeds
     grid = np.full((2, len(seeds)), np.nan)
