@@ -124,6 +124,17 @@ def test_unpublished_param_version_is_missing_not_minus_one():
     assert math.isnan(m.dataset().actor_param_version.values[0, 0])
 
 
+def test_policy_lag_is_never_negative_when_actors_report_after_the_learner():
+    # the learner's last heartbeat says 100; since then it published 150, which both actors use
+    m = recorder()
+    m.add(learner(0.0, 0, version=100))
+    m.add(actor(0, 0.4, 0, version=150))
+    m.add(actor(1, 0.4, 0, version=100))
+    r = m.row(0.5)
+    assert r["param_version"] == 150
+    assert r["policy_lag"] == pytest.approx(25.0)
+
+
 def test_empty_recorder_reports_nan_and_zero():
     m = recorder()
     r = m.row(0.0)

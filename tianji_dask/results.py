@@ -264,7 +264,9 @@ class MetricsRecorder:
             size = total(buffers, "size") if buffers else math.nan
             actor_versions = [_version(h) for _, h in actors]
             learner_versions = [_version(h) for _, h in learners]
-            param_version = _nanmax(learner_versions)
+            # an actor's version was published, so it bounds the latest one from below: a row can
+            # hold a learner heartbeat older than an actor's, which made policy_lag negative
+            param_version = _nanmax([*learner_versions, *actor_versions])
             mean_actor_version = _nanmean(actor_versions)
             r = {
                 "time": float(t_rel),
