@@ -98,14 +98,53 @@ PositiveInt = Annotated[int, Field(gt=0)]
 
 
 class EnvConfig(_Section):
-    """Which gymnasium environment each actor runs, and how many copies (vectorised)."""
+    """Which gymnasium environment each actor runs, and how many copies (vectorised).
+
+    ``kind: atari`` runs an ALE game with the DeepMind preprocessing (uint8 84x84 4-frame stacks,
+    Nature CNN networks); see :func:`tianji_dask.envs.make_atari_vector_env`.
+    """
 
     id: str = Field(
         min_length=1,
         description="gymnasium id (Discrete actions, Box observations), e.g. CartPole-v1; "
-        "'module:Id' imports the module first",
+        "'module:Id' imports the module first; with kind=atari an ALE/<Game>-v5 id, e.g. ALE/Pong-v5",
     )
     num_envs: int = Field(8, ge=1, description="envs per actor, stepped as one vector env")
+    kind: Literal["gym", "atari"] = Field(
+        "gym",
+        description="gym: gymnasium.make(id) as it is, float32 observations, MLP networks; "
+        "atari: DeepMind preprocessing (no-op reset <= 30, frame skip 4 with max-pool, 84x84 gray, "
+        "4-frame stack, uint8; episodic life and reward clipping for training only, full-game "
+        "returns recorded) and Nature CNN networks",
+    )
+    atari_backend: Literal["ale_vector", "gymnasium"] = Field(
+        "ale_vector",
+        description="kind=atari only: ale_vector = ale-py's native C++ AtariVectorEnv (faster); "
+        "gymnasium = SyncVectorEnv of gymnasium's AtariPreprocessing wrappers (needs opencv)",
+    )
+    atari_threads: int = Field(
+        1, ge=1, description="kind=atari, ale_vector only: C++ threads stepping one actor's envs"
+    )
+
+    @model_validator(mode="after")
+    def _check_atari_id(self) -> EnvConfig:
+        if self.kind == "gym" and self.id.startswith("ALE/"):
+            raise _problem(
+                f"env.id={self.id!r} is an Atari game: set env.kind=atari for the DeepMind "
+                f"preprocessing and the Nature CNN"
+            )
+        if self.kind == "atari":
+            try:
+                from tianji_dask.envs import atari_rom
+
+                atari_rom(self.id)
+            except ImportError as exc:
+                raise _problem(
+                    f"env.kind=atari needs ale-py ({exc}); pip install 'ale-py>=0.12'"
+                ) from None
+            except ValueError as exc:
+                raise _problem(f"env.id={self.id!r} (env.kind=atari): {exc}") from None
+        return self
 
 
 class DQNConfig(_Section):
@@ -707,6 +746,16 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     from gymnasium import spaces
 
     env_id = config.env.id
+    if config.env.kind == "atari":  # the preprocessed spaces: uint8 (4, 84, 84), the game's actions
+        from tianji_dask.envs import atari_spaces
+
+        try:
+            return EnvSpaces(*atari_spaces(config.env))
+        except Exception as exc:  # noqa: BLE001 - any failure to build is a config problem to show
+            raise ConfigError(
+                f"env.id={env_id!r} (env.kind=atari, env.atari_backend="
+                f"{config.env.atari_backend!r}): {exc}"
+            ) from exc
     try:
         env = gymnasium.make(env_id)
     except gymnasium.error.UnregisteredEnv as exc:

@@ -2,7 +2,8 @@
 
 The pieces are split the way the roles use them: :class:`DQNPolicy` lives in
 actors (inference only, parameters swapped in by version), :class:`DQNLearner`
-lives in the learner (online and target networks, Adam, Huber loss).
+lives in the learner (online and target networks, Adam, Huber loss). The Q-network is an MLP,
+or the Nature CNN for Atari (:mod:`tianji_dask.algos.networks`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tianji_dask.algos.networks import NatureQNetwork
 from tianji_dask.replay import ReplayMemory
 
 
@@ -22,6 +24,16 @@ def mlp(in_dim: int, out_dim: int, hidden: list[int]) -> nn.Sequential:
         in_dim = h
     layers.append(nn.Linear(in_dim, out_dim))
     return nn.Sequential(*layers)
+
+
+def q_network(obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp") -> nn.Module:
+    """The Q-network: an MLP over flat observations, or the Nature CNN over uint8 frame stacks
+    (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``)."""
+    if network == "nature_cnn":
+        return NatureQNetwork(n_actions)
+    if network != "mlp":
+        raise ValueError(f"unknown network {network!r}; expected 'mlp' or 'nature_cnn'")
+    return mlp(obs_dim, n_actions, hidden)
 
 
 def epsilon_at(step: int, initial: float, final: float, decay_steps: int) -> float:
@@ -49,8 +61,8 @@ def double_dqn_loss(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target:
 class DQNPolicy:
     """Epsilon-greedy inference for an actor. ``act(obs, eps)`` -> int64 actions."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], seed: int):
-        self.net = mlp(obs_dim, n_actions, hidden)
+    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], seed: int, network: str = "mlp"):
+        self.net = q_network(obs_dim, n_actions, hidden, network)
         self.net.requires_grad_(False)
         self.n_actions = n_actions
         self.rng = np.random.default_rng(seed)
@@ -73,12 +85,13 @@ class DQNPolicy:
 class DQNLearner:
     """Online + target network with Adam; ``update(batch)`` does one gradient step."""
 
-    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu"):
+    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu",
+                 network: str = "mlp"):
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = torch.device(device)
-        self.online = mlp(obs_dim, n_actions, cfg.hidden_sizes).to(self.device)
-        self.target = mlp(obs_dim, n_actions, cfg.hidden_sizes).to(self.device)
+        self.online = q_network(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
+        self.target = q_network(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         # fused Adam is a single kernel per step: about 20 % less Python overhead on small nets

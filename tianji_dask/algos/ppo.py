@@ -3,7 +3,9 @@
 As in cleanrl's ``ppo.py``: separate tanh MLPs for policy and value with orthogonal
 init, GAE(lambda), advantage normalisation per minibatch, clipped surrogate, value
 loss, entropy bonus, global gradient clipping, minibatch epochs. Actors keep a copy
-of the whole network (they need values for GAE); the learner owns Adam.
+of the whole network (they need values for GAE); the learner owns Adam. Atari runs use the
+shared Nature CNN of cleanrl's ``ppo_atari.py`` instead of the MLPs
+(:mod:`tianji_dask.algos.networks`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 from torch.distributions import Categorical
+
+from tianji_dask.algos.networks import AtariActorCritic
 
 
 def _layer(i: int, o: int, std: float = math.sqrt(2)) -> nn.Linear:
@@ -41,17 +45,31 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
+    def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, value) of a batch."""
+        return self.actor(obs), self.value(obs)
+
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
         """(log-prob of ``actions``, entropy, value) under the current parameters."""
         dist = Categorical(logits=self.actor(obs))
         return dist.log_prob(actions), dist.entropy(), self.value(obs)
 
 
+def actor_critic(obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp") -> nn.Module:
+    """Separate tanh MLPs over flat observations, or the shared Nature CNN over uint8 frame
+    stacks (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``)."""
+    if network == "nature_cnn":
+        return AtariActorCritic(n_actions)
+    if network != "mlp":
+        raise ValueError(f"unknown network {network!r}; expected 'mlp' or 'nature_cnn'")
+    return ActorCritic(obs_dim, n_actions, hidden)
+
+
 class PPOPolicy:
     """Inference in an actor: ``act(obs)`` -> (actions, log-probs, values) as numpy."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], seed: int):
-        self.net = ActorCritic(obs_dim, n_actions, hidden)
+    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], seed: int, network: str = "mlp"):
+        self.net = actor_critic(obs_dim, n_actions, hidden, network)
         self.net.requires_grad_(False)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
@@ -62,12 +80,10 @@ class PPOPolicy:
 
     def act(self, obs: np.ndarray):
         with torch.inference_mode():
-            x = torch.from_numpy(obs)
-            logits = self.net.actor(x)
+            logits, values = self.net.heads(torch.from_numpy(obs))
             probs = torch.softmax(logits, dim=-1)
             actions = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
             logp = torch.log_softmax(logits, dim=-1).gather(1, actions.unsqueeze(1)).squeeze(1)
-            values = self.net.value(x)
         return actions.numpy(), logp.numpy(), values.numpy()
 
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -96,7 +112,7 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_values:
     return adv, adv + values
 
 
-def ppo_loss(net: ActorCritic, obs, actions, old_logp, adv, returns, clip: float, vf_coef: float,
+def ppo_loss(net: nn.Module, obs, actions, old_logp, adv, returns, clip: float, vf_coef: float,
              ent_coef: float, normalize: bool):
     """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``."""
     logp, entropy, value = net.evaluate(obs, actions)
@@ -118,11 +134,12 @@ def ppo_loss(net: ActorCritic, obs, actions, old_logp, adv, returns, clip: float
 class PPOLearner:
     """Owns the network and Adam; ``train(batch, progress)`` runs the minibatch epochs."""
 
-    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu"):
+    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu",
+                 network: str = "mlp"):
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = torch.device(device)
-        self.net = ActorCritic(obs_dim, n_actions, cfg.hidden_sizes).to(self.device)
+        self.net = actor_critic(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
         self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.rng = np.random.default_rng(seed)
         self.updates = 0

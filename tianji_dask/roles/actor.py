@@ -13,7 +13,9 @@ import time
 import numpy as np
 
 from tianji_dask.algos.dqn import DQNPolicy, epsilon_at
+from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import next_observations
+from tianji_dask.frame_replay import FrameStreams
 from tianji_dask.nstep import NStepWindow
 from tianji_dask.roles.actor_base import ActorBase
 
@@ -24,15 +26,27 @@ class ActorRole(ActorBase):
     Protocol: construct, ``wait_for_params()`` once (or load params yourself),
     then call ``step()`` in a loop; ``heartbeat()`` returns cumulative counters.
     ``flush()`` pushes a partial chunk (the serial runner uses it).
+
+    Atari (``env.kind: atari``): chunks carry each new 84x84 frame once (``frames``,
+    ``frame_ids``) and the transitions' ``obs``/``next_obs`` as 4-frame id stacks
+    (:mod:`tianji_dask.frame_replay`); the n-step window runs on those ids.
     """
 
     def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
                  n_actors: int | None = None):
         super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
-        self.policy = DQNPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed)
-        self.obs, _ = self.env.reset(seed=seed)
-        self.obs = self.obs.astype(self.obs_dtype)
-        self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self.obs_shape, self.obs_dtype)
+        self.policy = DQNPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed,
+                                network=network_kind(cfg))
+        self.obs = self.reset_env(seed)
+        self.frames = None
+        # what transitions carry as observations: the observations, or Atari's frame-id stacks
+        self._tr_shape, self._tr_dtype = self.obs_shape, self.obs_dtype
+        if cfg.env.kind == "atari":
+            self.frames = FrameStreams(actor_id, self.num_envs, stack=self.obs_shape[0])
+            self.frames.start(self.obs)
+            self._tr_shape, self._tr_dtype = (self.obs_shape[0],), np.int64
+        self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self._tr_shape,
+                                  self._tr_dtype)
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
@@ -43,8 +57,8 @@ class ActorRole(ActorBase):
     def _new_chunk(self) -> None:
         n = self.chunk_len
         self._chunk = {
-            "obs": np.empty((n, *self.obs_shape), self.obs_dtype),
-            "next_obs": np.empty((n, *self.obs_shape), self.obs_dtype),
+            "obs": np.empty((n, *self._tr_shape), self._tr_dtype),
+            "next_obs": np.empty((n, *self._tr_shape), self._tr_dtype),
             "actions": np.empty(n, np.int64),
             "rewards": np.empty(n, np.float32),
             "discounts": np.empty(n, np.float32),
@@ -75,8 +89,15 @@ class ActorRole(ActorBase):
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
         dones = terminated | truncated
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
-        real_next = next_observations(next_obs, dones, infos)
-        out = self.window.add(self.obs, actions, rewards, real_next, terminated, dones)
+        train_rewards, train_terminated, train_dones = self.training_signals(rewards, terminated, truncated,
+                                                                             infos)
+        if self.frames is None:
+            real_next = next_observations(next_obs, dones, infos)
+            out = self.window.add(self.obs, actions, train_rewards, real_next, train_terminated, train_dones)
+        else:
+            ids = self.frames.ids
+            real_next = self.frames.step(next_obs, dones, infos)
+            out = self.window.add(ids, actions, train_rewards, real_next, train_terminated, train_dones)
         self.tracker.update(rewards, dones, time.time())
         self.obs = next_obs
         self.counters["env_steps"] += self.num_envs
@@ -94,6 +115,8 @@ class ActorRole(ActorBase):
         if self._fill == 0:
             return
         chunk = {k: v[:self._fill] for k, v in self._chunk.items()}
+        if self.frames is not None:  # every frame emitted so far: this chunk's stacks end there
+            chunk["frames"], chunk["frame_ids"] = self.frames.take()
         nbytes = sum(v.nbytes for v in chunk.values())
         if self.sender.push(chunk):
             self.counters["chunks_sent"] += 1

@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 
-from tianji_dask.envs import EpisodeTracker, make_vector_env
+from tianji_dask.envs import (AtariTrainingSignals, EpisodeTracker, identity_training_signals, make_env,
+                              observation_dtype)
 
 
 class ActorBase:
@@ -30,12 +31,21 @@ class ActorBase:
         self.should_stop = lambda: False  # the host sets its stop flag here
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
-        self.env = make_vector_env(cfg.env.id, self.num_envs, seed)
+        self.env = make_env(cfg.env, seed)
         self.obs_shape = self.env.single_observation_space.shape
-        self.obs_dtype = np.float32
+        self.obs_dtype = observation_dtype(cfg.env)  # uint8 frames for Atari, else float32
         self.obs_dim = int(np.prod(self.obs_shape))
         self.n_actions = int(self.env.single_action_space.n)
-        self.tracker = EpisodeTracker(self.num_envs)
+        self.tracker = EpisodeTracker(self.num_envs)  # the env's own rewards and episodes
+        # what the learner trains on: Atari clips rewards and ends an episode at each lost life
+        self.training_signals = identity_training_signals
+
+    def reset_env(self, seed: int) -> np.ndarray:
+        """First observations (as ``obs_dtype``); starts the Atari training signals' life count."""
+        obs, infos = self.env.reset(seed=seed)
+        if self.cfg.env.kind == "atari":
+            self.training_signals = AtariTrainingSignals(infos["lives"])
+        return obs.astype(self.obs_dtype, copy=False)
 
     def probe_params(self) -> bool:
         """Swap in a newer parameter version if one arrived. Never blocks."""

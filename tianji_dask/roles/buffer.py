@@ -1,5 +1,6 @@
 """The buffer role: receives trajectory chunks asynchronously into a bounded replay memory
-and serves sampled batches to the learner that shares its process."""
+and serves sampled batches to the learner that shares its process. Atari runs use the
+:class:`~tianji_dask.frame_replay.FrameReplay` (each frame stored once)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 import numpy as np
 
+from tianji_dask.frame_replay import FrameReplay
 from tianji_dask.replay import ReplayMemory
 
 
@@ -19,7 +21,10 @@ class BufferRole:
     def __init__(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0):
         self.id = buffer_id
         self.inbox = inbox
-        self.replay = ReplayMemory(cfg.algo.buffer_size, obs_shape, obs_dtype)
+        if cfg.env.kind == "atari":  # obs_shape (4, 84, 84): stacks of single frames
+            self.replay = FrameReplay(cfg.algo.buffer_size, tuple(obs_shape[1:]), obs_shape[0])
+        else:
+            self.replay = ReplayMemory(cfg.algo.buffer_size, obs_shape, obs_dtype)
         self.rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self.received = 0

@@ -13,6 +13,7 @@ import time
 from tianji_dask.roles.publishing import publish_params
 
 from tianji_dask.algos.dqn import DQNLearner
+from tianji_dask.algos.networks import network_kind
 
 
 class LearnerRole:
@@ -30,7 +31,8 @@ class LearnerRole:
         self.synchronous = cfg.topology.mode == "synchronous" and balance
         self._received_at_update = -1
         self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device)
+        self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device,
+                               network=network_kind(cfg))
         self._loss_sum = self._q_sum = 0.0
         self._n = 0
         self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0, "publish_errors": 0}

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo import PPOPolicy
 from tianji_dask.roles.actor_base import ActorBase
 
@@ -21,9 +22,9 @@ class PPOActorRole(ActorBase):
     def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
                  n_actors: int | None = None):
         super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
-        self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed)
-        obs, _ = self.env.reset(seed=seed)
-        self.obs = obs.astype(np.float32)
+        self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed,
+                                network=network_kind(cfg))
+        self.obs = self.reset_env(seed)  # uint8 frame stacks for Atari (rollouts move as uint8)
         self.T = cfg.algo.rollout_steps
         self.chunk_len = self.T * self.num_envs
         self.learner_consumed = 0
@@ -41,7 +42,7 @@ class PPOActorRole(ActorBase):
 
     def _new_rollout(self) -> None:
         T, N = self.T, self.num_envs
-        self._r = {"obs": np.empty((T, N, *self.obs_shape), np.float32), "actions": np.empty((T, N), np.int64),
+        self._r = {"obs": np.empty((T, N, *self.obs_shape), self.obs_dtype), "actions": np.empty((T, N), np.int64),
                    "logp": np.empty((T, N), np.float32), "values": np.empty((T, N), np.float32),
                    "rewards": np.empty((T, N), np.float32), "dones": np.empty((T, N), np.float32)}
         self._t = 0
@@ -72,14 +73,15 @@ class PPOActorRole(ActorBase):
                 return
         actions, logp, values = self.policy.act(self.obs)
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
-        next_obs = next_obs.astype(np.float32, copy=False)
+        next_obs = next_obs.astype(self.obs_dtype, copy=False)
         self.tracker.update(rewards, terminated | truncated, time.time())  # the env's own rewards
+        # Atari trains on clipped rewards and ends an episode at each lost life
+        rewards, terminated, dones = self.training_signals(rewards, terminated, truncated, infos)
         rewards = rewards.astype(np.float32)
         only_truncated = truncated & ~terminated
         if only_truncated.any():  # a time limit is not a terminal state: bootstrap from the final obs
-            final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(np.float32)
+            final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(self.obs_dtype)
             rewards[only_truncated] += self.cfg.algo.gamma * self.policy.value(final)
-        dones = terminated | truncated
         r, t = self._r, self._t
         r["obs"][t], r["actions"][t], r["logp"][t], r["values"][t] = self.obs, actions, logp, values
         r["rewards"][t], r["dones"][t] = rewards, dones

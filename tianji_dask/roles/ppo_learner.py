@@ -16,6 +16,7 @@ from tianji_dask.roles.publishing import publish_params
 
 import numpy as np
 
+from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo import PPOLearner, gae
 
 
@@ -28,7 +29,8 @@ class PPOLearnerRole:
         self.id = learner_id
         self.buffer = buffer
         self.publisher = publisher
-        self.core = PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device)
+        self.core = PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device,
+                               network=network_kind(cfg))
         self.grad_hook = grad_hook
         self.world_size = world_size
         a = cfg.algo  # env steps one iteration stands for in the serial algorithm (a rollout per reuse)

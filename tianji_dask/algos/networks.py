@@ -1,0 +1,98 @@
+"""Image networks for Atari: the Nature DQN CNN and the Nature CNN actor-critic.
+
+Both take uint8 frame stacks ``(B, 4, 84, 84)`` and convert to float (divide by 255) inside
+``forward``: observations stay uint8 everywhere else (actors, channels, replay), a quarter of
+the bytes of float32. Which network a run uses is derived from the config
+(:func:`network_kind`): ``nature_cnn`` for ``env.kind: atari``, the MLPs otherwise.
+
+* :class:`NatureQNetwork`: conv 32x8x8/4, 64x4x4/2, 64x3x3/1, fc 512, one Q-value per action
+  (Mnih et al. 2015; cleanrl's ``dqn_atari.py``, PyTorch's default init).
+* :class:`AtariActorCritic`: the same trunk shared by a policy head and a value head, with
+  orthogonal init as cleanrl's ``ppo_atari.py`` (gain sqrt(2) in the trunk, 0.01 for the
+  policy head, 1 for the value head, zero biases).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch.distributions import Categorical
+
+#: Frames per observation, and the side of one square frame.
+FRAME_STACK = 4
+SCREEN = 84
+#: Features after the trunk's last convolution for 84x84 input: 64 channels of 7x7.
+TRUNK_FEATURES = 64 * 7 * 7
+
+
+def network_kind(cfg) -> str:
+    """``"nature_cnn"`` for image observations (``env.kind: atari``), else ``"mlp"``."""
+    return "nature_cnn" if getattr(cfg.env, "kind", "gym") == "atari" else "mlp"
+
+
+def _to_float(obs: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float in [0, 1]; float input is taken as already scaled."""
+    if obs.dtype == torch.uint8:
+        return obs.float().div_(255.0)
+    return obs
+
+
+def nature_trunk(in_channels: int = FRAME_STACK, init=None) -> nn.Sequential:
+    """The three convolutions and the 512-unit layer, ReLU after each."""
+    layers = [nn.Conv2d(in_channels, 32, 8, stride=4), nn.Conv2d(32, 64, 4, stride=2),
+              nn.Conv2d(64, 64, 3, stride=1), nn.Linear(TRUNK_FEATURES, 512)]
+    if init is not None:
+        for layer in layers:
+            init(layer)
+    return nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2], nn.ReLU(),
+                         nn.Flatten(), layers[3], nn.ReLU())
+
+
+class NatureQNetwork(nn.Module):
+    """Q-values ``(B, n_actions)`` of uint8 frame stacks ``(B, 4, 84, 84)``."""
+
+    def __init__(self, n_actions: int, in_channels: int = FRAME_STACK):
+        super().__init__()
+        self.trunk = nature_trunk(in_channels)
+        self.head = nn.Linear(512, n_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(_to_float(obs)))
+
+
+def _orthogonal(std: float = math.sqrt(2)):
+    def init(layer: nn.Module) -> nn.Module:
+        nn.init.orthogonal_(layer.weight, std)
+        nn.init.constant_(layer.bias, 0.0)
+        return layer
+    return init
+
+
+class AtariActorCritic(nn.Module):
+    """Shared Nature CNN trunk, policy head (logits) and value head, as cleanrl's ppo_atari.
+
+    Same interface as :class:`tianji_dask.algos.ppo.ActorCritic`: ``heads``, ``value``,
+    ``evaluate``; the trunk runs once per call.
+    """
+
+    def __init__(self, n_actions: int, in_channels: int = FRAME_STACK):
+        super().__init__()
+        self.trunk = nature_trunk(in_channels, init=_orthogonal())
+        self.actor = _orthogonal(0.01)(nn.Linear(512, n_actions))
+        self.critic = _orthogonal(1.0)(nn.Linear(512, 1))
+
+    def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, value) of a batch."""
+        h = self.trunk(_to_float(obs))
+        return self.actor(h), self.critic(h).squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.trunk(_to_float(obs))).squeeze(-1)
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
+        """(log-prob of ``actions``, entropy, value) under the current parameters."""
+        logits, value = self.heads(obs)
+        dist = Categorical(logits=logits)
+        return dist.log_prob(actions), dist.entropy(), value

@@ -1,0 +1,306 @@
+"""Replay of image transitions that stores every frame once.
+
+A DQN transition on Atari is ``(4-frame stack, action, n-step return, 4-frame stack, discount)``;
+stored as it is, that is 2 x 4 x 84 x 84 = 56 KB, eight copies of each frame. Here frames travel
+and are stored once, and stacks are rebuilt at sample time:
+
+* **Actor side** (:class:`FrameStreams`): every env of every actor is a *stream* of frames with
+  consecutive sequence numbers. A step emits the newest frame of each env's stack (one frame);
+  the first stack of an episode is emitted whole (4 frames, whatever the env padded it with), so
+  a stack is always the 4 frames with the ids ``ids[e]`` and never crosses an episode boundary.
+  The actor's n-step window then works on stacks of frame *ids* instead of pixels, and a chunk
+  carries ``frames``/``frame_ids`` (each new frame once) plus ``obs``/``next_obs`` as ``(n, 4)``
+  int64 ids, ``actions``, ``rewards`` (n-step returns) and ``discounts`` as before.
+* **Buffer side** (:class:`FrameReplay`): a ring of single 84x84 frames and a ring of transitions
+  that hold the ring positions of their 4 + 4 frames. Ids are resolved to positions when a chunk
+  is added: against the chunk's own frames first, then against the last :data:`WINDOW` frames of
+  each stream seen earlier. A transition whose frames cannot be found (a chunk dropped by
+  ``full_policy: drop_oldest``) is skipped and counted in ``unresolved``.
+
+The frame ring holds ``capacity + capacity // 64 + 1024`` frames: an episode costs 4 frames more
+than its transitions (its first stack), so with the slack the oldest transitions keep their
+frames for any episode longer than about 256 steps. Should a transition's oldest frame be
+overwritten anyway, sampling skips it (its ``oldest`` frame count is checked). Memory is
+``frames x 7,056 B + transitions x 56 B`` (:meth:`FrameReplay.nbytes_for`): about 7.2 KB per
+transition, 7.2 GB for a million.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Bits of a frame id that count frames within one stream; the bits above name the stream.
+SEQ_BITS = 40
+SEQ_MASK = (1 << SEQ_BITS) - 1
+#: Envs per actor that stream ids can tell apart (actor ids up to 2**11 - 1).
+MAX_ENVS = 1 << 12
+MAX_ACTORS = 1 << 11
+#: Frames per stream the buffer remembers across chunks. A transition refers to frames at most
+#: 5 * (n_step + 4) frames older than its stream's newest one (a step emits at most 5 frames:
+#: the final frame of an episode plus the 4 of the next one's first stack), 120 for n_step <= 20.
+WINDOW = 256
+#: Bytes per transition besides its frames: 8 int32 ring positions, the oldest frame's count
+#: (int64), the action (int64), return and discount (float32).
+TRANSITION_BYTES = 8 * 4 + 8 + 8 + 4 + 4
+
+
+class FrameStreams:
+    """The actor side: frame ids for ``num_envs`` envs of actor ``actor_id``.
+
+    ``start(obs)`` once with the first observations; then per vector step
+    ``real_next = step(next_obs, dones, infos)`` returns the id stacks of the true next
+    observations (``final_obs`` where an episode ended) and moves ``ids`` on to the stacks of
+    ``next_obs``. ``take()`` hands out the frames emitted since the previous call.
+    """
+
+    def __init__(self, actor_id: int, num_envs: int, stack: int = 4):
+        if not 0 <= actor_id < MAX_ACTORS or not 1 <= num_envs <= MAX_ENVS:
+            raise ValueError(f"frame streams support actor ids < {MAX_ACTORS} and up to {MAX_ENVS} "
+                             f"envs per actor, got actor {actor_id} with {num_envs} envs")
+        self.num_envs, self.stack = num_envs, stack
+        self._base = (np.int64(actor_id) * MAX_ENVS + np.arange(num_envs, dtype=np.int64)) << SEQ_BITS
+        self._next_seq = np.zeros(num_envs, np.int64)
+        self.ids = np.zeros((num_envs, stack), np.int64)  # ids of the current stacks
+        self._frames: list[np.ndarray] = []
+        self._frame_ids: list[np.ndarray] = []
+        self.emitted = 0
+
+    def _emit(self, envs: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """Emit ``frames[j]`` for env ``envs[j]`` (several frames of one env in order); their ids."""
+        if len(np.unique(envs)) == len(envs):  # one frame per env: the usual step
+            ids = self._base[envs] + self._next_seq[envs]
+            self._next_seq[envs] += 1
+        else:
+            ids = np.empty(len(envs), np.int64)
+            for e in np.unique(envs):  # per env, consecutive sequence numbers in order
+                sel = np.flatnonzero(envs == e)
+                ids[sel] = self._base[e] + self._next_seq[e] + np.arange(len(sel))
+                self._next_seq[e] += len(sel)
+        self._frames.append(np.array(frames, dtype=np.uint8, copy=True))
+        self._frame_ids.append(ids)
+        self.emitted += len(ids)
+        return ids
+
+    def _begin_episode(self, envs: np.ndarray, stacks: np.ndarray) -> None:
+        """The first stack of an episode: all of its frames are new."""
+        k = self.stack
+        ids = self._emit(np.repeat(envs, k), stacks.reshape(len(envs) * k, *stacks.shape[2:]))
+        self.ids[envs] = ids.reshape(len(envs), k)
+
+    def start(self, obs: np.ndarray) -> None:
+        self._begin_episode(np.arange(self.num_envs), obs)
+
+    def step(self, next_obs: np.ndarray, dones: np.ndarray, infos: dict) -> np.ndarray:
+        real_next = np.empty_like(self.ids)
+        real_next[:, :-1] = self.ids[:, 1:]
+        going = np.flatnonzero(~dones)
+        ended = np.flatnonzero(dones)
+        if len(ended):
+            last = np.stack([np.asarray(infos["final_obs"][e])[-1] for e in ended])
+            newest = np.concatenate([next_obs[going, -1], last])
+            ids = self._emit(np.concatenate([going, ended]), newest)
+        else:
+            ids = self._emit(going, next_obs[:, -1])
+        real_next[np.concatenate([going, ended]), -1] = ids
+        self.ids = real_next.copy()
+        if len(ended):
+            self._begin_episode(ended, next_obs[ended])
+        return real_next
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(frames (F, H, W) uint8, frame_ids (F,) int64)`` emitted since the last call."""
+        if not self._frames:
+            return np.zeros((0, 0, 0), np.uint8), np.zeros(0, np.int64)
+        frames = np.concatenate(self._frames) if len(self._frames) > 1 else self._frames[0]
+        ids = np.concatenate(self._frame_ids) if len(self._frame_ids) > 1 else self._frame_ids[0]
+        self._frames, self._frame_ids = [], []
+        return frames, ids
+
+    @property
+    def pending(self) -> int:
+        return sum(len(i) for i in self._frame_ids)
+
+
+class FrameReplay:
+    """Uniform replay of frame-stack transitions, each frame stored once (see the module doc).
+
+    Same protocol as :class:`~tianji_dask.replay.ReplayMemory`: ``add(chunk)`` with the keys
+    ``frames, frame_ids, obs, next_obs, actions, rewards, discounts`` (``obs``/``next_obs`` as
+    ``(n, stack)`` frame ids); ``sample(n, rng)`` returns ``obs``/``next_obs`` as uint8
+    ``(n, stack, H, W)`` stacks plus ``actions, rewards, discounts``. Not thread-safe.
+    """
+
+    def __init__(self, capacity: int, frame_shape: tuple[int, int] = (84, 84), stack: int = 4,
+                 frame_capacity: int | None = None):
+        if capacity < 1:
+            raise ValueError(f"replay capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self.stack = stack
+        self.frame_shape = tuple(frame_shape)
+        self.frame_capacity = int(frame_capacity or self.default_frame_capacity(capacity))
+        if self.frame_capacity < 2 * stack:
+            raise ValueError(f"frame_capacity must be >= {2 * stack}, got {self.frame_capacity}")
+        self._frames = np.zeros((self.frame_capacity, *self.frame_shape), np.uint8)
+        self._obs = np.zeros((capacity, stack), np.int32)  # ring positions of the frames
+        self._next = np.zeros((capacity, stack), np.int32)
+        self._oldest = np.zeros(capacity, np.int64)  # count of the oldest frame referred to
+        self._actions = np.zeros(capacity, np.int64)
+        self._rewards = np.zeros(capacity, np.float32)
+        self._discounts = np.zeros(capacity, np.float32)
+        # per stream: the last WINDOW frames' sequence numbers and frame counts, by seq % WINDOW
+        self._rows: dict[int, int] = {}
+        self._win_seq = np.full((0, WINDOW), -1, np.int64)
+        self._win_count = np.zeros((0, WINDOW), np.int64)
+        self._pos = 0
+        self._size = 0
+        self.frames_written = 0
+        self.added = 0
+        self.unresolved = 0  # transitions skipped: a frame they need never arrived
+
+    @staticmethod
+    def default_frame_capacity(capacity: int) -> int:
+        return capacity + capacity // 64 + 1024
+
+    @classmethod
+    def nbytes_for(cls, capacity: int, frame_shape: tuple[int, int] = (84, 84)) -> int:
+        """Bytes of a replay of ``capacity`` transitions (without the per-stream windows)."""
+        return (cls.default_frame_capacity(capacity) * int(np.prod(frame_shape))
+                + capacity * TRANSITION_BYTES)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self._frames, self._obs, self._next, self._oldest, self._actions, self._rewards,
+                  self._discounts)
+        return sum(a.nbytes for a in arrays)
+
+    # --- adding ---------------------------------------------------------------------------
+    def _stream_rows(self, streams: np.ndarray, create: bool) -> np.ndarray:
+        uniq, inverse = np.unique(streams, return_inverse=True)
+        rows = np.empty(len(uniq), np.int64)
+        for j, s in enumerate(uniq.tolist()):
+            row = self._rows.get(s)
+            if row is None:
+                if not create:
+                    row = -1
+                else:
+                    row = self._rows[s] = len(self._rows)
+                    if row >= len(self._win_seq):
+                        grow = max(8, len(self._win_seq))
+                        self._win_seq = np.concatenate(
+                            [self._win_seq, np.full((grow, WINDOW), -1, np.int64)])
+                        self._win_count = np.concatenate(
+                            [self._win_count, np.zeros((grow, WINDOW), np.int64)])
+            rows[j] = row
+        return rows[inverse].reshape(streams.shape)
+
+    def _resolve(self, ids: np.ndarray, local_ids: np.ndarray, local_order: np.ndarray,
+                 local_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Frame counts of ``ids`` and whether each was found (this chunk's frames first)."""
+        counts = np.zeros(ids.shape, np.int64)
+        found = np.zeros(ids.shape, bool)
+        if len(local_ids):
+            k = np.searchsorted(local_ids, ids, sorter=local_order).clip(max=len(local_ids) - 1)
+            hit = local_ids[local_order[k]] == ids
+            counts[hit] = local_counts[local_order[k[hit]]]
+            found |= hit
+        rest = ~found
+        if rest.any() and len(self._rows):
+            rid = ids[rest]
+            rows = self._stream_rows(rid >> SEQ_BITS, create=False)
+            seq = rid & SEQ_MASK
+            slot = seq % WINDOW
+            ok = rows >= 0
+            hit = np.zeros(len(rid), bool)
+            hit[ok] = self._win_seq[rows[ok], slot[ok]] == seq[ok]
+            c = np.zeros(len(rid), np.int64)
+            c[hit] = self._win_count[rows[hit], slot[hit]]
+            counts[rest] = c
+            found[rest] = hit
+        return counts, found
+
+    def _register(self, ids: np.ndarray, counts: np.ndarray) -> None:
+        """Remember the newest WINDOW frames of each stream in this chunk."""
+        rows = self._stream_rows(ids >> SEQ_BITS, create=True)
+        seq = ids & SEQ_MASK
+        newest = np.full(len(self._rows), -1, np.int64)
+        np.maximum.at(newest, rows, seq)
+        keep = seq > newest[rows] - WINDOW  # distinct seqs of a stream within WINDOW: distinct slots
+        rows, seq, counts = rows[keep], seq[keep], counts[keep]
+        self._win_seq[rows, seq % WINDOW] = seq
+        self._win_count[rows, seq % WINDOW] = counts
+
+    def add(self, batch: dict[str, np.ndarray]) -> None:
+        frames = batch.get("frames")
+        fids = batch.get("frame_ids")
+        if frames is None or fids is None:
+            frames, fids = np.zeros((0, *self.frame_shape), np.uint8), np.zeros(0, np.int64)
+        fids = np.asarray(fids, np.int64)
+        if len(fids) > self.frame_capacity:  # only the newest frames can be kept
+            frames, fids = frames[-self.frame_capacity:], fids[-self.frame_capacity:]
+        counts = self.frames_written + np.arange(len(fids), dtype=np.int64)
+        order = np.argsort(fids, kind="stable")
+        obs_c, obs_ok = self._resolve(np.asarray(batch["obs"], np.int64), fids, order, counts)
+        nxt_c, nxt_ok = self._resolve(np.asarray(batch["next_obs"], np.int64), fids, order, counts)
+        if len(fids):
+            self._frames[counts % self.frame_capacity] = frames
+            self.frames_written += len(fids)
+            self._register(fids, counts)
+
+        n = len(batch["actions"])
+        self.added += n
+        ok = obs_ok.all(axis=1) & nxt_ok.all(axis=1)
+        oldest = np.minimum(obs_c.min(axis=1, initial=np.iinfo(np.int64).max),
+                            nxt_c.min(axis=1, initial=np.iinfo(np.int64).max))
+        ok &= oldest >= self.frames_written - self.frame_capacity
+        keep = np.flatnonzero(ok)
+        self.unresolved += n - len(keep)
+        keep = keep[-self.capacity:]
+        m = len(keep)
+        if m == 0:
+            return
+        idx = (self._pos + np.arange(m)) % self.capacity
+        fc = self.frame_capacity
+        self._obs[idx] = obs_c[keep] % fc
+        self._next[idx] = nxt_c[keep] % fc
+        self._oldest[idx] = oldest[keep]
+        self._actions[idx] = batch["actions"][keep]
+        self._rewards[idx] = batch["rewards"][keep]
+        self._discounts[idx] = batch["discounts"][keep]
+        self._pos = int((self._pos + m) % self.capacity)
+        self._size = min(self._size + m, self.capacity)
+
+    # --- reading --------------------------------------------------------------------------
+    def valid(self, idx: np.ndarray) -> np.ndarray:
+        """Whether the transitions at ``idx`` still have all their frames."""
+        return self._oldest[idx] >= self.frames_written - self.frame_capacity
+
+    def get(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The transitions at ring indices ``idx`` (0 .. len-1), stacks rebuilt from frames."""
+        idx = np.asarray(idx)
+        n, k = len(idx), self.stack
+        return {"obs": self._frames[self._obs[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
+                "next_obs": self._frames[self._next[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
+                "actions": self._actions[idx], "rewards": self._rewards[idx],
+                "discounts": self._discounts[idx]}
+
+    def oldest_index(self) -> int:
+        """Ring index of the oldest stored transition."""
+        return self._pos if self._size == self.capacity else 0
+
+    def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if self._size == 0:
+            raise ValueError("cannot sample from an empty replay memory")
+        idx = rng.integers(0, self._size, size=n)
+        bad = ~self.valid(idx)
+        tries = 0
+        while bad.any():  # only the oldest few transitions can have lost a frame
+            tries += 1
+            if tries > 64:
+                raise RuntimeError("replay memory: no transition with all its frames found; "
+                                   "the frame ring is too small for these episodes")
+            idx[bad] = rng.integers(0, self._size, size=int(bad.sum()))
+            bad = ~self.valid(idx)
+        return self.get(idx)
