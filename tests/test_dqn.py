@@ -212,3 +212,28 @@ def test_target_syncs_every_target_update_interval():
             assert all(torch.equal(now[k], target_before[k]) for k in now)
         target_before = {k: v.clone() for k, v in learner.target.state_dict().items()}
     assert synced == [False, False, True, False, False, True, False]
+
+
+def test_batch_mover_on_cpu_keeps_values_and_dtypes():
+    from tianji_dask.algos.batches import BatchMover
+
+    batch = {"obs": np.arange(12, dtype=np.uint8).reshape(3, 4), "actions": np.array([0, 2, 1], np.int64),
+             "rewards": np.array([0.5, -1.0, 0.0], np.float32)}
+    out = BatchMover(torch.device("cpu"))(batch)
+    for k, v in batch.items():
+        assert out[k].dtype == torch.from_numpy(v).dtype
+        np.testing.assert_array_equal(out[k].numpy(), v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batch_mover_on_cuda_reuses_pinned_buffers():
+    from tianji_dask.algos.batches import BatchMover
+
+    mover = BatchMover(torch.device("cuda"))
+    a = {"obs": np.ones((4, 2), np.float32)}
+    first = mover(a)["obs"]
+    assert first.device.type == "cuda" and float(first.sum()) == 8  # .item() waits, as each update does
+    buf = mover._pinned["obs"]
+    second = mover({"obs": np.full((4, 2), 3, np.float32)})["obs"]
+    assert mover._pinned["obs"] is buf and buf.is_pinned()
+    assert float(second.sum()) == 24

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.networks import NatureQNetwork
 from tianji_dask.replay import ReplayMemory
 
@@ -90,6 +91,7 @@ class DQNLearner:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = torch.device(device)
+        self._to_device = BatchMover(self.device)
         self.online = q_network(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
         self.target = q_network(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
@@ -101,7 +103,7 @@ class DQNLearner:
     def update(self, batch: dict[str, np.ndarray], grad_hook=None) -> tuple[float, float]:
         """One gradient step; ``grad_hook()`` runs between backward and the optimiser step
         (data-parallel learners average gradients there)."""
-        t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        t = self._to_device(batch)
         n = len(t["actions"])
         both = self.online(torch.cat([t["obs"], t["next_obs"]]))
         q, q_next_online = both[:n], both[n:].detach()

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
+from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.networks import AtariActorCritic
 
 
@@ -139,6 +140,7 @@ class PPOLearner:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = torch.device(device)
+        self._to_device = BatchMover(self.device)
         self.net = actor_critic(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
         self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.rng = np.random.default_rng(seed)
@@ -156,7 +158,7 @@ class PPOLearner:
         """``batch``: flat arrays obs, actions, logp, advantages, returns. ``grad_hook()`` runs
         between backward and step (the data-parallel learners average gradients there)."""
         a = self.cfg
-        t = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        t = self._to_device(batch)
         n = len(t["actions"])
         stats: dict[str, float] = {}
         count = 0

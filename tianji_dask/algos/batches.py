@@ -1,0 +1,30 @@
+"""Moving a learner's batch from numpy (replay memory, rollouts) onto its device.
+
+On CUDA the batch goes through page-locked (pinned) host buffers, one per field, reused from
+batch to batch, with asynchronous copies. Reuse is safe because both learners end every update
+with ``.item()``, which waits for the GPU, before the next batch overwrites the buffers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class BatchMover:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._pinned: dict[str, torch.Tensor] = {}
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        if self.device.type != "cuda":
+            return {k: torch.as_tensor(v) for k, v in batch.items()}
+        out = {}
+        for k, v in batch.items():
+            src = torch.from_numpy(np.ascontiguousarray(v))
+            buf = self._pinned.get(k)
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                buf = self._pinned[k] = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            buf.copy_(src)
+            out[k] = buf.to(self.device, non_blocking=True)
+        return out
