@@ -8,7 +8,8 @@ Steps, all in one process on one machine: profile the config on a LocalCluster o
 single-threaded workers; plan for ``--cores``; then run the plan and every grid point
 (groups G x actors A x learner threads T with G * (A + T) = cores) for ``--seconds`` each on
 a fresh LocalCluster, and measure training throughput as the median ``train_fps`` (samples
-consumed per second, all learners) over the rows after the first third of the run.
+consumed per second, all learners) over the rows from 1 s after the first update to 1 s before
+the end (cluster start and warm-up are not measured; ``--startup-seconds`` allows for them).
 Writes ``<out>/planner_quality.nc`` (dim ``allocation``), ``.json`` and ``.png``.
 """
 
@@ -27,27 +28,29 @@ import numpy as np
 
 
 def grid(cores: int) -> list[tuple[int, int, int]]:
-    """(G, A, T) with G * (A + T) = cores: per group size m, actor counts 1, m/2 and m-1
-    (and a few more for a single group)."""
+    """(G, A, T) with G * (A + T) = cores: per group size m, 1 actor and m/2 actors (and m - 1
+    for a single group)."""
     out = set()
     for G in (1, 2, 4, 8, 16):
         if cores % G or cores // G < 2:
             continue
         m = cores // G
-        shares = {1, m // 2, m - 1} | ({2, 4, m // 4, 3 * m // 4} if G == 1 else set())
-        for A in shares:
+        for A in {1, m // 2} | ({m - 1} if G == 1 else set()):
             if 1 <= A <= m - 1:
                 out.add((G, A, m - A))
     return sorted(out)
 
 
-def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path) -> dict:
+def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path, startup_s: float) -> dict:
+    """Run one allocation for ``startup_s + seconds``; rates are medians over the rows from 1 s
+    after the learners' first update to 1 s before the end (start-up excluded)."""
     from tianji_dask.config import apply_overrides, validate_config
     from tianji_dask.driver import train
 
     data = apply_overrides(cfg.model_dump(mode="json"), [
         f"topology.groups={G}", f"topology.actors={A}", "topology.learners=1", f"topology.learner_threads={T}",
-        "stop.target_return=null", "stop.max_env_steps=null", f"stop.max_seconds={seconds}"])
+        "stop.target_return=null", "stop.max_env_steps=null", f"stop.max_seconds={startup_s + seconds}",
+        "run.checkpoint=false"])
     run_cfg = validate_config(data)
     load = os.getloadavg()[0]
     res = train(run_cfg, out=out_root / f"G{G}-A{A}-T{T}").wait()
@@ -55,20 +58,24 @@ def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path) -> dict
 
     with xr.open_dataset(Path(res.run_dir) / "metrics.nc", engine="h5netcdf") as ds:
         t = ds.time.values
-        fps = ds.train_fps.values
-        sps = ds.sample_fps.values
-        keep = (t >= t[-1] / 3) & (t < t[-1] - 0.5) & np.isfinite(fps)
-        train_fps = float(np.median(fps[keep])) if keep.any() else float("nan")
-        sample_fps = float(np.nanmedian(sps[keep])) if keep.any() else float("nan")
+        fps, sps = ds.train_fps.values, ds.sample_fps.values
+        training = np.nonzero(ds.updates.values > 0)[0]
+        t_first = float(t[training[0]]) if len(training) else float("nan")
+        keep = (t >= t_first + 1.0) & (t < t[-1] - 1.0) & np.isfinite(fps)
+        train_fps = float(np.median(fps[keep])) if keep.sum() >= 3 else float("nan")
+        sample_fps = float(np.nanmedian(sps[keep])) if keep.sum() >= 3 else float("nan")
     return {"groups": G, "actors": A, "learner_threads": T, "status": res.status, "error": res.error,
-            "train_fps": train_fps, "sample_fps": sample_fps, "load_avg_1m": load}
+            "train_fps": train_fps, "sample_fps": sample_fps, "first_update_s": t_first,
+            "rows_measured": int(keep.sum()), "load_avg_1m": load}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config")
     p.add_argument("--cores", type=int, default=os.cpu_count())
-    p.add_argument("--seconds", type=float, default=15.0, help="run length per allocation")
+    p.add_argument("--seconds", type=float, default=15.0, help="measured seconds per allocation")
+    p.add_argument("--startup-seconds", type=float, default=15.0,
+                   help="allowance added to each run for cluster start and warm-up (not measured)")
     p.add_argument("--profile-seconds", type=float, default=2.0)
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--out", type=Path, default=None)
@@ -101,11 +108,12 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="planner-quality-") as tmp:
         for G, A, T in points:
-            r = measure(cfg, G, A, T, args.seconds, Path(tmp))
+            r = measure(cfg, G, A, T, args.seconds, Path(tmp), args.startup_seconds)
             r["is_plan"] = (G, A, T) == chosen
             rows.append(r)
             print(f"G={G:2d} A={A:2d} T={T:2d}{' (plan)' if r['is_plan'] else '       '}  train {r['train_fps']:10,.0f} "
-                  f"samples/s  sample {r['sample_fps']:10,.0f} env steps/s  {r['status']}  load {r['load_avg_1m']:.1f}",
+                  f"samples/s  sample {r['sample_fps']:10,.0f} env steps/s  first update {r['first_update_s']:.1f} s, "
+                  f"{r['rows_measured']} rows  {r['status']}  load {r['load_avg_1m']:.1f}",
                   flush=True)
     plan_row = next(r for r in rows if r["is_plan"])
     best = max(rows, key=lambda r: -1 if np.isnan(r["train_fps"]) else r["train_fps"])
