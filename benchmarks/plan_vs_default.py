@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--profile-seconds", type=float, default=2.0)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="DQN batch sizes the profile measures and the plan may choose (default: the config's)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     with LocalCluster(n_workers=args.cores, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0", preload=["tianji_dask.worker_preload"]) as cluster, \
             Client(cluster) as client:
-        prof = profiling.profile(cfg, client, seconds=args.profile_seconds, log=print)
+        prof = profiling.profile(cfg, client, seconds=args.profile_seconds, batch_sizes=args.batch_sizes, log=print)
     profiling.save(prof, out / "profile.nc")
     plan = make_plan(cfg, Profile.from_dataset(prof), Resources(cores=args.cores))
     save_plan(plan, out / "plan.yaml")
