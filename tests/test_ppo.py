@@ -362,6 +362,21 @@ def test_buffer_sample_reuse_8_serves_a_rollout_up_to_8_times():
     assert buf.stale_dropped == 0
 
 
+@pytest.mark.timeout(10)
+def test_buffer_waits_for_a_full_batch_of_rollouts():
+    # 8 rollouts per iteration (configs/pong_ppo.yaml): training on whatever arrived first would
+    # take 8x the serial algorithm's gradient steps per sample
+    buf, inbox = _buffer("algo.rollouts_per_update=3", "algo.max_policy_lag=1", "topology.actors=3")
+    for tag in (1, 2):
+        inbox.push(_rollout(0, tag=tag))
+    buf.ingest()
+    assert buf.take(0) == [] and len(buf) == 2 * 8  # nothing used up while waiting
+    inbox.push(_rollout(0, tag=3))
+    buf.ingest()
+    assert sorted(_tags(buf.take(0))) == [1, 2, 3]
+    assert buf.take(1) == [] and buf.stale_dropped == 0
+
+
 # ------------------------------------------------------------------ PPO learner role
 def _full_rollout(version: int, T: int, N: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)

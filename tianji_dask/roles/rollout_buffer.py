@@ -2,8 +2,9 @@
 
 Each rollout carries the policy version that produced it. ``take(version)`` drops rollouts
 more than ``algo.max_policy_lag`` versions behind (counted in ``stale_dropped``) and returns
-up to ``algo.rollouts_per_update`` of the newest rollouts that were used fewer than
-``algo.sample_reuse`` times; each use is counted against the rollout.
+the ``algo.rollouts_per_update`` newest rollouts that were used fewer than ``algo.sample_reuse``
+times, or nothing while fewer are there (a learner iteration always trains on a full batch);
+each use is counted against the rollout.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class RolloutBufferRole:
                     keep.append(r)
             self._held = keep
             usable = [r for r in reversed(keep) if r.uses < a.sample_reuse][: a.rollouts_per_update]
+            if len(usable) < a.rollouts_per_update:
+                return []  # an iteration trains on a full batch, as the serial algorithm does
             for r in usable:
                 r.uses += 1
             self._held = [r for r in keep if r.uses < a.sample_reuse]
