@@ -69,3 +69,15 @@ def test_plan_refusals(measured, tmp_path):
     assert not (tmp_path / "p.yaml").exists()
     r = cli("train", CONFIG, "--plan", tmp_path / "missing.yaml")
     assert r.returncode == 2 and "no such file" in r.stderr
+    (tmp_path / "notes.txt").write_text("not a profile")
+    r = cli("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "notes.txt", "--out", tmp_path / "p.yaml")
+    assert r.returncode == 2 and "is not a NetCDF file" in r.stderr and "tianji-dask profile CONFIG" in r.stderr
+    xr.Dataset({"x": ("t", [1.0])}).to_netcdf(tmp_path / "other.nc", engine="h5netcdf")
+    r = cli("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "other.nc", "--out", tmp_path / "p.yaml")
+    assert r.returncode == 2 and "is not a tianji-dask profile (no actor_env_steps_per_s" in r.stderr
+    for bad, message in ((["--max-actors", "0"], "--max-actors must be at least 1"),
+                         (["--seconds", "0"], "--seconds must be positive"),
+                         (["--batch-sizes", "64,x"], "--batch-sizes takes comma-separated positive integers")):
+        r = cli("profile", CONFIG, *bad, "--out", tmp_path / "prof.nc")
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "prof.nc").exists()

@@ -206,6 +206,16 @@ def _profile_client(args, cfg):
     return Client(cluster), cluster
 
 
+def _check_profile_arguments(args) -> None:
+    if args.seconds <= 0:
+        raise ValueError(f"--seconds must be positive, got {args.seconds}")
+    for name in ("max_actors", "max_threads"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    _batch_sizes(args.batch_sizes)
+
+
 def _batch_sizes(text):
     if text is None:
         return None
@@ -240,17 +250,14 @@ def cmd_profile(args) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
-        _batch_sizes(args.batch_sizes)
+        _check_profile_arguments(args)
     except (ConfigError, ValueError) as exc:
         return _bad_input(str(exc))
-    if args.seconds <= 0:
-        return _bad_input(f"--seconds must be positive, got {args.seconds}")
     _measure(cfg, args, args.out)
     return EXIT_OK
 
 
 def cmd_plan(args) -> int:
-    import xarray as xr
     from rich.console import Console
     from dask.utils import parse_bytes
 
@@ -259,7 +266,7 @@ def cmd_plan(args) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
-        _batch_sizes(args.batch_sizes)
+        _check_profile_arguments(args)
         mem = parse_bytes(args.memory_per_node) if args.memory_per_node else None
         res = Resources(cores=args.cores, nodes=args.nodes, cores_per_node=args.cores_per_node, memory_per_node=mem)
     except (ConfigError, PlanError, ValueError) as exc:
@@ -268,16 +275,10 @@ def cmd_plan(args) -> int:
     if not path.exists():
         print(f"tianji-dask: no profile at {path}: measuring one on this machine", file=sys.stderr)
         _measure(cfg, args, path)
-    ds = xr.open_dataset(path, engine="h5netcdf")
     try:
-        if (ds.attrs.get("algo"), ds.attrs.get("env_id")) != (cfg.algo.name, cfg.env.id):
-            return _bad_input(f"--profile {path} measured {ds.attrs.get('algo')} on {ds.attrs.get('env_id')}, "
-                              f"the config is {cfg.algo.name} on {cfg.env.id}: profile this config")
-        plan = make_plan(cfg, Profile.from_dataset(ds), res)
+        plan = make_plan(cfg, Profile.load(path, cfg), res)
     except PlanError as exc:
         return _bad_input(str(exc))
-    finally:
-        ds.close()
     console = Console(stderr=False)
     console.print(plan_table(plan))
     for line in plan.explanation:

@@ -56,6 +56,32 @@ class Profile:
                             f"(threads={len(self.threads)}, batch_sizes={len(self.batch_sizes)})")
 
     @classmethod
+    def load(cls, path, cfg=None) -> Profile:
+        """Read a profile file (``tianji-dask profile``); with ``cfg``, refuse one measured for
+        another algorithm or env. Every problem is a :class:`PlanError` naming the fix."""
+        from pathlib import Path
+
+        import xarray as xr
+
+        path = Path(path)
+        make = "make one with tianji-dask profile CONFIG --out " + str(path)
+        if not path.is_file():
+            raise PlanError(f"--profile {path}: no such file; {make}")
+        try:
+            with xr.open_dataset(path, engine="h5netcdf") as ds:
+                ds.load()
+        except Exception as exc:  # noqa: BLE001 - h5py/xarray raise many kinds for a non-netCDF file
+            raise PlanError(f"--profile {path} is not a NetCDF file ({type(exc).__name__}); {make}") from None
+        missing = sorted({"actor_env_steps_per_s", "learner_samples_per_s", "message_bytes",
+                          "replay_bytes_per_transition"} - set(ds.data_vars))
+        if missing:
+            raise PlanError(f"--profile {path} is not a tianji-dask profile (no {', '.join(missing)}); {make}")
+        if cfg is not None and (ds.attrs.get("algo"), ds.attrs.get("env_id")) != (cfg.algo.name, cfg.env.id):
+            raise PlanError(f"--profile {path} measured {ds.attrs.get('algo')} on {ds.attrs.get('env_id')}, "
+                            f"the config is {cfg.algo.name} on {cfg.env.id}: profile this config")
+        return cls.from_dataset(ds)
+
+    @classmethod
     def from_dataset(cls, ds) -> Profile:
         return cls(
             actors=tuple(int(k) for k in ds.actors.values),
