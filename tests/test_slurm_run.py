@@ -88,6 +88,29 @@ def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_def
         check_fits(plan)
 
 
+def test_no_sbatch_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
+    plan = two_core_plan(load_config(CONFIG, [*SHORT]))
+    with pytest.raises(PlanError, match="sbatch is not on PATH.*local-slurm.sh"):
+        slurm_cluster(plan)
+
+
+@pytest.mark.timeout(120)
+def test_a_job_slurm_refuses_cancels_the_rest(slurm_conf, jobqueue_defaults, tmp_path, monkeypatch):  # noqa: F811
+    """Past check_fits (a site whose sinfo misleads it), sbatch's own refusal surfaces as an error
+    that quotes Slurm, and the plan's other job is not left queued."""
+    import tianji_dask.slurm as slurm
+    from tianji_dask.slurm import SlurmSubmitError
+
+    assert wait_empty() == []
+    plan = two_core_plan(load_config(CONFIG, [*SHORT]))
+    plan.jobs[1] = Job("actors", 0, 64, 1, 2**30, 0)
+    monkeypatch.setattr(slurm, "check_fits", lambda plan, queue=None: None)
+    with pytest.raises(SlurmSubmitError, match="More processors requested than permitted"):
+        slurm.slurm_cluster(plan, **site(tmp_path))
+    assert wait_empty() == []
+
+
 @pytest.mark.timeout(240)
 def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
     from distributed import Client

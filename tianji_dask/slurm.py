@@ -112,6 +112,9 @@ def slurm_cluster(plan: Plan, run_tag: str = "run", **kwargs):
     import dask
     from dask_jobqueue import SLURMCluster
 
+    if shutil.which("sbatch") is None:
+        raise PlanError("Slurm's sbatch is not on PATH, so no job can be submitted from here; run on a "
+                        "Slurm login node, or try a local Slurm: jobqueue/local-slurm.sh start DIR")
     check_fits(plan, kwargs.get("queue") or dask.config.get("jobqueue.slurm.queue", None))
     first = plan.jobs[0]  # the cluster's own job template (cluster.job_script()); no job is submitted for it
     cluster = SLURMCluster(**{"cores": first.cores, "processes": first.processes,
@@ -123,8 +126,29 @@ def slurm_cluster(plan: Plan, run_tag: str = "run", **kwargs):
         if job.processes > 1:
             spec["group"] = [f"-{i}" for i in range(job.processes)]
         cluster.worker_spec[name] = spec
-    cluster.sync(cluster._correct_state)
+    try:
+        cluster.sync(cluster._correct_state)  # submits every job (sbatch), raises if one is refused
+    except Exception as exc:
+        _cancel_and_close(cluster)
+        raise SlurmSubmitError(f"Slurm refused a job of the plan ({exc}); the jobs already submitted "
+                               "were cancelled. Check the plan with tianji-dask job-script") from exc
     return cluster
+
+
+class SlurmSubmitError(RuntimeError):
+    """sbatch refused a planned job; nothing of the plan is left queued or running."""
+
+
+def _cancel_and_close(cluster) -> None:
+    cluster.worker_spec.clear()
+    try:
+        cluster.sync(cluster._correct_state)  # scancel what was submitted
+    except Exception:  # noqa: BLE001 - the refused job itself cannot be closed
+        pass
+    try:
+        cluster.close()
+    except AssertionError:  # distributed asserts every job started; the refused one never did
+        pass
 
 
 def planned_processes(plan: Plan) -> int:
