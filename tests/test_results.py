@@ -135,6 +135,30 @@ def test_policy_lag_is_never_negative_when_actors_report_after_the_learner():
     assert r["policy_lag"] == pytest.approx(25.0)
 
 
+def test_policy_lag_compares_versions_at_the_same_time():
+    # the learner makes 800 updates/s; the actor's beat (0.5 s, version 400) falls between the
+    # learner's beats at 0 and 1.0 s: the learner was at 400 then, so the actor was up to date,
+    # although the learner's latest beat says 800
+    m = recorder()
+    m.add(learner(0.0, 0, version=0))
+    m.add(learner(1.0, 800, version=800))
+    m.add(actor(0, 0.5, 1000, version=400))
+    assert m.row(1.0)["policy_lag"] == pytest.approx(0.0)
+    m.add(actor(0, 1.5, 2000, version=600))  # after the learner's last beat: compared with 800
+    assert m.row(1.5)["policy_lag"] == pytest.approx(200.0)
+
+
+def test_policy_lag_compares_each_actor_with_its_own_groups_learner():
+    m = MetricsRecorder(run_name="g", target_return=None, t0=T0, config_json=json.dumps(
+        {"algo": {"name": "ppo"}, "topology": {"groups": 2, "actors": 1, "learners": 1}}))
+    learner_of = lambda g, t, v: {**learner(t, v, version=v), "id": g}  # noqa: E731
+    m.add(learner_of(0, 0.0, 10))
+    m.add(learner_of(1, 0.0, 500))   # group 1 counts its own versions
+    m.add(actor(0, 0.1, 100, version=9))
+    m.add(actor(1, 0.1, 100, version=498))
+    assert m.row(0.2)["policy_lag"] == pytest.approx((1 + 2) / 2)
+
+
 def test_empty_recorder_reports_nan_and_zero():
     m = recorder()
     r = m.row(0.0)

@@ -112,11 +112,13 @@ _VERSIONED = ("torch", "dask", "distributed", "gymnasium", "numpy", "xarray")
 class _Host:
     """Latest heartbeat of one host plus the reference point of its rates."""
 
-    __slots__ = ("t", "raw", "offset", "ref_t", "ref", "rates")
+    __slots__ = ("t", "raw", "offset", "ref_t", "ref", "rates", "prev_t", "prev_version")
 
     def __init__(self, t: float, counters: dict[str, float]):
         self.t = t
         self.raw = counters
+        self.prev_t = math.nan  # the heartbeat before the latest: for versions between the two
+        self.prev_version = math.nan
         self.offset: dict[str, float] = {}
         self.ref_t = t
         self.ref = dict(counters)
@@ -152,6 +154,9 @@ class MetricsRecorder:
         self.target_return = None if target_return is None else float(target_return)
         self.config_json = config_json
         self.t0 = float(t0)
+        topo = json.loads(config_json).get("topology") or {}
+        self._actors_per_group = int(topo.get("actors") or 0)  # maps an actor to its group's learner
+        self._learners_per_group = int(topo.get("learners") or 1)
         self._extra_attrs = _netcdf_attrs(attrs or {})
         self._provenance = provenance_attrs()  # at start: the code this run was launched with
         self._lock = threading.Lock()
@@ -185,6 +190,7 @@ class MetricsRecorder:
                     for k in _MONOTONE[role]:
                         if not math.isnan(host.raw.get(k, math.nan)):
                             host.offset[k] = host.offset.get(k, 0.0) + host.raw[k]
+                host.prev_t, host.prev_version = host.t, _version(host)
                 host.t, host.raw = t, counters
             steps = self._env_steps_locked()
             for ep in heartbeat.get("episodes") or ():
@@ -199,6 +205,29 @@ class MetricsRecorder:
                 if (self.target_return is not None and math.isnan(self.time_to_target_s)
                         and len(c["return"]) >= 100 and self._mean_100() >= self.target_return):
                     self.time_to_target_s = t_end - self.t0
+
+    def _policy_lag(self, actors, learners) -> float:
+        """Mean over actors of (their group's latest version at the actor's heartbeat time -
+        the version the actor used then). Comparing each host's latest heartbeat instead made
+        the lag jump by a heartbeat interval's worth of updates whenever the learner's beat came
+        later than the actor's. The version at that time is the larger of the learner's,
+        interpolated between its last two heartbeats, and any version an actor of the group
+        already held by then (it was published)."""
+        A, L = self._actors_per_group, self._learners_per_group
+        learner_of = {hid: h for hid, h in learners}
+        lags = []
+        for aid, a in actors:
+            v_a = _version(a)
+            if math.isnan(v_a):
+                continue
+            group = aid // A if A else None
+            lead = learner_of.get(group * L) if group is not None else None
+            mine = [lead] if lead is not None else [h for _, h in learners]
+            held = [_version(b) for bid, b in actors if b.t <= a.t and (group is None or bid // A == group)]
+            latest = _nanmax([*(_learner_version_at(h, a.t) for h in mine), *held])
+            if not math.isnan(latest):
+                lags.append(max(0.0, latest - v_a))
+        return float(np.mean(lags)) if lags else math.nan
 
     # ---------------------------------------------------------------- summary
     @property
@@ -267,7 +296,6 @@ class MetricsRecorder:
             # an actor's version was published, so it bounds the latest one from below: a row can
             # hold a learner heartbeat older than an actor's, which made policy_lag negative
             param_version = _nanmax([*learner_versions, *actor_versions])
-            mean_actor_version = _nanmean(actor_versions)
             r = {
                 "time": float(t_rel),
                 "env_steps": int(total(actors, "env_steps")),
@@ -282,7 +310,7 @@ class MetricsRecorder:
                 "buffer_size": float(size),
                 "buffer_fill": size / capacity if capacity > 0 else math.nan,
                 "param_version": param_version,
-                "policy_lag": param_version - mean_actor_version,
+                "policy_lag": self._policy_lag(actors, learners),
                 "epsilon": _nanmean([h.raw.get("epsilon", math.nan) for _, h in actors]),
                 "loss": _nanmean([h.raw.get("loss", math.nan) for _, h in learners]),
                 "q_mean": _nanmean([h.raw.get("q_mean", math.nan) for _, h in learners]),
@@ -413,6 +441,17 @@ def _package_version(dist: str) -> str:
 
 def _num(v: Any) -> float:
     return math.nan if v is None else float(v)
+
+
+def _learner_version_at(h: _Host, t: float) -> float:
+    """A learner's version at time ``t``, between its last two heartbeats (linear), else the
+    nearest of them."""
+    v = _version(h)
+    if t >= h.t or math.isnan(h.prev_t) or math.isnan(h.prev_version):
+        return v
+    if t <= h.prev_t:
+        return h.prev_version
+    return h.prev_version + (v - h.prev_version) * (t - h.prev_t) / (h.t - h.prev_t)
 
 
 def _version(h: _Host) -> float:
