@@ -329,7 +329,9 @@ def test_queue_many_to_one(client, workers):
     results = client.gather(futs)
     assert all(all(acc) for acc, _ in results)
     assert out["bad"] == []
-    assert len(out["got"]) == 240
+    # seen once in CI (232 of 240 after 45 s), never reproduced since: say where items stopped
+    assert len(out["got"]) == 240, {"inbox": out["stats"], "senders": [st for _, st in results],
+                                     "got_per_sender": {s: sum(g[0] == s for g in out["got"]) for s in senders}}
     check_order(out["got"], senders)
     assert out["stats"]["senders"] == {s: 80 for s in senders} and out["stats"]["seq_gaps"] == 0
     # Documented bound while senders join: capacity x (1 + 1/2 + 1/3).

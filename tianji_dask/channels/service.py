@@ -16,6 +16,8 @@ the handshake message, and the handler keeps it for the life of the connection.
 
 from __future__ import annotations
 
+import logging
+
 import threading
 import weakref
 
@@ -117,6 +119,7 @@ class ChannelService:
         until the peer leaves.  Never raises into the worker; always closes the comm."""
         problem = None
         inbox = None
+        not_open = False
         if not isinstance(channel, str) or not channel:
             problem = f"handshake without a 'channel' name (got {channel!r})"
         elif kind not in (QUEUE_KIND, LATEST_KIND):
@@ -127,6 +130,7 @@ class ChannelService:
             inbox = self._inboxes.get(channel)
             wanted = QueueInbox if kind == QUEUE_KIND else LatestInbox
             if inbox is None:
+                not_open = True
                 problem = f"no open channel {channel!r} on {self.address} (open: {sorted(self._inboxes)})"
             elif not isinstance(inbox, wanted):
                 problem = f"channel {channel!r} on {self.address} is not a {kind!r} channel"
@@ -137,9 +141,10 @@ class ChannelService:
                 except ChannelError as exc:  # closed between lookup and serve
                     problem = str(exc)
             if problem is not None:
-                logger.warning(
-                    "tianji channel connection from %s refused: %s", comm.peer_address, problem
-                )
+                # the sender gets the reason as a ChannelError; a channel already closed here is
+                # the normal end of a run (gossip peers stop one after the other), not a warning
+                level = logging.INFO if not_open else logging.WARNING
+                logger.log(level, "tianji channel connection from %s refused: %s", comm.peer_address, problem)
                 await comm.write({"error": problem})
                 await comm.close()
         except (CommClosedError, OSError):
