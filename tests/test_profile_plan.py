@@ -81,3 +81,10 @@ def test_plan_refusals(measured, tmp_path):
         r = cli("profile", CONFIG, *bad, "--out", tmp_path / "prof.nc")
         assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "prof.nc").exists()
+    # what is already written is never replaced
+    (tmp_path / "kept.yaml").write_text("mine")
+    r = cli("plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "kept.yaml")
+    assert r.returncode == 2 and "exists" in r.stderr and (tmp_path / "kept.yaml").read_text() == "mine"
+    before = path.read_bytes()
+    r = cli("profile", CONFIG, "--out", path)
+    assert r.returncode == 2 and "holds a profile already written" in r.stderr and path.read_bytes() == before

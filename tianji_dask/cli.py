@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "threads x batch size) of a config; writes a NetCDF profile for tianji-dask plan.")
     pr.add_argument("config")
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    pr.add_argument("--out", type=Path, default=Path("profile.nc"), help="profile file (default profile.nc)")
+    pr.add_argument("--out", type=Path, default=Path("profile.nc"), help="profile file to write; must not exist (default profile.nc)")
     _add_profile_arguments(pr)
 
     pl = sub.add_parser("plan", help="size groups, actors and learner threads for M cores (TianJi's strategy)",
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--profile", type=Path, default=None,
                     help="profile to plan from; measured on a LocalCluster of this machine (and saved "
                          "there) when the file does not exist (default: PLAN's name with .profile.nc)")
-    pl.add_argument("--out", type=Path, default=Path("plan.yaml"), help="plan file (default plan.yaml)")
+    pl.add_argument("--out", type=Path, default=Path("plan.yaml"), help="plan file to write; must not exist (default plan.yaml)")
     _add_profile_arguments(pl)
 
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
@@ -251,10 +251,18 @@ def cmd_profile(args) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         _check_profile_arguments(args)
+        _refuse_existing(args.out, "a profile")
     except (ConfigError, ValueError) as exc:
         return _bad_input(str(exc))
     _measure(cfg, args, args.out)
     return EXIT_OK
+
+
+def _refuse_existing(path: Path, what: str) -> None:
+    """Measurements and plans already written are never replaced."""
+    if path.exists():
+        raise ValueError(f"--out {path} exists; it holds {what} already written. Choose another --out, "
+                         f"or delete it first (nothing was measured or written)")
 
 
 def cmd_plan(args) -> int:
@@ -269,6 +277,7 @@ def cmd_plan(args) -> int:
         _check_profile_arguments(args)
         mem = parse_bytes(args.memory_per_node) if args.memory_per_node else None
         res = Resources(cores=args.cores, nodes=args.nodes, cores_per_node=args.cores_per_node, memory_per_node=mem)
+        _refuse_existing(args.out, "a plan")
     except (ConfigError, PlanError, ValueError) as exc:
         return _bad_input(str(exc))
     path = args.profile or args.out.with_suffix(".profile.nc")
