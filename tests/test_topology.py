@@ -9,18 +9,22 @@ from tianji_dask.config import load_config
 from tianji_dask.driver import train
 
 
-@pytest.mark.integration
-@pytest.mark.learning
-@pytest.mark.timeout(240)
-def test_two_data_parallel_learners_reach_the_target(tmp_path):
+def ppo_to_150(tmp_path, *topology: str):
+    """Train PPO CartPole with the given topology overrides to a mean return of 150; its result and metrics."""
     cfg = load_config("configs/cartpole_ppo.yaml",
-                      ["topology.learners=2", "topology.actors=2", "algo.ratio_tolerance=0.5",
-                       "stop.target_return=150", "stop.max_env_steps=1000000", "stop.max_seconds=180"])
+                      [*topology, "stop.target_return=150", "stop.max_env_steps=1000000", "stop.max_seconds=180"])
     run = train(cfg, out=tmp_path / "run")
     result = run.wait()
     assert result.error is None, result.error
     assert result.status == "target_reached", (result.status, result.return_mean_100)
-    ds = run.metrics()
+    return result, run.metrics()
+
+
+@pytest.mark.integration
+@pytest.mark.learning
+@pytest.mark.timeout(240)
+def test_two_data_parallel_learners_reach_the_target(tmp_path):
+    _, ds = ppo_to_150(tmp_path, "topology.learners=2", "topology.actors=2", "algo.ratio_tolerance=0.5")
     assert ds.sizes["learner"] == 2 and ds.sizes["buffer"] == 2 and ds.sizes["actor"] == 2
     # both learners trained (their buffers were fed by their own actors)
     assert (ds.learner_train_fps.max("time") > 0).all()
@@ -31,14 +35,7 @@ def test_two_data_parallel_learners_reach_the_target(tmp_path):
 @pytest.mark.learning
 @pytest.mark.timeout(240)
 def test_two_groups_stay_close_and_reach_the_target(tmp_path):
-    cfg = load_config("configs/cartpole_ppo.yaml",
-                      ["topology.groups=2", "algo.ratio_tolerance=0.5", "topology.sync_interval_s=0.5",
-                       "stop.target_return=150", "stop.max_env_steps=1000000", "stop.max_seconds=180"])
-    run = train(cfg, out=tmp_path / "run")
-    result = run.wait()
-    assert result.error is None, result.error
-    assert result.status == "target_reached", (result.status, result.return_mean_100)
-    ds = run.metrics()
+    result, ds = ppo_to_150(tmp_path, "topology.groups=2", "algo.ratio_tolerance=0.5", "topology.sync_interval_s=0.5")
     dist = ds.group_param_distance.values
     measured = dist[~np.isnan(dist)]
     assert len(measured) >= 3, dist  # gossip rounds happened and were recorded
