@@ -121,6 +121,27 @@ def test_serial_run_writes_the_same_files(h, tmp_path):
     print(f"\nserial: {n}")
 
 
+@pytest.mark.timeout(60)
+def test_results_are_written_while_the_run_goes_on(h, tmp_path):
+    """A run that dies (or whose machine is taken back) keeps what ``run.save_interval`` wrote."""
+    import xarray as xr
+
+    cfg = short_config(h, "stop.max_seconds=8", "run.save_interval=1")
+    run = train(cfg, out=tmp_path / "interim", serial=True)
+    metrics = run.run_dir / "metrics.nc"
+    deadline = time.monotonic() + 30
+    while not metrics.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metrics.exists() and not run.done, "no interim metrics.nc before the run ended"
+    interim = xr.load_dataset(metrics, engine="h5netcdf").sizes["time"]
+    assert (run.run_dir / "episodes.nc").exists()
+    result = run.wait(timeout=45)
+    assert result is not None and result.error is None, result and result.error
+    final = xr.load_dataset(metrics, engine="h5netcdf").sizes["time"]
+    assert 0 < interim < final
+    assert not [p for p in run.run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
 # ------------------------------------------------------------------ bad input through the CLI
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("overrides, message", [

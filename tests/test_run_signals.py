@@ -1,6 +1,7 @@
 """The CLI under signals, in a subprocess of its own session: Ctrl-C (SIGINT to the CLI process
-only) ends the run with results and exit 130; a worker killed with SIGKILL is reported as a lost
-host, the run fails with exit 1, results are still written. Neither may leave a process behind.
+only) ends the run with results and exit 130, SIGTERM likewise with 143; a worker killed with
+SIGKILL is reported as a lost host, the run fails with exit 1, results are still written. None
+may leave a process behind.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def assert_results_open(run_dir: Path) -> dict:
 
 
 @pytest.mark.timeout(90)
-def test_sigint_stops_the_run_with_results_and_no_process_left(h, cli_run):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_the_run_with_results_and_no_process_left(h, cli_run, sig):
     run = cli_run()
     t_progress = run.wait_for_line(PROGRESS, timeout=60)
     time.sleep(2)  # hosts running, some steps taken
@@ -158,10 +160,10 @@ def test_sigint_stops_the_run_with_results_and_no_process_left(h, cli_run):
     family = psutil.Process(run.proc.pid).children(recursive=True)
 
     t_sig = time.monotonic()
-    os.kill(run.proc.pid, signal.SIGINT)  # the CLI only, not its process group
+    os.kill(run.proc.pid, sig)  # the CLI only, not its process group
     code = run.finish(timeout=10)
     exit_s = time.monotonic() - t_sig
-    assert code == 130, f"exit {code} {exit_s:.1f} s after SIGINT at {t_sig - run.t0:.2f} s:\n{run.timeline()}"
+    assert code == 128 + sig, f"exit {code} {exit_s:.1f} s after {sig.name} at {t_sig - run.t0:.2f} s:\n{run.timeline()}"
     assert "Traceback" not in run.stderr, run.stderr
     assert "stopped:" in run.stderr, run.stderr
     sizes = assert_results_open(run.out)
@@ -169,7 +171,7 @@ def test_sigint_stops_the_run_with_results_and_no_process_left(h, cli_run):
     assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \
         [p.pid for p in family if alive(p)]
     assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
-    print(f"\nSIGINT: first progress at {t_progress:.1f} s, exit 130 after {exit_s:.1f} s, {sizes}")
+    print(f"\n{sig.name}: first progress at {t_progress:.1f} s, exit {code} after {exit_s:.1f} s, {sizes}")
 
 
 @pytest.mark.timeout(120)

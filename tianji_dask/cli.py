@@ -2,7 +2,7 @@
 
 Exit codes: 0 the run finished (target reached or a budget spent); 1 it failed
 during the run; 2 bad input (nothing started, nothing written); 130 stopped by
-Ctrl-C (results written).
+Ctrl-C, 143 by SIGTERM (results written either way).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,6 +100,10 @@ def _bad_input(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signum)
+
+
 def cmd_train(args) -> int:
     from tianji_dask.config import ConfigError, load_config
     from tianji_dask.rundir import RunDirExists
@@ -148,13 +152,16 @@ def cmd_train(args) -> int:
         progress.close()
         return _bad_input(str(exc))
     progress.event(f"run directory: {run.run_dir}")
-    interrupted = False
+    interrupted = None
+    # SIGTERM (kill, scancel, a batch system's time limit) ends the run like Ctrl-C: results written.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         result = run.wait()
-    except KeyboardInterrupt:
-        interrupted = True
-        progress.event("interrupted: stopping all hosts and writing results...")
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the cleanup
+    except KeyboardInterrupt as exc:
+        interrupted = exc.args[0] if exc.args else signal.SIGINT
+        progress.event(f"{signal.Signals(interrupted).name}: stopping all hosts and writing results...")
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not break the cleanup
+            signal.signal(sig, signal.SIG_IGN)
         run.stop("stopped")
         result = run.wait()
     finally:
@@ -164,8 +171,8 @@ def cmd_train(args) -> int:
         if cluster is not None:
             cluster.close()  # cancels the jobs
     _report(result)
-    if interrupted:
-        return EXIT_INTERRUPTED
+    if interrupted is not None:
+        return 128 + int(interrupted)
     return EXIT_OK if result.ok else EXIT_FAILED
 
 

@@ -420,6 +420,10 @@ class RunConfig(_Section):
         5.0, gt=0, description="seconds without a heartbeat before a host is declared lost"
     )
     checkpoint: bool = Field(True, description="write checkpoints into the run directory")
+    save_interval: float = Field(
+        60.0, ge=0, description="seconds between writes of metrics.nc and episodes.nc while the "
+        "run goes on (0: only at its end); a crash or a lost machine keeps what was written"
+    )
 
     @model_validator(mode="after")
     def _check_heartbeat(self) -> RunConfig:

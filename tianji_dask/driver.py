@@ -70,6 +70,7 @@ class Run:
         self._done = threading.Event()
         self.result: RunResult | None = None
         self.t0 = time.time()
+        self._next_save = self.t0 + cfg.run.save_interval
         self.recorder = MetricsRecorder(run_name=self.name, target_return=cfg.stop.target_return,
                                         config_json=cfg.to_json(), t0=self.t0,
                                         attrs={"mode": "serial" if serial else "distributed"})
@@ -157,10 +158,20 @@ class Run:
 
     def _tick(self, next_row: float) -> float:
         now = time.time()
+        if self.cfg.run.save_interval and now >= self._next_save:
+            self._next_save = now + self.cfg.run.save_interval
+            self._save_partial()
         if now >= next_row:
             self._on_row(self.recorder.row(now - self.t0))
             return now + self.cfg.run.metrics_interval
         return next_row
+
+    def _save_partial(self) -> None:
+        # The files are replaced atomically, so a reader (or a crash) sees the previous or the new.
+        try:
+            self.recorder.write(self.run_dir)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not end a healthy run
+            self._on_event(f"writing interim results to {self.run_dir} failed: {exc!r}")
 
     def _run_serial(self) -> None:
         from tianji_dask.serial import SerialRun
