@@ -142,6 +142,28 @@ def test_results_are_written_while_the_run_goes_on(h, tmp_path):
     assert not [p for p in run.run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.timeout(60)
+def test_a_dead_workers_cause_is_quoted():
+    """Dask's nanny says why a worker process ended only at INFO, which LocalCluster hides; the
+    lost-host report quotes it (a worker killed by a signal, one that exited)."""
+    import signal
+
+    from tianji_dask.cluster import _WORKER_DEATHS, _watch_worker_deaths
+
+    _watch_worker_deaths()
+    t0 = time.time()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        pid = client.run(os.getpid)
+        (pid,) = pid.values()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not _WORKER_DEATHS.since(t0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    said = _WORKER_DEATHS.since(t0)
+    assert said == [f"Worker process {pid} was killed by signal 9"], said
+
+
 # ------------------------------------------------------------------ bad input through the CLI
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("overrides, message", [

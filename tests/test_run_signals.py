@@ -200,6 +200,10 @@ def test_killed_worker_is_reported_as_lost_and_fails_the_run(h, cli_run):
     assert code == 1, f"exit {code} {exit_s:.1f} s after the kill at {killed_at:.2f} s:\n{run.timeline()}"
     assert t_report <= timeout + 5, f"lost host reported {t_report:.1f} s after the kill:\n{run.timeline()}"
     assert "failed:" in run.stderr, run.stderr
+    if "left the cluster" in run.stderr:  # the scheduler noticed first: its and the nanny's word are quoted
+        flat = " ".join(run.stderr.split())  # the console wraps long lines
+        assert "the scheduler removed it (handle-worker-cleanup" in flat, run.stderr
+        assert "Dask's nanny: Worker process" in flat and "killed by signal 9" in flat, run.stderr
     sizes = assert_results_open(run.out)
     assert sizes["metrics.nc"]["time"] >= 1
     assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \

@@ -38,11 +38,13 @@ def test_two_groups_stay_close_and_reach_the_target(tmp_path):
     result, ds = ppo_to_150(tmp_path, "topology.groups=2", "algo.ratio_tolerance=0.5", "topology.sync_interval_s=0.5")
     dist = ds.group_param_distance.values
     measured = dist[~np.isnan(dist)]
-    assert len(measured) >= 3, dist  # gossip rounds happened and were recorded
-    # averaging keeps the groups close: bounded throughout, and over the second half of the run
-    # below the distance of the first round (groups start from different random parameters)
-    assert np.all(measured < 100), measured
-    assert measured[len(measured) // 2:].max() < measured[0], measured
+    # a row repeats the last round's distance until the next round: one value per round
+    rounds = measured[np.r_[True, np.diff(measured) != 0]]
+    assert len(rounds) >= 2, dist  # gossip rounds happened and were recorded
+    # averaging keeps the groups close: bounded throughout, and over the second half of the
+    # rounds below the distance of the first (groups start from different random parameters)
+    assert np.all(rounds < 100), rounds
+    assert rounds[max(1, len(rounds) // 2):].max() < rounds[0], rounds
     assert ds.sizes["learner"] == 2 and ds.sizes["actor"] == 2
     assert not math.isnan(result.time_to_target_s)
 

@@ -8,6 +8,8 @@ every host and closes what it started, whatever happened in between.
 
 from __future__ import annotations
 
+import collections
+import logging
 import math
 import time
 
@@ -19,6 +21,32 @@ from tianji_dask.seeding import group_seeds
 STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
 STOP_TIMEOUT_S = 10.0
 WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' workers are still there
+
+
+class _WorkerDeaths(logging.Handler):
+    """Dask's nannies log why a worker process ended ("killed by signal 9", "exited with status
+    1") at INFO, which LocalCluster's log silencing hides; a lost-host report quotes them."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: collections.deque[tuple[float, str]] = collections.deque(maxlen=32)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("Worker process"):
+            self.messages.append((record.created, msg))
+
+    def since(self, t: float) -> list[str]:
+        return [m for created, m in list(self.messages) if created >= t]
+
+
+_WORKER_DEATHS = _WorkerDeaths()
+
+
+def _watch_worker_deaths() -> None:
+    nanny_log = logging.getLogger("distributed.nanny")
+    if _WORKER_DEATHS not in nanny_log.handlers:
+        nanny_log.addHandler(_WORKER_DEATHS)
 
 
 class HostLost(RuntimeError):
@@ -59,6 +87,7 @@ class RunCluster:
 
     # --- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> "RunCluster":
+        _watch_worker_deaths()
         if self.client is None:
             from distributed import Client
 
@@ -87,6 +116,26 @@ class RunCluster:
                 self.client.close()
                 self._own_cluster.close()
 
+    def _removal_reason(self, where: str) -> str:
+        """The scheduler's own record of why it removed the worker (its stimulus id names the
+        cause: a closed connection, a missed heartbeat TTL, a retirement...)."""
+        try:
+            events = self.client.get_events(where)
+        except Exception:  # noqa: BLE001 - the report must not fail for want of detail
+            return ""
+        why = [msg.get("stimulus_id", "?") for _, msg in events
+               if isinstance(msg, dict) and msg.get("action") == "remove-worker"]
+        return f"; the scheduler removed it ({why[-1]})" if why else ""
+
+    def _death_reasons(self) -> str:
+        """What the nannies in this process said about workers that ended during the run
+        (LocalClusters only: a remote nanny logs on its own host). The nanny may notice a
+        moment after the scheduler does."""
+        deadline = time.time() + 1.0
+        while not (said := _WORKER_DEATHS.since(self._started_at)) and time.time() < deadline:
+            time.sleep(0.05)
+        return f"; Dask's nanny: {'; '.join(said)}" if said else ""
+
     # --- heartbeats -----------------------------------------------------------------------
     def subscribe(self, on_heartbeat) -> None:
         def handler(event):
@@ -111,7 +160,8 @@ class RunCluster:
             for key, where in self._expected.items():
                 if where not in present:  # no need to wait for heartbeats (nor the start-up grace)
                     raise HostLost(f"{key[0]} {key[1]} on {where}: its worker left the cluster "
-                                   "(the process died, or its batch job ended or was cancelled)")
+                                   "(the process died, or its batch job ended or was cancelled)"
+                                   + self._removal_reason(where) + self._death_reasons())
         timeout = self.cfg.run.heartbeat_timeout
         for key, where in self._expected.items():
             last = self._last_rx.get(key)
