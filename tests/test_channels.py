@@ -30,6 +30,7 @@ from tianji_dask.channels import (
     QueueSender,
     TopicPublisher,
 )
+from tianji_dask.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -218,7 +219,7 @@ def client():
 @pytest.fixture
 def workers(client):
     client.wait_for_workers(3, timeout=60)
-    return sorted(client.scheduler_info()["workers"])
+    return sorted(scheduler_workers(client))
 
 
 def actor(client, cls, worker, *args, **kw):
@@ -525,7 +526,7 @@ def test_tls_cluster_moves_items():
         dashboard_address=None, protocol="tls://", security=sec,
     ) as cluster, Client(cluster, security=sec) as c:
         c.register_plugin(ChannelPlugin())
-        ws = sorted(c.scheduler_info()["workers"])
+        ws = sorted(scheduler_workers(c))
         assert all(w.startswith("tls://") for w in ws)
         recv = actor(c, Receiver, ws[0], "q-tls", 1 << 20)
         addr = recv.address().result()

@@ -16,6 +16,8 @@ import pytest
 
 from slurm_support import SCRIPT, jobqueue_defaults, slurm_conf  # noqa: F401
 
+from tianji_dask.workers import scheduler_workers
+
 pytestmark = pytest.mark.slurm
 
 
@@ -73,9 +75,9 @@ def test_slurmcluster_scale_compute_close(slurm_conf, jobqueue_defaults, tmp_pat
             assert sum(client.gather(client.map(lambda x: x * x, range(20)))) == 2470
             cluster.scale(0)
             deadline = time.monotonic() + 30
-            while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+            while scheduler_workers(client) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert client.scheduler_info()["workers"] == {}
+            assert scheduler_workers(client) == {}
     finally:
         cluster.close()
     assert wait_queue_empty() == [], "SLURMCluster.close() left jobs in the queue"

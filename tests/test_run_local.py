@@ -20,6 +20,7 @@ from distributed import Client, LocalCluster
 
 from tianji_dask.config import load_config
 from tianji_dask.driver import train
+from tianji_dask.workers import scheduler_workers
 
 pytestmark = pytest.mark.integration
 
@@ -143,6 +144,23 @@ def test_results_are_written_while_the_run_goes_on(h, tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_the_worker_check_is_not_fooled_by_the_clients_refresh(h, tmp_path, monkeypatch):
+    """Regression: the driver read the client's cached identity, which the client's periodic
+    refresh replaces with one listing no workers; a Pong DQN run on the GPU machine lost its
+    buffer that way after 534 s. Here the refresh runs every 5 ms and the check every 10 ms."""
+    import dask
+
+    from tianji_dask import cluster
+
+    monkeypatch.setattr(cluster, "WORKER_CHECK_S", 0.01)
+    cfg = short_config(h, "stop.max_seconds=8")
+    with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
+        result = train(cfg, out=tmp_path / "run").wait(timeout=45)
+    assert result is not None and result.error is None, result and result.error
+    assert result.status == "max_seconds"
+
+
+@pytest.mark.timeout(60)
 def test_a_dead_workers_cause_is_quoted():
     """Dask's nanny says why a worker process ended only at INFO, which LocalCluster hides; the
     lost-host report quotes it (a worker killed by a signal, one that exited)."""
@@ -210,7 +228,7 @@ def given_client():
 @pytest.mark.timeout(90)
 def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_path, given_client):
     client = given_client
-    workers_before = sorted(client.scheduler_info()["workers"])
+    workers_before = sorted(scheduler_workers(client))
     pids_before = client.run(os.getpid)
     cfg = short_config(h, "stop.max_seconds=10")
     result = train(cfg, client, out=tmp_path / "given").wait(timeout=75)
@@ -222,7 +240,7 @@ def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_p
     # The driver must not close what it did not start: same client, same workers, same processes.
     assert client.status == "running"
     assert client.submit(lambda x: x + 1, 41, pure=False).result(timeout=10) == 42
-    assert sorted(client.scheduler_info()["workers"]) == workers_before
+    assert sorted(scheduler_workers(client)) == workers_before
     assert client.run(os.getpid) == pids_before
     # No tianji host (Dask actor), loop thread, co-located buffer or open channel remains on the
     # workers, and no task or stop Event of the run on the scheduler.

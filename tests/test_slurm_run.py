@@ -12,9 +12,11 @@ import cloudpickle
 import pytest
 
 from slurm_support import jobqueue_defaults, slurm_conf  # noqa: F401
+
 from tianji_dask.config import load_config
 from tianji_dask.planner import Job, PlanError, Profile, Resources, make_plan
 from tianji_dask.slurm import check_fits, job_scripts, planned_processes, slurm_cluster
+from tianji_dask.workers import scheduler_workers
 
 from conftest import CONFIG, SHORT, check_run_dir
 
@@ -127,7 +129,7 @@ def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_def
             client.wait_for_workers(planned_processes(plan), timeout=90)
             names = sorted(name for _, name in squeue())
             assert names == ["tianji-t1-g0-actors", "tianji-t1-g0-learner"]
-            resources = {w["name"]: w["resources"] for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+            resources = {w["name"]: w["resources"] for w in scheduler_workers(client).values()}
             assert resources == {"tianji-t1-g0-learner": {"tianji_learner": 1, "tianji_group_0": 1},
                                  "tianji-t1-g0-actors": {"tianji_actor": 1, "tianji_group_0": 1}}
             run = train(cfg, client, out=tmp_path / "run")

@@ -17,6 +17,7 @@ import time
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
 from tianji_dask.seeding import group_seeds
+from tianji_dask.workers import scheduler_workers
 
 STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
 STOP_TIMEOUT_S = 10.0
@@ -156,7 +157,7 @@ class RunCluster:
         now = time.time()
         if self._expected and now >= self._next_worker_check:
             self._next_worker_check = now + WORKER_CHECK_S
-            present = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            present = set(scheduler_workers(self.client))
             for key, where in self._expected.items():
                 if where not in present:  # no need to wait for heartbeats (nor the start-up grace)
                     raise HostLost(f"{key[0]} {key[1]} on {where}: its worker left the cluster "
@@ -175,7 +176,7 @@ class RunCluster:
 
     # --- hosts ----------------------------------------------------------------------------
     def _workers(self, needed: int) -> list[str]:
-        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(self.client))
         if not workers:
             raise RuntimeError("the cluster has no workers")
         if len(workers) < needed:
@@ -188,7 +189,7 @@ class RunCluster:
         Workers tagged with the planner's resources (``tianji_learner``/``tianji_actor`` and
         ``tianji_group_<g>``, as :mod:`tianji_dask.slurm` starts them) take exactly the hosts
         they were sized for; untagged workers are used in order (learners first in each group)."""
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        info = scheduler_workers(self.client)
         tagged = {a: w.get("resources") or {} for a, w in info.items()
                   if any(k.startswith("tianji_") for k in (w.get("resources") or {}))}
         if not tagged:

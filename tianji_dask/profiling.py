@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from tianji_dask.config import ExperimentConfig
+from tianji_dask.workers import scheduler_workers
 
 DEFAULT_SECONDS = 3.0
 
@@ -153,7 +154,7 @@ def profile(cfg: ExperimentConfig, client, *, seconds: float = DEFAULT_SECONDS, 
     time, on one worker, with T torch threads (T up to the cluster's cores less one)."""
     import xarray as xr
 
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"].items())
+    workers = sorted(scheduler_workers(client).items())
     if not workers:
         raise RuntimeError("the cluster has no workers to profile on")
     cores = min(sum(int(w.get("nthreads", 1)) for _, w in workers), _node_cpus(client))

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tianji_dask.workers import scheduler_workers
+
 from .workload import SAMPLE_MODES, RssSampler, loadavg_1m
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -212,7 +214,7 @@ class _Bench:
         self.client = Client(self.cluster)
         self.client.wait_for_workers(n_workers, timeout=120)
         self.client.register_plugin(ChannelPlugin())
-        self.workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        self.workers = sorted(scheduler_workers(self.client))
         self.pids = self.client.run(os.getpid)
         # Dask's own background work (heartbeats, monitors, ticks) counts in T_sd and T_rv: measure it.
         cpu0 = self.client.run(time.process_time)
