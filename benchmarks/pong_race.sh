@@ -30,6 +30,12 @@ start)
         echo "pong_race.sh: $dir exists; pass a new directory (nothing was started)" >&2
         exit 2
     fi
+    for c in "$ppo_cores" "$dqn_cores"; do
+        if ! taskset -c "$c" true 2>/dev/null; then
+            echo "pong_race.sh: cannot pin to cores $c on this machine (it has $(nproc --all)); pass PPO_CORES and DQN_CORES that exist, e.g. 0-4 5-7 (nothing was started)" >&2
+            exit 2
+        fi
+    done
     mkdir -p "$dir"
     extra=()
     for s in ${RACE_SET:-}; do extra+=(--set "$s"); done
