@@ -189,7 +189,8 @@ def test_a_dead_workers_cause_is_quoted():
     (["algo.lr"], "no '=' found"),
     (["algo.lr=-1"], "algo.lr=-1: Input should be greater than 0"),
     (["env.id=CartPol-v1"], "no such gymnasium environment; did you mean CartPole-v1"),
-], ids=["unknown-key", "no-equals", "bad-value", "unknown-env"])
+    (["algo.buffer_size=100000000000"], "GiB this machine has available; lower algo.buffer_size to at most"),
+], ids=["unknown-key", "no-equals", "bad-value", "unknown-env", "replay-too-big"])
 def test_cli_bad_input_exits_2_and_writes_nothing(h, tmp_path, overrides, message):
     out = tmp_path / "out"
     args = ["train", str(h.CONFIG), *(a for o in overrides for a in ("--set", o)), "--out", str(out)]

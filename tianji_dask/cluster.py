@@ -57,13 +57,18 @@ class HostLost(RuntimeError):
 def local_cluster(n_workers: int):
     """A LocalCluster for one run: loopback only, one thread per worker."""
     from distributed import LocalCluster
+    from distributed.system import MEMORY_LIMIT
 
     # Dask's MALLOC_TRIM_THRESHOLD_ stays: it costs 20-40 % on receives of 512 KiB messages
     # (shared/notes/dask_mechanics.md), but CartPole chunks are 12 KB, and without it the
     # learner's process held 402 MB instead of 362 MB (the 400 MB per-host budget).
+    # Dask's default memory limit splits the machine evenly between workers, and its nanny kills
+    # a worker past 95 % of its share. The roles are not even: one buffer may hold a replay of
+    # most of the machine (Pong's 7.2 GB) beside actors of 0.6 GB, so each worker may use it all
+    # (the run checks before it starts that the replay fits: driver.check_replay_fits).
     return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                         host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                        preload=["tianji_dask.worker_preload"])
+                        memory_limit=MEMORY_LIMIT, preload=["tianji_dask.worker_preload"])
 
 
 class RunCluster:

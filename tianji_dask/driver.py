@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tianji_dask.cluster import HostLost
-from tianji_dask.config import ExperimentConfig, check_env
+from tianji_dask.config import ConfigError, ExperimentConfig, check_env
 from tianji_dask.results import MetricsRecorder
 from tianji_dask.rundir import prepare_run_dir, run_name, write_config
 
@@ -50,6 +50,40 @@ class RunResult:
         return self.status in FINISHED
 
 
+def check_replay_fits(cfg: ExperimentConfig, spaces, *, serial: bool, available: int | None = None) -> None:
+    """Refuse, before anything starts, a run on this machine (its own LocalCluster, or serial)
+    whose DQN replay memories would take more than 90 % of the memory available now."""
+    import psutil
+
+    from tianji_dask.roles.buffer import replay_nbytes
+
+    obs = spaces.observation_space
+    per_buffer = replay_nbytes(cfg, obs.shape, obs.dtype)
+    if not per_buffer:
+        return
+    buffers = 1 if serial else cfg.topology.groups * cfg.topology.learners
+    if available is None:
+        available = psutil.virtual_memory().available
+    budget = 0.9 * available
+    if per_buffer * buffers <= budget:
+        return
+    lo, hi = 0, cfg.algo.buffer_size  # the largest size that fits (bytes grow with it)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if replay_nbytes(cfg, obs.shape, obs.dtype, capacity=mid) * buffers <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    fits = lo
+    gib = 2**30
+    raise ConfigError(
+        f"algo.buffer_size={cfg.algo.buffer_size:,} needs {per_buffer / gib:.2f} GiB of replay per "
+        f"buffer x {buffers} buffer(s) = {per_buffer * buffers / gib:.2f} GiB, more than 90 % of the "
+        f"{available / gib:.2f} GiB this machine has available; lower algo.buffer_size to at most "
+        f"{fits:,}, or train on a cluster with more memory (--scheduler, --slurm)"
+    )
+
+
 class Run:
     """Handle to a running training job (see the module docstring for the protocol)."""
 
@@ -58,6 +92,8 @@ class Run:
         self.cfg = cfg
         self.serial = serial
         self.spaces = check_env(cfg)
+        if client is None:  # the replay memories will live on this machine
+            check_replay_fits(cfg, self.spaces, serial=serial)
         self.name = run_name(cfg.env.id, cfg.algo.name, cfg.seed)
         self.run_dir = prepare_run_dir(out, root=runs_root, name=self.name)
         write_config(self.run_dir, cfg.model_dump_yaml())

@@ -41,6 +41,12 @@ class ReplayMemory:
     def __len__(self) -> int:
         return self._size
 
+    @staticmethod
+    def nbytes_for(capacity: int, obs_shape: tuple[int, ...], obs_dtype=np.float32) -> int:
+        """Bytes of a memory of ``capacity`` transitions (what ``nbytes`` reports once built)."""
+        obs = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+        return int(capacity) * (2 * obs + 8 + 4 + 4)  # obs, next_obs, action, reward, discount
+
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._data.values())

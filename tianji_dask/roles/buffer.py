@@ -13,6 +13,17 @@ from tianji_dask.frame_replay import FrameReplay
 from tianji_dask.replay import ReplayMemory
 
 
+def replay_nbytes(cfg, obs_shape: tuple[int, ...], obs_dtype, capacity: int | None = None) -> int:
+    """Bytes of the replay memory one DQN buffer of this config fills (0 for PPO);
+    ``capacity`` replaces ``algo.buffer_size``."""
+    if cfg.algo.name != "dqn":
+        return 0
+    capacity = cfg.algo.buffer_size if capacity is None else capacity
+    if cfg.env.kind == "atari":
+        return FrameReplay.nbytes_for(capacity, tuple(obs_shape[1:]))
+    return ReplayMemory.nbytes_for(capacity, obs_shape, obs_dtype)
+
+
 class BufferRole:
     """Protocol: ``ingest(timeout)`` in the buffer's own loop moves whatever the inbox holds
     into replay (taking an item returns its credit to the sender); the learner calls
