@@ -104,11 +104,10 @@ def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds
     run.learner.publish()
     run.actor.probe_params()
     if cfg.algo.name == "ppo":
-        need = cfg.algo.rollouts_per_update
-        while len(run.buffer) < need:
+        # until the buffer holds a full iteration's rollouts (len(buffer) counts transitions)
+        while not (rollouts := run.buffer.take(run.learner.version)):
             run.actor.step()
             run.buffer.ingest()
-        rollouts = run.buffer.take(run.learner.version)
 
         def work() -> int:
             batch = run.learner.batch_from(rollouts)
@@ -133,6 +132,9 @@ def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds
     t0 = time.perf_counter()
     while (elapsed := time.perf_counter() - t0) < seconds or samples == 0:
         samples += work()
+    if torch.device(cfg.learner.device).type == "cuda":  # updates still queued count once done
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
     return {"samples_per_s": samples / elapsed, "replay_bytes_per_transition": per_transition,
             "batch_size": cfg.algo.batch_size if cfg.algo.name == "dqn" else samples}
 

@@ -1,0 +1,60 @@
+"""benchmarks/learner_throughput.py: two source trees measured side by side, each really
+imported from its own directory, and bad input refused before any measurement."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "learner_throughput.py"
+
+
+def bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.timeout(200)
+def test_two_sources_side_by_side(tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "tianji_dask", other / "tianji_dask",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "out"
+    r = bench("configs/cartpole_dqn.yaml", "--src", str(ROOT), str(other), "--seconds", "0.3",
+              "--repeats", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "learner_throughput.json").read_text())["results"]["configs/cartpole_dqn.yaml"]
+    names = [ROOT.name, "other"]
+    assert list(res["median"]) == names
+    assert all(len(res["samples_per_s"][n]) == 2 and min(res["samples_per_s"][n]) > 0 for n in names)
+    assert res["ratio_to_first"][ROOT.name] == 1.0
+    assert (out / "learner_throughput.nc").stat().st_size > 0
+
+
+@pytest.mark.timeout(60)
+def test_a_source_that_fails_to_measure_is_reported(tmp_path):
+    broken = tmp_path / "broken" / "tianji_dask"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this tree is broken on purpose')\n")
+    r = bench("configs/cartpole_dqn.yaml", "--src", str(broken.parent), "--seconds", "0.3",
+              "--repeats", "1", "--out", str(tmp_path / "out"))
+    assert r.returncode != 0 and "broken on purpose" in r.stderr
+    assert not (tmp_path / "out" / "learner_throughput.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["configs/nope.yaml"], "config configs/nope.yaml does not exist"),
+    (["configs/cartpole_dqn.yaml", "--src", "/tmp"], "holds no tianji_dask package"),
+    (["configs/cartpole_dqn.yaml", "--src", str(ROOT), str(ROOT)], "names must differ"),
+    (["configs/cartpole_dqn.yaml", "--repeats", "0"], "--repeats and --threads at least 1"),
+])
+def test_bad_input_is_refused_with_the_fix(tmp_path, args, message):
+    r = bench(*args, "--out", str(tmp_path / "out"), timeout=30)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
