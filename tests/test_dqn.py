@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -161,11 +159,10 @@ def test_learner_update_reduces_loss_on_a_fixed_batch():
     b = fixed_batch()
     before = fixed_batch_loss(learner, b)
     first, _ = learner.update(b)
-    assert float(first) == pytest.approx(before, rel=1e-5)  # update() reports the loss before its step
+    assert first == pytest.approx(before, rel=1e-5)  # update() reports the loss before its step
     for _ in range(99):
         loss, q_mean = learner.update(b)
-        assert loss.dim() == 0 and q_mean.dim() == 0  # tensors: the caller decides when to sync
-        assert math.isfinite(float(loss)) and math.isfinite(float(q_mean))
+        assert np.isfinite(loss) and np.isfinite(q_mean)
     after = fixed_batch_loss(learner, b)
     assert learner.updates == 100
     # 32 transitions fit by a 64-unit net (the target net stays fixed: interval 1000)
@@ -228,28 +225,15 @@ def test_batch_mover_on_cpu_keeps_values_and_dtypes():
         np.testing.assert_array_equal(out[k].numpy(), v)
 
 
-def test_batch_mover_needs_a_set_of_buffers():
-    from tianji_dask.algos.batches import BatchMover
-
-    with pytest.raises(ValueError, match="at least one set"):
-        BatchMover(torch.device("cpu"), sets=0)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("sets", [1, 2])
-def test_batch_mover_on_cuda_reuses_pinned_buffers_without_overwriting_a_copy_in_flight(sets):
+def test_batch_mover_on_cuda_reuses_pinned_buffers():
     from tianji_dask.algos.batches import BatchMover
 
-    mover = BatchMover(torch.device("cuda"), sets=sets)
-    slow = torch.randn(2048, 2048, device="cuda")
-    sums = []
-    for i in range(40):  # no sync in the loop: the GPU lags far behind the CPU
-        obs = mover({"obs": np.full((256, 84), i, np.float32)})["obs"]
-        for _ in range(3):
-            slow = (slow @ slow).clamp_(-1, 1)  # keeps the stream busy ahead of the next copy
-        sums.append(obs.sum())
-    expected = [256 * 84 * i for i in range(40)]
-    assert [float(s) for s in sums] == expected
-    buffers = [m["obs"] for m in mover._pinned]
-    assert len(buffers) == sets and all(b.is_pinned() for b in buffers)
-    assert len({b.data_ptr() for b in buffers}) == sets  # reused, one per set
+    mover = BatchMover(torch.device("cuda"))
+    a = {"obs": np.ones((4, 2), np.float32)}
+    first = mover(a)["obs"]
+    assert first.device.type == "cuda" and float(first.sum()) == 8  # .item() waits, as each update does
+    buf = mover._pinned["obs"]
+    second = mover({"obs": np.full((4, 2), 3, np.float32)})["obs"]
+    assert mover._pinned["obs"] is buf and buf.is_pinned()
+    assert float(second.sum()) == 24

@@ -100,11 +100,9 @@ class DQNLearner:
         self.optim = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, fused=True)
         self.updates = 0
 
-    def update(self, batch: dict[str, np.ndarray], grad_hook=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, batch: dict[str, np.ndarray], grad_hook=None) -> tuple[float, float]:
         """One gradient step; ``grad_hook()`` runs between backward and the optimiser step
-        (data-parallel learners average gradients there). Returns the loss and the mean Q of the
-        batch as 0-d tensors on the learner's device: reading them (``float()``) waits for the
-        GPU, so callers sum them and read the sum once in a while."""
+        (data-parallel learners average gradients there)."""
         t = self._to_device(batch)
         n = len(t["actions"])
         both = self.online(torch.cat([t["obs"], t["next_obs"]]))
@@ -122,7 +120,7 @@ class DQNLearner:
         self.updates += 1
         if self.updates % self.cfg.target_update_interval == 0:
             self.target.load_state_dict(self.online.state_dict())
-        return loss.detach(), q_taken.detach().mean()
+        return loss.item(), q_taken.detach().mean().item()
 
     def actor_params(self) -> dict[str, np.ndarray]:
         """The online network's weights as CPU numpy arrays (fresh copies: safe to hand to a channel)."""

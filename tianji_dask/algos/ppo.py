@@ -115,8 +115,7 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_values:
 
 def ppo_loss(net: nn.Module, obs, actions, old_logp, adv, returns, clip: float, vf_coef: float,
              ent_coef: float, normalize: bool):
-    """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``, the stats as
-    detached 0-d tensors (reading one waits for the GPU)."""
+    """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``."""
     logp, entropy, value = net.evaluate(obs, actions)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
@@ -129,15 +128,8 @@ def ppo_loss(net: nn.Module, obs, actions, old_logp, adv, returns, clip: float, 
     with torch.no_grad():
         approx_kl = ((ratio - 1) - log_ratio).mean()
         clipfrac = ((ratio - 1).abs() > clip).float().mean()
-    return loss, {"pg_loss": pg.detach(), "v_loss": v_loss.detach(), "entropy": ent.detach(),
-                  "approx_kl": approx_kl, "clipfrac": clipfrac}
-
-
-def minibatch_indices(rng: np.random.Generator, n: int, minibatches: int,
-                      device: torch.device) -> tuple[torch.Tensor, ...]:
-    """One epoch's minibatches: a permutation of ``range(n)`` from ``rng`` split as
-    ``np.array_split`` splits it, moved to ``device`` in one copy."""
-    return torch.from_numpy(rng.permutation(n)).to(device).tensor_split(minibatches)
+    return loss, {"pg_loss": pg.item(), "v_loss": v_loss.item(), "entropy": ent.item(),
+                  "approx_kl": approx_kl.item(), "clipfrac": clipfrac.item()}
 
 
 class PPOLearner:
@@ -148,7 +140,7 @@ class PPOLearner:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = torch.device(device)
-        self._to_device = BatchMover(self.device, sets=1)  # one batch per iteration
+        self._to_device = BatchMover(self.device)
         self.net = actor_critic(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
         self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
         self.rng = np.random.default_rng(seed)
@@ -168,12 +160,13 @@ class PPOLearner:
         a = self.cfg
         t = self._to_device(batch)
         n = len(t["actions"])
-        stats: dict[str, torch.Tensor] = {}
+        stats: dict[str, float] = {}
         count = 0
         for _ in range(a.epochs):
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
             # batches may differ in size, must make the same number of all-reduce calls
-            for idx in minibatch_indices(self.rng, n, a.minibatches, self.device):
+            for idx in np.array_split(self.rng.permutation(n), a.minibatches):
+                idx = torch.from_numpy(idx).to(self.device)
                 loss, st = ppo_loss(self.net, t["obs"][idx], t["actions"][idx], t["logp"][idx],
                                     t["advantages"][idx], t["returns"][idx], a.clip_coef, a.vf_coef,
                                     a.ent_coef, a.normalize_advantages)
@@ -185,12 +178,10 @@ class PPOLearner:
                 self.optim.step()
                 self.updates += 1
                 count += 1
-                st["loss"] = loss.detach()
+                st["loss"] = loss.item()
                 for k, v in st.items():
                     stats[k] = stats.get(k, 0.0) + v
-        # the stats stay on the device until here: one GPU sync per iteration, not per minibatch
-        means = torch.stack(list(stats.values())).div(count).tolist()
-        return dict(zip(stats, means))
+        return {k: v / count for k, v in stats.items()}
 
     def load_actor_params(self, params: dict[str, np.ndarray]) -> None:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})

@@ -97,8 +97,8 @@ class LearnerRole:
 
     def heartbeat(self) -> dict:
         c = dict(self.counters)
-        c["loss"] = float(self._loss_sum) / self._n if self._n else math.nan  # the GPU sync, once a beat
-        c["q_mean"] = float(self._q_sum) / self._n if self._n else math.nan
+        c["loss"] = self._loss_sum / self._n if self._n else math.nan
+        c["q_mean"] = self._q_sum / self._n if self._n else math.nan
         self._loss_sum = self._q_sum = 0.0
         self._n = 0
         return {"role": "learner", "id": self.id, "t": time.time(), "counters": c, "episodes": []}
