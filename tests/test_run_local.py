@@ -274,3 +274,57 @@ def test_another_classic_control_env_by_overrides_only(h, tmp_path, given_client
     assert n["env_steps"] > cfg.algo.learning_starts and n["updates"] > 0
     assert result.run_dir.name == "acrobot"
     print(f"\nacrobot: {n}")
+
+
+# ------------------------------------------------------------------ periodic checkpoints
+def checkpoints_while_running(run) -> list[dict]:
+    """Each distinct checkpoint.json seen in the run directory until the run ends."""
+    import json
+
+    path = run.run_dir / "checkpoint" / "checkpoint.json"
+    seen: list[dict] = []
+    while not run.done:
+        try:
+            meta = json.loads(path.read_text())
+        except FileNotFoundError:  # none yet, or between the two renames of a replacement
+            meta = None
+        if meta and (not seen or meta["wall_s"] != seen[-1]["wall_s"]):
+            seen.append(meta)
+        time.sleep(0.02)
+    return seen
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["serial", "distributed"])
+def test_checkpoints_are_written_while_the_run_goes_on(h, tmp_path, given_client, mode):
+    """A run that crashes or is killed keeps a checkpoint at most ``run.checkpoint_interval``
+    old; each replaces the last whole, and the one at the end says ``final``."""
+    from tianji_dask.checkpoint import load_checkpoint
+
+    cfg = short_config(h, "stop.max_seconds=9", "run.checkpoint_interval=1.5")
+    client = given_client if mode == "distributed" else None
+    run = train(cfg, client, out=tmp_path / mode, serial=(mode == "serial"))
+    seen = checkpoints_while_running(run)
+    result = run.wait(timeout=60)
+    assert result is not None and result.error is None, result and result.error
+
+    periodic = [m for m in seen if not m["final"]]
+    assert len(periodic) >= 2, seen
+    for a, b in zip(periodic, periodic[1:]):
+        assert b["wall_s"] > a["wall_s"] and b["updates"] >= a["updates"] and b["env_steps"] >= a["env_steps"]
+    assert periodic[-1]["updates"] > 0 and periodic[-1]["env_steps"] > 0
+
+    state, meta = load_checkpoint(result.run_dir / "checkpoint")
+    assert meta["final"] is True and meta["run_name"] == run.name
+    assert meta["updates"] >= periodic[-1]["updates"] and meta["wall_s"] > periodic[-1]["wall_s"]
+    assert {"online", "target", "optim_state"} <= set(state)
+    assert all(t.device.type == "cpu" for t in state["online"].values())
+    leftovers = [p.name for p in result.run_dir.iterdir() if p.name.startswith(".checkpoint")]
+    assert leftovers == []
+
+
+def test_a_negative_checkpoint_interval_is_refused(h):
+    from tianji_dask.config import ConfigError
+
+    with pytest.raises(ConfigError, match="checkpoint_interval"):
+        short_config(h, "run.checkpoint_interval=-1")

@@ -317,3 +317,7 @@ class RunCluster:
 
     def learner_checkpoint(self) -> tuple[dict, dict]:
         return self.learner.checkpoint().result(timeout=60)
+
+    def learner_snapshot(self) -> tuple[dict, dict]:
+        """The learner's state while it trains (a periodic checkpoint), as CPU tensors."""
+        return self.learner.snapshot().result(timeout=90)

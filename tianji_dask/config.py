@@ -420,6 +420,10 @@ class RunConfig(_Section):
         5.0, gt=0, description="seconds without a heartbeat before a host is declared lost"
     )
     checkpoint: bool = Field(True, description="write checkpoints into the run directory")
+    checkpoint_interval: float = Field(
+        600.0, ge=0, description="seconds between checkpoints while the run goes on (0: only at "
+        "its end); each replaces the last only once it is whole, so a crash keeps the newest"
+    )
     save_interval: float = Field(
         60.0, ge=0, description="seconds between writes of metrics.nc and episodes.nc while the "
         "run goes on (0: only at its end); a crash or a lost machine keeps what was written"

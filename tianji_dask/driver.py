@@ -107,6 +107,8 @@ class Run:
         self.result: RunResult | None = None
         self.t0 = time.time()
         self._next_save = self.t0 + cfg.run.save_interval
+        self._next_checkpoint = self.t0 + cfg.run.checkpoint_interval
+        self._snapshot = None  # () -> (state, metadata) of the running learner, set by each mode
         self.recorder = MetricsRecorder(run_name=self.name, target_return=cfg.stop.target_return,
                                         config_json=cfg.to_json(), t0=self.t0,
                                         attrs={"mode": "serial" if serial else "distributed"})
@@ -197,6 +199,10 @@ class Run:
         if self.cfg.run.save_interval and now >= self._next_save:
             self._next_save = now + self.cfg.run.save_interval
             self._save_partial()
+        if (self._snapshot is not None and self.cfg.run.checkpoint and self.cfg.run.checkpoint_interval
+                and now >= self._next_checkpoint):
+            self._save_periodic_checkpoint()
+            self._next_checkpoint = time.time() + self.cfg.run.checkpoint_interval
         if now >= next_row:
             self._on_row(self.recorder.row(now - self.t0))
             return now + self.cfg.run.metrics_interval
@@ -209,10 +215,20 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - a full disk must not end a healthy run
             self._on_event(f"writing interim results to {self.run_dir} failed: {exc!r}")
 
+    def _save_periodic_checkpoint(self) -> None:
+        try:
+            state, meta = self._snapshot()
+            self._save_checkpoint(state, meta, final=False)
+        except Exception as exc:  # noqa: BLE001 - a full disk or a slow learner must not end the run
+            self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; "
+                           f"the run goes on")
+
     def _run_serial(self) -> None:
         from tianji_dask.serial import SerialRun
 
         run = SerialRun(self.cfg)
+        # taken between two steps of the one loop: always a consistent state
+        self._snapshot = lambda: (run.learner.core.state(), self._checkpoint_meta(run.learner))
         next_row = [time.time()]
 
         def emit(hb):
@@ -223,17 +239,21 @@ class Run:
             return self._should_stop()
 
         run.run(emit, should_stop)
-        self._save_checkpoint(run.learner.core.state(), self._checkpoint_meta(run.learner))
+        self._snapshot = None
+        self._save_checkpoint(run.learner.core.state(), self._checkpoint_meta(run.learner), final=True)
 
     def _checkpoint_meta(self, learner) -> dict:
         return {"updates": learner.counters["updates"], "samples": learner.counters["samples"],
-                "algo": self.cfg.algo.name, "env_id": self.cfg.env.id, "run_name": self.name}
+                "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
 
-    def _save_checkpoint(self, state, meta) -> None:
+    def _save_checkpoint(self, state, meta, *, final: bool) -> None:
+        """``final``: written at the run's end; else a periodic one of a run still going."""
         if not self.cfg.run.checkpoint:
             return
         from tianji_dask.checkpoint import save_checkpoint
 
+        meta = {**meta, "run_name": self.name, "final": final, "env_steps": self.recorder.env_steps,
+                "wall_s": round(time.time() - self.t0, 3)}
         save_checkpoint(self.run_dir / "checkpoint", state, meta)
 
     def _run_distributed(self) -> None:
@@ -243,6 +263,7 @@ class Run:
             self.dashboard_link = rc.dashboard_link
             rc.subscribe(self.recorder.add)
             rc.start_hosts(self.spaces)
+            self._snapshot = rc.learner_snapshot
             next_row = time.time()
             try:
                 while not self._should_stop():
@@ -254,13 +275,13 @@ class Run:
                         raise
                     time.sleep(0.05)
             finally:
+                self._snapshot = None
                 rc.stop_hosts()
                 for hb in rc.final_heartbeats():
                     self.recorder.add(hb)
             if self.cfg.run.checkpoint:
                 state, meta = rc.learner_checkpoint()
-                meta.update(run_name=self.name)
-                self._save_checkpoint(state, meta)
+                self._save_checkpoint(state, meta, final=True)
 
 
 def train(config: ExperimentConfig, client=None, *, out: str | Path | None = None, serial: bool = False,

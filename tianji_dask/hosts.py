@@ -16,6 +16,7 @@ instead of waiting for a host that died.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import traceback
@@ -228,6 +229,7 @@ class LearnerHost(_LoopHost):
             self._store_port = self._store.port
         # gossip: {"publish_to": [(address, channel)], "inboxes": {peer_group: channel}}
         self._gossip_spec = gossip_peers
+        self._snapshot_wanted: concurrent.futures.Future | None = None
         self.gossip = None
         self._gossip_inboxes = {}
         if gossip_peers:
@@ -285,6 +287,8 @@ class LearnerHost(_LoopHost):
         return not self._dp_stopped  # ranks leave together, through the agreement in _step
 
     def _step(self) -> None:
+        if self._snapshot_wanted is not None:
+            self._take_snapshot_if_wanted()
         if self.dp is None:
             self._gossip_if_due()
             if not self.role.step():
@@ -305,6 +309,9 @@ class LearnerHost(_LoopHost):
             time.sleep(0.0002)
 
     def _after_loop(self) -> None:
+        want, self._snapshot_wanted = self._snapshot_wanted, None
+        if want is not None:  # asked for as the loop ended: answer rather than leave it to time out
+            want.set_exception(RuntimeError(f"learner {self.id}'s loop ended before its snapshot"))
         if self.publisher is not None:
             self.publisher.close(timeout=2.0)
         if self.gossip is not None:
@@ -322,6 +329,29 @@ class LearnerHost(_LoopHost):
 
     async def checkpoint(self) -> tuple[dict, dict]:
         """(tensors, metadata) of the learner's full state; call after ``stop``."""
+        return self._state()
+
+    async def snapshot(self, timeout: float = 60.0) -> tuple[dict, dict]:
+        """Like :meth:`checkpoint`, while the loop runs: the loop thread copies the state to CPU
+        between two updates (a copy taken from this thread could catch an update halfway)."""
+        if self._thread is None or not self._thread.is_alive():
+            return self._state()
+        want: concurrent.futures.Future = concurrent.futures.Future()
+        self._snapshot_wanted = want
+        return await asyncio.wait_for(asyncio.wrap_future(want), timeout)
+
+    def _take_snapshot_if_wanted(self) -> None:
+        want, self._snapshot_wanted = self._snapshot_wanted, None
+        if want is None:
+            return
+        try:
+            state, meta = self._state()
+            want.set_result(({part: {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
+                              for part, tensors in state.items()}, meta))
+        except Exception as exc:  # noqa: BLE001 - the caller reports it; the loop goes on
+            want.set_exception(exc)
+
+    def _state(self) -> tuple[dict, dict]:
         core = self.role.core
         return core.state(), {"updates": core.updates, "samples": self.role.counters["samples"],
                               "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
