@@ -314,6 +314,70 @@ def test_queue_order_and_payload_integrity(client, workers):
     recv.close_channel().result()
 
 
+class _SlowInbox:
+    """A receiver speaking the queue wire protocol (queue_inbox) over a real comm, reading one
+    message at a time with a pause between reads and returning credit for each at once: the
+    sender's last messages are still in its socket when it closes, with credit unread
+    beside them."""
+
+    def __init__(self, pause: float):
+        self.pause = pause
+        self.items: list[int] = []
+        self.bye = False
+        self.error: str | None = None
+        self.done = asyncio.Event()
+
+    async def handle(self, comm) -> None:
+        try:
+            hello = await comm.read()
+            assert hello["kind"] == "queue", hello
+            await comm.write({"window": 1 << 30})
+            while True:
+                msg = await comm.read()
+                if msg.get("bye"):
+                    self.bye = True
+                    break
+                self.items.extend(seq for seq, _, _ in msg["items"])
+                await comm.write({"credit": sum(nb for _, nb, _ in msg["items"])})
+                await asyncio.sleep(self.pause)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            self.error = repr(exc)
+        finally:
+            await comm.close()
+            self.done.set()
+
+
+@pytest.mark.timeout(60)
+def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message():
+    from distributed.comm import listen
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    inbox = _SlowInbox(pause=0.15)
+
+    async def start():
+        listener = listen("tcp://127.0.0.1:0", inbox.handle)
+        await listener.start()
+        return listener
+
+    listener = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        n = 8  # 8 x 4 MiB: more than the socket buffers of both ends hold
+        sender = QueueSender(listener.contact_address, "slow", "s0", 64 << 20, loop=loop, connection_args={})
+        for i in range(n):
+            assert sender.push(make_payload("s0", i, 4 << 20))
+        sender.close(timeout=30)
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(inbox.done.wait(), 30), loop).result(35)
+        assert inbox.items == list(range(n)) and inbox.bye, (inbox.items, inbox.bye, inbox.error)
+        assert inbox.error is None, inbox.error
+        assert sender.stats()["errors"] == 0, sender.stats()
+    finally:
+        loop.call_soon_threadsafe(listener.stop)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
 @pytest.mark.timeout(60)
 def test_queue_many_to_one(client, workers):
     # The inbox's capacity is shared by its live senders: each gets a third of it as window,

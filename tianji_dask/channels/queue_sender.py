@@ -13,7 +13,7 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
     receiver -> {"window": bytes}  or  {"error": text}
     sender   -> {"items": [[seq, nbytes, payload], ...]}      (repeated, up to max_batch_bytes)
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
-    sender   -> {"bye": True}, then closes
+    sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
 Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on the
 event loop, so the caller must not mutate them after the call.
@@ -41,6 +41,8 @@ from .common import (
     resolve_loop,
 )
 from .malloc import fit_allocator
+
+BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 
 
 class QueueSender:
@@ -104,6 +106,7 @@ class QueueSender:
         self._next_seq = 0
         self._error: ChannelError | None = None
         self._closing = False
+        self._bye_sent = False
         self._kick_scheduled = False
         self._future = None  # concurrent.futures.Future of _run, set by the first push
         self._wake: asyncio.Event | None = None
@@ -324,9 +327,7 @@ class QueueSender:
                         break
                 await self._wake.wait()
                 self._wake.clear()
-            reader.cancel()
-            await comm.write({"bye": True})
-            await comm.close()
+            await self._say_bye(comm, reader)
         except asyncio.CancelledError:
             self._fail("closed before everything queued was written")
             raise
@@ -337,6 +338,22 @@ class QueueSender:
                 reader.cancel()
             if comm is not None and not comm.closed():
                 comm.abort()
+
+    async def _say_bye(self, comm, reader: asyncio.Task) -> None:
+        """Close handshake: "bye", then go on reading (and dropping) credit until the receiver,
+        having read everything before the "bye", closes its end.  Closing first would leave
+        credit unread in this socket, and a socket closed with unread data resets the
+        connection, which discards the part of the last messages the receiver has not read
+        yet.  Cancelling the reader is no way out either: distributed's ``TCP.read`` aborts
+        the comm when cancelled."""
+        with self._cond:
+            self._bye_sent = True
+        await comm.write({"bye": True})
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), BYE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
+        await comm.close()
 
     async def _read_credit(self, comm) -> None:
         try:
@@ -355,4 +372,7 @@ class QueueSender:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fail(f"connection lost (receiving worker gone?): {exc!r}")
+            with self._cond:
+                said_bye = self._bye_sent
+            if not said_bye:  # after "bye" the receiver closing its end is the normal end
+                self._fail(f"connection lost (receiving worker gone?): {exc!r}")
