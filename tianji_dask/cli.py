@@ -104,6 +104,19 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
+def _on_driver_signals(handler) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def _stop_at_once(run, progress, signum: int) -> None:
+    """A second signal while the run stops: no more waiting for the hosts or the final
+    checkpoint; the results are still written and the workers still ended."""
+    _on_driver_signals(signal.SIG_IGN)  # a third changes nothing more
+    progress.event(f"{signal.Signals(signum).name} again: no more waiting for the hosts or the final checkpoint...")
+    run.stop("stopped", now=True)
+
+
 def cmd_train(args) -> int:
     from tianji_dask.config import ConfigError, load_config
     from tianji_dask.rundir import RunDirExists
@@ -153,15 +166,13 @@ def cmd_train(args) -> int:
         return _bad_input(str(exc))
     progress.event(f"run directory: {run.run_dir}")
     interrupted = None
-    # SIGTERM (kill, scancel, a batch system's time limit) ends the run like Ctrl-C: results written.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         result = run.wait()
     except KeyboardInterrupt as exc:
         interrupted = exc.args[0] if exc.args else signal.SIGINT
-        progress.event(f"{signal.Signals(interrupted).name}: stopping all hosts and writing results...")
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not break the cleanup
-            signal.signal(sig, signal.SIG_IGN)
+        progress.event(f"{signal.Signals(interrupted).name}: stopping all hosts and writing results "
+                       "(again to stop at once)...")
+        _on_driver_signals(lambda signum, frame: _stop_at_once(run, progress, signum))
         run.stop("stopped")
         result = run.wait()
     finally:
@@ -335,6 +346,18 @@ def _report(result) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (kill, scancel, a batch system's time limit) ends a command like Ctrl-C does; a
+    # run's worker processes ignore both (tianji_dask.worker_signals): the driver stops them.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # before a run started, or outside train: nothing to save
+        signum = exc.args[0] if exc.args else signal.SIGINT
+        print(f"tianji-dask: {signal.Signals(signum).name}: stopped", file=sys.stderr)
+        return 128 + int(signum)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
         return cmd_train(args)

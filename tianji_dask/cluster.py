@@ -11,16 +11,21 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
+import threading
 import time
 
+import psutil
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
 from tianji_dask.seeding import group_seeds
+from tianji_dask.worker_signals import blocked_for_children
 from tianji_dask.workers import scheduler_workers
 
 STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
 STOP_TIMEOUT_S = 10.0
+HURRY_POLL_S = 0.2  # how soon a host stop being waited for notices the run was told to hurry
 WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' workers are still there
 
 
@@ -66,14 +71,41 @@ def local_cluster(n_workers: int):
     # a worker past 95 % of its share. The roles are not even: one buffer may hold a replay of
     # most of the machine (Pong's 7.2 GB) beside actors of 0.6 GB, so each worker may use it all
     # (the run checks before it starts that the replay fits: driver.check_replay_fits).
-    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                        host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                        memory_limit=MEMORY_LIMIT, preload=["tianji_dask.worker_preload"])
+    # The workers leave SIGINT and SIGTERM to the driver (tianji_dask.worker_signals): blocked
+    # here, the cluster's event loop thread and every worker it spawns start with them blocked.
+    with blocked_for_children():
+        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                            host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_limit=MEMORY_LIMIT,
+                            preload=["tianji_dask.worker_signals", "tianji_dask.worker_preload"])
+
+
+def close_local_cluster(cluster) -> None:
+    """Close a LocalCluster and make sure none of its worker processes outlives it: they ignore
+    SIGTERM, so one left running would also hang multiprocessing's exit handler."""
+    pids = [n.pid for n in cluster.workers.values() if getattr(n, "pid", None)]
+    try:
+        cluster.close()
+    finally:
+        for pid in pids:
+            kill_and_reap(pid)
+
+
+def kill_and_reap(pid: int) -> None:
+    try:
+        proc = psutil.Process(pid)
+        if proc.ppid() != os.getpid():  # a recycled pid: not ours
+            return
+        proc.kill()
+        proc.wait(5)
+    except (psutil.NoSuchProcess, psutil.TimeoutExpired, ChildProcessError):
+        pass
 
 
 class RunCluster:
-    def __init__(self, cfg, client, run_id: str, on_event=lambda text: None):
+    def __init__(self, cfg, client, run_id: str, on_event=lambda text: None, *,
+                 hurry: threading.Event | None = None):
         self.cfg = cfg
+        self._hurry = hurry or threading.Event()  # set: stop without waiting for the hosts
         self.run_id = run_id
         self.client = client
         self._own_cluster = None
@@ -120,7 +152,7 @@ class RunCluster:
         finally:
             if self._own_cluster is not None:
                 self.client.close()
-                self._own_cluster.close()
+                close_local_cluster(self._own_cluster)
 
     def _removal_reason(self, where: str) -> str:
         """The scheduler's own record of why it removed the worker (its stimulus id names the
@@ -305,12 +337,23 @@ class RunCluster:
         deadline = time.monotonic() + STOP_TIMEOUT_S + 2
         for fut in pending:
             try:
-                hb = fut.result(timeout=max(0.1, deadline - time.monotonic()))
+                hb = self._result_unless_hurried(fut, deadline)
                 if hb:
                     self._final.append({**hb, "episodes": []})  # episodes already came by heartbeat
             except Exception as exc:  # noqa: BLE001
                 self._on_event(f"a host did not stop cleanly: {exc!r}")
-        time.sleep(2 * 0.05 + 0.2)  # let the final log_event heartbeats reach the client
+        if not self._hurry.is_set():
+            time.sleep(2 * 0.05 + 0.2)  # let the final log_event heartbeats reach the client
+
+    def _result_unless_hurried(self, fut, deadline: float):
+        """``fut.result()`` until ``deadline``; None at once when the run is told to hurry."""
+        while not self._hurry.is_set():
+            try:
+                return fut.result(timeout=max(0.01, min(HURRY_POLL_S, deadline - time.monotonic())))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+        return None
 
     def final_heartbeats(self) -> list[dict]:
         return list(self._final)

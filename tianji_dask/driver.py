@@ -103,6 +103,7 @@ class Run:
         self._on_event = on_event or (lambda text: None)
         self._stop_reason: str | None = None
         self._stop_requested = threading.Event()
+        self._hurry = threading.Event()
         self._done = threading.Event()
         self.result: RunResult | None = None
         self.t0 = time.time()
@@ -117,10 +118,16 @@ class Run:
         self._thread.start()
 
     # --- public -------------------------------------------------------------------------
-    def stop(self, reason: str = "stopped") -> None:
-        """Ask the run to stop; returns at once (``wait()`` for the end)."""
+    def stop(self, reason: str = "stopped", *, now: bool = False) -> None:
+        """Ask the run to stop; returns at once (``wait()`` for the end).
+
+        ``now=True`` (a second Ctrl-C) also stops waiting for the hosts to finish cleanly and
+        skips the final checkpoint (the latest periodic one stays); the results are still
+        written and every worker process the run started is still ended."""
         if self._stop_reason is None:
             self._stop_reason = reason
+        if now:
+            self._hurry.set()
         self._stop_requested.set()
 
     def wait(self, timeout: float | None = None) -> RunResult | None:
@@ -259,7 +266,7 @@ class Run:
     def _run_distributed(self) -> None:
         from tianji_dask.cluster import RunCluster
 
-        with RunCluster(self.cfg, self._client, self.id, self._on_event) as rc:
+        with RunCluster(self.cfg, self._client, self.id, self._on_event, hurry=self._hurry) as rc:
             self.dashboard_link = rc.dashboard_link
             rc.subscribe(self.recorder.add)
             rc.start_hosts(self.spaces)
@@ -279,7 +286,9 @@ class Run:
                 rc.stop_hosts()
                 for hb in rc.final_heartbeats():
                     self.recorder.add(hb)
-            if self.cfg.run.checkpoint:
+            if self.cfg.run.checkpoint and self._hurry.is_set():
+                self._on_event("final checkpoint skipped (stopping at once); the latest periodic one stays")
+            elif self.cfg.run.checkpoint:
                 state, meta = rc.learner_checkpoint()
                 self._save_checkpoint(state, meta, final=True)
 
