@@ -51,12 +51,14 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
 
     config.yaml reloads to ``cfg``; metrics.nc and episodes.nc carry every documented variable
     with its dims and units, ``long_name``/``units`` on every variable and coordinate, the
-    documented attrs and ``mode``; the checkpoint loads and matches the network shape.
+    documented attrs, ``mode`` and a finished status without error; the checkpoint loads and
+    matches the network shape.
     """
     import xarray as xr
 
     from tianji_dask.checkpoint import load_checkpoint
     from tianji_dask.config import load_config
+    from tianji_dask.driver import FINISHED
 
     run_dir = Path(run_dir)
     assert run_dir.is_dir(), run_dir
@@ -83,9 +85,12 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
             assert data[var].attrs.get("long_name"), (name, var, data[var].attrs)
             assert "units" in data[var].attrs, (name, var, data[var].attrs)
         for attr in ("run_name", "config_json", "t0_unix", "git_commit", "created", "time_to_target_s",
-                     "target_return", "torch_version", "tianji_dask_version"):
+                     "target_return", "torch_version", "tianji_dask_version", "status", "error", "env_id",
+                     "seed"):
             assert attr in data.attrs, (name, attr)
         assert data.attrs["mode"] == mode
+        assert data.attrs["env_id"] == cfg.env.id and data.attrs["seed"] == cfg.seed, data.attrs
+        assert data.attrs["status"] in FINISHED and data.attrs["error"] == "", (name, data.attrs["status"])
         assert json.loads(data.attrs["config_json"]) == json.loads(cfg.to_json())
     assert ds.sizes["time"] >= 2
     assert np.all(np.diff(ds["time"].values) > 0)

@@ -4,17 +4,21 @@ target, the summary table, every plot rendered to PNG, and the errors for bad pa
 Three short CartPole runs are made once for the module: serial with seeds 0 and 1, and
 distributed with seed 0 and two actors. They differ in ``seed``, ``topology.actors`` and the
 ``mode`` attr, and have a low target (so most reach it and stop early, at different lengths)
-or stop after 20,000 env steps.
+or stop after 20,000 env steps. Three more serial runs, short, end each in its own way (finished,
+stopped, failed) for the status coordinates.
 """
 
 from __future__ import annotations
 
 import math
 
+import gymnasium
 import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+import xarray as xr
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tianji_dask.analysis import RunNotFound, open_run, open_runs
 from tianji_dask.config import load_config
@@ -50,6 +54,43 @@ def runs(h, tmp_path_factory):
               f"time to target {result.time_to_target_s:.1f} s")
         out[name] = (result.run_dir, cfg)
     return out
+
+
+class BreakingCartPole(CartPoleEnv):
+    """CartPole that raises after ``BREAK_AFTER`` steps, as a user's buggy env would."""
+
+    BREAK_AFTER = 300
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps > self.BREAK_AFTER:
+            raise RuntimeError(f"BreakingCartPole broke after {self.BREAK_AFTER} steps")
+        return super().step(action)
+
+
+gymnasium.register("BreakingCartPole-v0", entry_point=BreakingCartPole, max_episode_steps=500)
+
+
+@pytest.fixture(scope="module")
+def ended_runs(h, tmp_path_factory):
+    """``{status: run_dir}`` of three short serial runs: one that ran its env steps, one stopped
+    by ``Run.stop()`` and one whose env raised."""
+    root = tmp_path_factory.mktemp("ended")
+    short = [*h.SHORT, "stop.max_seconds=60"]
+    finished = train(load_config(h.CONFIG, [*short, "stop.max_env_steps=1500"]), out=root / "finished",
+                     serial=True)
+    stopped = train(load_config(h.CONFIG, short), out=root / "stopped", serial=True)
+    assert h.wait_until(lambda: stopped.recorder.env_steps > 0, timeout=30), "no env steps recorded"
+    stopped.stop()
+    failed = train(load_config(h.CONFIG, [*short, "env.id=BreakingCartPole-v0"]), out=root / "failed",
+                   serial=True)
+    results = [r.wait(timeout=60) for r in (finished, stopped, failed)]
+    assert [r and r.status for r in results] == ["max_env_steps", "stopped", "failed"], results
+    return {r.status: r.run_dir for r in results}
 
 
 @pytest.fixture(autouse=True)
@@ -136,6 +177,51 @@ def test_combined_dataset_saves_and_reopens(runs, tmp_path):
     back = xr.load_dataset(tmp_path / "runs.nc", engine="h5netcdf")
     np.testing.assert_array_equal(back.tianji.time_to_target().values, ds.tianji.time_to_target().values)
     assert back.tianji.settings == ds.tianji.settings
+
+
+# ------------------------------------------------------------------------------ status
+@integration
+@pytest.mark.timeout(120)
+def test_open_runs_shows_how_each_run_ended(ended_runs):
+    ds = open_runs(str(next(iter(ended_runs.values())).parent / "*"))
+    assert list(ds["run"].values) == ["failed", "finished", "stopped"]
+    assert list(ds["status"].values) == ["failed", "max_env_steps", "stopped"]
+    assert ds["status"].dims == ds["error"].dims == ("run",)
+    failed = ds.sel(run=ds.status == "failed")
+    assert failed.sizes["run"] == 1
+    error = str(failed["error"].item())
+    assert "RuntimeError" in error and "BreakingCartPole broke after 300 steps" in error, error
+    assert list(ds.sel(run=ds.status != "failed")["error"].values) == ["", ""]
+    assert "status" not in ds.tianji.settings  # an outcome, not a setting that tells runs apart
+    assert "status" not in ds.attrs and "error" not in ds.attrs
+    one = open_run(ended_runs["failed"])
+    assert one.attrs["status"] == "failed" and one.attrs["error"] == error
+
+
+@integration
+@pytest.mark.timeout(120)
+def test_status_is_a_run_coordinate_also_where_all_runs_agree(ended_runs):
+    ds = open_runs([ended_runs["stopped"]])
+    assert list(ds["status"].values) == ["stopped"] and list(ds["error"].values) == [""]
+
+
+@integration
+@pytest.mark.timeout(120)
+def test_runs_written_before_the_status_was_recorded_open_as_unknown(ended_runs, tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("config.yaml", "metrics.nc", "episodes.nc"):
+        (old / name).write_bytes((ended_runs["max_env_steps"] / name).read_bytes())
+    for name in ("metrics.nc", "episodes.nc"):
+        ds = xr.load_dataset(old / name, engine="h5netcdf")
+        for attr in ("status", "error", "env_id", "seed"):
+            del ds.attrs[attr]
+        ds.to_netcdf(old / name, engine="h5netcdf")
+    assert open_run(old).attrs["status"] == "unknown" and open_run(old).attrs["error"] == ""
+    ds = open_runs([old, ended_runs["failed"]])
+    assert list(ds["status"].values) == ["unknown", "failed"]
+    assert ds["error"].values[0] == "" and "BreakingCartPole" in ds["error"].values[1]
+    assert "seed" not in ds.coords and "env_id" not in ds.coords  # the config coords stand for them
 
 
 # ------------------------------------------------------------------------------ numbers

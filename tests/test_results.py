@@ -245,9 +245,28 @@ def test_every_variable_has_long_name_and_units():
             assert var.attrs.get("long_name") and "units" in var.attrs, name
     for key in ("run_name", "target_return", "time_to_target_s", "config_json", "tianji_dask_version",
                 "torch_version", "dask_version", "distributed_version", "gymnasium_version",
-                "numpy_version", "xarray_version", "python_version", "git_commit", "created"):
+                "numpy_version", "xarray_version", "python_version", "git_commit", "created", "status",
+                "error"):
         assert key in ds.attrs and key in eps.attrs, key
     assert json.loads(ds.attrs["config_json"]) == {"algo": {"name": "dqn", "lr": 1e-3}}
+
+
+def test_status_is_running_until_the_outcome_is_set(tmp_path):
+    m = recorder(attrs={"mode": "serial"})
+    feed_group(m)
+    m.row(1.0)
+    m.write(tmp_path)
+    for name in ("metrics.nc", "episodes.nc"):
+        with xr.open_dataset(tmp_path / name) as ds:
+            assert (ds.attrs["status"], ds.attrs["error"]) == ("running", ""), name
+    m.set_outcome("failed", "RuntimeError('boom')")
+    assert (m.dataset().attrs["status"], m.episodes_dataset().attrs["error"]) == ("failed", "RuntimeError('boom')")
+    m.write(tmp_path)
+    for name in ("metrics.nc", "episodes.nc"):
+        with xr.open_dataset(tmp_path / name) as ds:
+            assert (ds.attrs["status"], ds.attrs["error"]) == ("failed", "RuntimeError('boom')"), name
+    m.set_outcome("stopped", None)  # no error is an empty string: netCDF cannot store None
+    assert m.dataset().attrs["error"] == ""
 
 
 def _assert_same(loaded: xr.Dataset, ds: xr.Dataset) -> None:

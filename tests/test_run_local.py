@@ -134,13 +134,28 @@ def test_results_are_written_while_the_run_goes_on(h, tmp_path):
     while not metrics.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert metrics.exists() and not run.done, "no interim metrics.nc before the run ended"
-    interim = xr.load_dataset(metrics, engine="h5netcdf").sizes["time"]
+    interim = xr.load_dataset(metrics, engine="h5netcdf")
     assert (run.run_dir / "episodes.nc").exists()
     result = run.wait(timeout=45)
     assert result is not None and result.error is None, result and result.error
-    final = xr.load_dataset(metrics, engine="h5netcdf").sizes["time"]
-    assert 0 < interim < final
+    final = xr.load_dataset(metrics, engine="h5netcdf")
+    assert 0 < interim.sizes["time"] < final.sizes["time"]
+    assert interim.attrs["status"] == "running" and final.attrs["status"] == result.status == "max_seconds"
     assert not [p for p in run.run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_last_write_fails_the_run_and_the_files_say_so(h, tmp_path):
+    import xarray as xr
+
+    cfg = short_config(h, "stop.max_env_steps=1000", "stop.max_seconds=30")
+    run = train(cfg, out=tmp_path / "run", serial=True)
+    (run.run_dir / "episodes.nc").mkdir()  # the episodes file cannot be renamed over a directory
+    result = run.wait(timeout=45)
+    assert result is not None and result.status == "failed", result
+    assert result.error.startswith(f"writing results to {run.run_dir} failed: IsADirectoryError"), result.error
+    attrs = xr.load_dataset(run.run_dir / "metrics.nc", engine="h5netcdf").attrs
+    assert (attrs["status"], attrs["error"]) == ("failed", result.error.splitlines()[0])
 
 
 @pytest.mark.timeout(60)

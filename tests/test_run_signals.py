@@ -138,15 +138,19 @@ def worker_addresses(workers: list[psutil.Process]) -> dict[int, str]:
     return out
 
 
-def assert_results_open(run_dir: Path) -> dict:
-    sizes = {}
+def assert_results_open(run_dir: Path, status: str) -> dict:
+    """Both files open and carry ``status``; returns their sizes, and ``error`` (the same in both)."""
+    sizes, errors = {}, set()
     for name in ("metrics.nc", "episodes.nc"):
         path = run_dir / name
         assert path.is_file(), sorted(q.name for q in run_dir.iterdir())
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds.load()
             sizes[name] = dict(ds.sizes)
-    return sizes
+            assert ds.attrs["status"] == status, (name, ds.attrs["status"], ds.attrs["error"])
+            errors.add(ds.attrs["error"])
+    assert len(errors) == 1, errors
+    return {**sizes, "error": errors.pop()}
 
 
 @pytest.mark.timeout(90)
@@ -166,8 +170,8 @@ def test_signal_stops_the_run_with_results_and_no_process_left(h, cli_run, sig):
     assert code == 128 + sig, f"exit {code} {exit_s:.1f} s after {sig.name} at {t_sig - run.t0:.2f} s:\n{run.timeline()}"
     assert "Traceback" not in run.stderr, run.stderr
     assert "stopped:" in run.stderr, run.stderr
-    sizes = assert_results_open(run.out)
-    assert sizes["metrics.nc"]["time"] >= 1
+    sizes = assert_results_open(run.out, "stopped")
+    assert sizes["metrics.nc"]["time"] >= 1 and sizes["error"] == ""
     assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \
         [p.pid for p in family if alive(p)]
     assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
@@ -204,8 +208,8 @@ def test_killed_worker_is_reported_as_lost_and_fails_the_run(h, cli_run):
         flat = " ".join(run.stderr.split())  # the console wraps long lines
         assert "the scheduler removed it (handle-worker-cleanup" in flat, run.stderr
         assert "Dask's nanny: Worker process" in flat and "killed by signal 9" in flat, run.stderr
-    sizes = assert_results_open(run.out)
-    assert sizes["metrics.nc"]["time"] >= 1
+    sizes = assert_results_open(run.out, "failed")
+    assert sizes["metrics.nc"]["time"] >= 1 and address in sizes["error"], sizes["error"]
     assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \
         [p.pid for p in family if alive(p)]
     # the nanny restarted the killed worker: that new process must be gone too

@@ -37,6 +37,11 @@ EPISODE_PREFIX = "episode_"
 WINDOW = 100  # episodes in the return window of time to target (docs/metrics.md)
 MAX_LABEL_SETTINGS = 4  # more differing settings than this: runs are labelled by their id
 _SETTING_ATTRS = ("mode",)  # file attrs that describe how a run was made, like config fields
+_CONFIG_ATTRS = ("config_json", "env_id", "seed")  # file attrs that config coordinates stand for
+# file attrs that are run coordinates even where all runs agree: runs are selected by them
+_OUTCOME_ATTRS = {"status": "how the run ended (running while it goes on)",
+                  "error": "why the run failed (empty if it did not)"}
+UNKNOWN_STATUS = "unknown"  # the status of runs written before the files recorded it
 
 
 class RunNotFound(FileNotFoundError):
@@ -49,9 +54,10 @@ def open_run(path: str | Path) -> xr.Dataset:
 
     Variables of ``metrics.nc`` on ``time`` (and ``actor``/``buffer``/``learner``), those of
     ``episodes.nc`` prefixed ``episode_`` on ``episode``. Attrs: the file's own (``run_name``,
-    ``target_return``, ``time_to_target_s``, ``config_json``...), plus ``run_dir`` (absolute
-    path) and ``config``: the resolved config flattened to dotted keys, as a JSON string
-    (``ds.tianji.config`` parses it).
+    ``status``, ``error``, ``target_return``, ``time_to_target_s``, ``config_json``...), plus
+    ``run_dir`` (absolute path) and ``config``: the resolved config flattened to dotted keys, as
+    a JSON string (``ds.tianji.config`` parses it). Files from before the status was recorded
+    get ``status="unknown"`` and ``error=""``.
     """
     run_dir = _check_run_dir(Path(path))
     ds = xr.load_dataset(run_dir / "metrics.nc", engine="h5netcdf")
@@ -65,6 +71,8 @@ def open_run(path: str | Path) -> xr.Dataset:
         import yaml
 
         config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    ds.attrs.setdefault("status", UNKNOWN_STATUS)
+    ds.attrs.setdefault("error", "")
     ds.attrs["config"] = json.dumps(flatten_config(config))
     ds.attrs["run_dir"] = str(run_dir)
     return ds
@@ -82,7 +90,8 @@ def open_runs(paths: str | Path | Iterable[str | Path]) -> xr.Dataset:
     named by its dotted key (``seed``, ``topology.actors``), typed (None is NaN in a numeric
     field), with ``long_name`` from the config schema and ``source="config"``. Fields equal in all
     runs stay in ``attrs["config"]`` (JSON). File attrs follow the same rule: equal ones stay
-    attrs, differing ones (``run_name``, ``time_to_target_s``, ``mode``...) become run coords.
+    attrs, differing ones (``run_name``, ``time_to_target_s``, ``mode``...) become run coords;
+    ``status`` and ``error`` are run coords always (``ds.sel(run=ds.status == "failed")``).
     """
     dirs = _expand(paths)
     runs = [open_run(d) for d in dirs]
@@ -100,15 +109,17 @@ def open_runs(paths: str | Path | Iterable[str | Path]) -> xr.Dataset:
     same_config, diff_config = _split(configs)
     file_attrs = [{k: v for k, v in r.attrs.items() if k != "config"} for r in runs]
     same_attrs, diff_attrs = _split(file_attrs)
-    diff_attrs = [k for k in diff_attrs if k != "config_json"]  # the config coords stand for it
+    same_attrs = {k: v for k, v in same_attrs.items() if k not in _OUTCOME_ATTRS}
+    diff_attrs = [k for k in diff_attrs if k not in _CONFIG_ATTRS and k not in _OUTCOME_ATTRS]
     coords = {}
     for key in diff_config:
         coords[key] = ("run", _column([c.get(key) for c in configs]),
                        {"long_name": _describe(key, configs) or key, "source": "config"})
-    for key in diff_attrs:
+    for key in [*_OUTCOME_ATTRS, *diff_attrs]:
         if key not in coords:
+            long_name = _OUTCOME_ATTRS.get(key, f"{key} (file attribute)")
             coords[key] = ("run", _column([a.get(key) for a in file_attrs]),
-                           {"long_name": f"{key} (file attribute)", "source": "file attribute"})
+                           {"long_name": long_name, "source": "file attribute"})
     ds = ds.assign_coords(coords)
     ds.attrs = {**same_attrs, "config": json.dumps(same_config)}
     return ds

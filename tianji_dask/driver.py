@@ -34,7 +34,8 @@ FINISHED = ("target_reached", "max_env_steps", "max_seconds")
 @dataclass
 class RunResult:
     """How a run ended. ``status`` is one of ``target_reached``, ``max_env_steps``,
-    ``max_seconds``, ``stopped`` (``Run.stop``/Ctrl-C) or ``failed`` (``error`` says why)."""
+    ``max_seconds``, ``stopped`` (``Run.stop``/Ctrl-C) or ``failed`` (``error`` says why).
+    metrics.nc and episodes.nc carry both as their ``status`` and ``error`` attrs."""
 
     status: str
     run_dir: Path
@@ -112,7 +113,8 @@ class Run:
         self._snapshot = None  # () -> (state, metadata) of the running learner, set by each mode
         self.recorder = MetricsRecorder(run_name=self.name, target_return=cfg.stop.target_return,
                                         config_json=cfg.to_json(), t0=self.t0,
-                                        attrs={"mode": "serial" if serial else "distributed"})
+                                        attrs={"mode": "serial" if serial else "distributed",
+                                               "env_id": cfg.env.id, "seed": cfg.seed})
         self.dashboard_link: str | None = None
         self._thread = threading.Thread(target=self._main, name=f"tianji-driver-{self.id}", daemon=True)
         self._thread.start()
@@ -189,17 +191,29 @@ class Run:
     def _finish(self, error: str | None) -> None:
         row = self.recorder.row(time.time() - self.t0)
         status = "failed" if error else (self._stop_reason or "stopped")
-        try:
-            self.recorder.write(self.run_dir)
-        except Exception as exc:  # noqa: BLE001
-            error = (error or "") + f"\nwriting results failed: {exc!r}"
-            status = "failed"
+        status, error = self._write_results(status, error)
         self.result = RunResult(status=status, run_dir=self.run_dir, wall_s=time.time() - self.t0,
                                 env_steps=self.recorder.env_steps,
                                 return_mean_100=self.recorder.return_mean_100,
                                 time_to_target_s=self.recorder.time_to_target_s, error=error,
                                 final_row=row)
         self._done.set()
+
+    def _write_results(self, status: str, error: str | None) -> tuple[str, str | None]:
+        """Write the files with the run's outcome and return the outcome, which is ``failed``
+        if the write failed; the files then say so too, if a second write gets through."""
+        self.recorder.set_outcome(status, error)
+        try:
+            self.recorder.write(self.run_dir)
+            return status, error
+        except Exception as exc:  # noqa: BLE001 - the run has ended: report it, do not raise
+            error = _append(error, f"writing results to {self.run_dir} failed: {exc!r}")
+        self.recorder.set_outcome("failed", error)
+        try:
+            self.recorder.write(self.run_dir)
+        except Exception as exc:  # noqa: BLE001
+            error = _append(error, f"the second write, with status failed, failed too: {exc!r}")
+        return "failed", error
 
     def _tick(self, next_row: float) -> float:
         now = time.time()
@@ -291,6 +305,10 @@ class Run:
             elif self.cfg.run.checkpoint:
                 state, meta = rc.learner_checkpoint()
                 self._save_checkpoint(state, meta, final=True)
+
+
+def _append(error: str | None, line: str) -> str:
+    return f"{error}\n{line}" if error else line
 
 
 def train(config: ExperimentConfig, client=None, *, out: str | Path | None = None, serial: bool = False,

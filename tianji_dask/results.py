@@ -108,6 +108,8 @@ _EPISODE_VARS: dict[str, tuple[str, str, str]] = {
 
 _VERSIONED = ("torch", "dask", "distributed", "gymnasium", "numpy", "xarray")
 
+RUNNING = "running"  # the status attr of the files a run writes before it has ended
+
 
 class _Host:
     """Latest heartbeat of one host plus the reference point of its rates."""
@@ -166,6 +168,7 @@ class MetricsRecorder:
         self._ep_cols: dict[str, list] = {k: [] for k in _EPISODE_VARS}
         self._window: collections.deque[float] = collections.deque(maxlen=100)
         self.time_to_target_s = math.nan
+        self._status, self._error = RUNNING, ""
 
     # ------------------------------------------------------------------ input
     def add(self, heartbeat: dict) -> None:
@@ -337,8 +340,15 @@ class MetricsRecorder:
             return dict(r)
 
     # ---------------------------------------------------------------- datasets
+    def set_outcome(self, status: str, error: str | None = None) -> None:
+        """How the run ended, for the ``status`` and ``error`` attrs of every later dataset and
+        write; before this call they are ``running`` and empty."""
+        with self._lock:
+            self._status, self._error = status, error or ""
+
     def attrs(self) -> dict[str, Any]:
-        """Dataset attrs: run name, target, time to target, config JSON, versions, git commit."""
+        """Dataset attrs: run name, target, time to target, config JSON, versions, git commit,
+        the extra attrs, status and error."""
         a: dict[str, Any] = {
             "run_name": self.run_name,
             "target_return": math.nan if self.target_return is None else self.target_return,
@@ -349,6 +359,7 @@ class MetricsRecorder:
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         a.update(self._extra_attrs)
+        a.update(status=self._status, error=self._error)
         return a
 
     def dataset(self) -> xr.Dataset:
@@ -393,10 +404,14 @@ class MetricsRecorder:
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def write(self, run_dir: Path) -> None:
-        """Write ``run_dir/metrics.nc`` and ``run_dir/episodes.nc`` atomically (h5netcdf)."""
+        """Write ``run_dir/metrics.nc`` and ``run_dir/episodes.nc`` atomically (h5netcdf).
+
+        Both are written in full to temporary files before either is renamed over its old file,
+        so a failure while writing them (a full disk) replaces neither.
+        """
         run_dir = Path(run_dir)
-        _write_netcdf_atomic(self.dataset(), run_dir / "metrics.nc")
-        _write_netcdf_atomic(self.episodes_dataset(), run_dir / "episodes.nc")
+        _write_netcdf_atomic({run_dir / "metrics.nc": self.dataset(),
+                              run_dir / "episodes.nc": self.episodes_dataset()})
 
 
 # ---------------------------------------------------------------------- helpers
@@ -492,12 +507,15 @@ def _netcdf_attrs(attrs: dict) -> dict[str, Any]:
     return out
 
 
-def _write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
+def _write_netcdf_atomic(datasets: dict[Path, xr.Dataset]) -> None:
+    """Write every dataset to a temporary file, then rename each over its path."""
     # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    tmps = {path: path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp") for path in datasets}
     try:
-        ds.to_netcdf(tmp, engine="h5netcdf")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for path, ds in datasets.items():
+            ds.to_netcdf(tmps[path], engine="h5netcdf")
+        for path, tmp in tmps.items():
+            os.replace(tmp, path)
+    finally:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
