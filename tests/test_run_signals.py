@@ -1,16 +1,22 @@
-"""The CLI under signals, in a subprocess of its own session: Ctrl-C (SIGINT to the CLI process
-only) ends the run with results and exit 130, SIGTERM likewise with 143; a worker killed with
-SIGKILL is reported as a lost host, the run fails with exit 1, results are still written. None
-may leave a process behind.
+"""The CLI under signals, in a subprocess of its own session: Ctrl-C typed at a real
+pseudo-terminal (SIGINT to the whole foreground process group, workers included) ends the run as
+`stopped` with results, the final checkpoint and exit 130; SIGTERM to the process group or to the
+CLI alone likewise with 143; a second Ctrl-C stops at once. A worker killed with SIGKILL is
+reported as a lost host, the run fails with exit 1, results are still written. None may leave a
+process behind.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import pty
 import re
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -22,26 +28,67 @@ import xarray as xr
 pytestmark = pytest.mark.integration
 
 PROGRESS = re.compile(r"steps\s+[\d,]+\s+\S+ steps/s")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+PPO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole_ppo.yaml"
+
+
+def _take_controlling_terminal() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # stdin is the pseudo-terminal; start_new_session ran setsid
 
 
 class CliRun:
-    """``tianji-dask train`` in a new session; stderr lines are collected with their arrival time."""
+    """``tianji-dask train`` in a new session; output lines are collected with their arrival time.
 
-    def __init__(self, h, tmp_path: Path, *overrides: str):
+    ``terminal=True`` runs it on a pseudo-terminal that is the session's controlling terminal, as
+    a shell would: :meth:`type_ctrl_c` then makes the terminal signal the whole foreground
+    process group, workers included. Otherwise stderr is a pipe and stdin is closed."""
+
+    def __init__(self, h, tmp_path: Path, *overrides: str, config: Path | None = None,
+                 terminal: bool = False):
         self.out = tmp_path / "run"
         sets = ["stop.max_seconds=120", "stop.target_return=null", "stop.max_env_steps=null", *overrides]
-        cmd = [sys.executable, "-m", "tianji_dask.cli", "train", str(h.CONFIG),
+        cmd = [sys.executable, "-m", "tianji_dask.cli", "train", str(config or h.CONFIG),
                *(a for s in sets for a in ("--set", s)), "--out", str(self.out)]
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: list[tuple[float, str]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._master = None
+        if terminal:
+            self._master, tty = pty.openpty()
+            self.proc = subprocess.Popen(cmd, cwd=tmp_path, stdin=tty, stdout=tty, stderr=tty,
+                                         start_new_session=True, preexec_fn=_take_controlling_terminal)
+            os.close(tty)
+            reader = self._read_terminal
+        else:
+            self.proc = subprocess.Popen(cmd, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+            reader = self._read
+        self._reader = threading.Thread(target=reader, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         for line in self.proc.stderr:
             self.lines.append((time.monotonic() - self.t0, line.rstrip("\n")))
+
+    def _read_terminal(self) -> None:
+        pending = ""
+        while True:
+            try:
+                data = os.read(self._master, 4096)
+            except OSError:  # EIO: every process holding the terminal has exited
+                data = b""
+            if not data:
+                break
+            pending += data.decode(errors="replace")
+            *complete, pending = re.split(r"[\r\n]+", pending)
+            now = time.monotonic() - self.t0
+            self.lines.extend((now, ANSI.sub("", line)) for line in complete if line.strip())
+        if pending.strip():
+            self.lines.append((time.monotonic() - self.t0, ANSI.sub("", pending)))
+        os.close(self._master)
+
+    def type_ctrl_c(self) -> None:
+        """What pressing Ctrl-C does: the terminal's line discipline signals its foreground group."""
+        os.write(self._master, b"\x03")
 
     @property
     def stderr(self) -> str:
@@ -103,8 +150,8 @@ class CliRun:
 def cli_run(h, tmp_path):
     runs = []
 
-    def start(*overrides):
-        runs.append(CliRun(h, tmp_path, *overrides))
+    def start(*overrides, **kwargs):
+        runs.append(CliRun(h, tmp_path, *overrides, **kwargs))
         return runs[-1]
 
     yield start
@@ -153,29 +200,73 @@ def assert_results_open(run_dir: Path, status: str) -> dict:
     return {**sizes, "error": errors.pop()}
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_stops_the_run_with_results_and_no_process_left(h, cli_run, sig):
-    run = cli_run()
-    t_progress = run.wait_for_line(PROGRESS, timeout=60)
+def started(cli_run, algo: str, actors: int, *, terminal: bool) -> tuple[CliRun, list[psutil.Process]]:
+    """A run past its first progress line and 2 s of training; returns it and its processes."""
+    run = cli_run(f"topology.actors={actors}", config=PPO_CONFIG if algo == "ppo" else None, terminal=terminal)
+    run.wait_for_line(PROGRESS, timeout=60)
     time.sleep(2)  # hosts running, some steps taken
     workers = run.workers()
-    assert len(workers) == 2, [w.cmdline() for w in workers]
-    family = psutil.Process(run.proc.pid).children(recursive=True)
+    assert len(workers) == actors + 1, [w.cmdline() for w in workers]
+    # the workers share the CLI's process group: a signal to the group reaches them
+    assert {os.getpgid(w.pid) for w in workers} == {run.proc.pid}
+    return run, psutil.Process(run.proc.pid).children(recursive=True)
 
-    t_sig = time.monotonic()
-    os.kill(run.proc.pid, sig)  # the CLI only, not its process group
-    code = run.finish(timeout=10)
-    exit_s = time.monotonic() - t_sig
-    assert code == 128 + sig, f"exit {code} {exit_s:.1f} s after {sig.name} at {t_sig - run.t0:.2f} s:\n{run.timeline()}"
-    assert "Traceback" not in run.stderr, run.stderr
-    assert "stopped:" in run.stderr, run.stderr
+
+def assert_stopped_cleanly(h, run: CliRun, family: list[psutil.Process], code: int | None, expected: int) -> dict:
+    assert code == expected, f"exit {code}, expected {expected}:\n{run.timeline()}"
+    for crash in ("Traceback", "terminate called", "Worker holding"):
+        assert crash not in run.stderr, run.stderr
+    assert re.search(r"^stopped: ", run.stderr, re.M), run.stderr
     sizes = assert_results_open(run.out, "stopped")
     assert sizes["metrics.nc"]["time"] >= 1 and sizes["error"] == ""
+    assert not [p.name for p in run.out.rglob("*") if ".tmp" in p.name], "half-written files left"
+    meta = json.loads((run.out / "checkpoint" / "checkpoint.json").read_text())
+    assert meta["final"] is True, meta
     assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \
         [p.pid for p in family if alive(p)]
     assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
-    print(f"\n{sig.name}: first progress at {t_progress:.1f} s, exit {code} after {exit_s:.1f} s, {sizes}")
+    return sizes
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("algo,actors", [("dqn", 1), ("dqn", 2), ("ppo", 1), ("ppo", 2)])
+def test_ctrl_c_at_a_terminal_stops_the_run_with_results_and_no_process_left(h, cli_run, algo, actors):
+    run, family = started(cli_run, algo, actors, terminal=True)
+    t_sig = time.monotonic()
+    run.type_ctrl_c()  # the terminal signals the CLI and every worker
+    code = run.finish(timeout=30)
+    exit_s = time.monotonic() - t_sig
+    sizes = assert_stopped_cleanly(h, run, family, code, 128 + signal.SIGINT)
+    print(f"\nCtrl-C ({algo}, {actors} actors): exit {code} after {exit_s:.1f} s, {sizes}")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("algo,actors", [("dqn", 2), ("ppo", 1)])
+def test_sigterm_to_the_process_group_stops_the_run(h, cli_run, algo, actors):
+    run, family = started(cli_run, algo, actors, terminal=False)
+    t_sig = time.monotonic()
+    os.killpg(run.proc.pid, signal.SIGTERM)  # what a batch system's cancel or time limit does
+    code = run.finish(timeout=30)
+    exit_s = time.monotonic() - t_sig
+    sizes = assert_stopped_cleanly(h, run, family, code, 128 + signal.SIGTERM)
+    print(f"\nSIGTERM to the group ({algo}, {actors} actors): exit {code} after {exit_s:.1f} s, {sizes}")
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_to_the_cli_alone_stops_the_run(h, cli_run):
+    run, family = started(cli_run, "dqn", 1, terminal=False)
+    os.kill(run.proc.pid, signal.SIGTERM)  # `kill PID`
+    assert_stopped_cleanly(h, run, family, run.finish(timeout=30), 128 + signal.SIGTERM)
+
+
+@pytest.mark.timeout(90)
+def test_a_second_ctrl_c_stops_at_once_and_still_leaves_nothing_behind(h, cli_run):
+    run, family = started(cli_run, "dqn", 2, terminal=True)
+    run.type_ctrl_c()
+    t_first = run.wait_for_line(re.compile(r"SIGINT: stopping all hosts"), timeout=10)
+    run.type_ctrl_c()
+    run.wait_for_line(re.compile(r"SIGINT again: no more waiting"), timeout=10, since=t_first)
+    assert_stopped_cleanly(h, run, family, run.finish(timeout=30), 128 + signal.SIGINT)
 
 
 @pytest.mark.timeout(120)

@@ -110,10 +110,11 @@ def _on_driver_signals(handler) -> None:
 
 
 def _stop_at_once(run, progress, signum: int) -> None:
-    """A second signal while the run stops: no more waiting for the hosts or the final
-    checkpoint; the results are still written and the workers still ended."""
+    """A second signal while the run stops: no more waiting for the hosts, a few seconds for the
+    final checkpoint; the results are still written and the workers still ended."""
     _on_driver_signals(signal.SIG_IGN)  # a third changes nothing more
-    progress.event(f"{signal.Signals(signum).name} again: no more waiting for the hosts or the final checkpoint...")
+    progress.event(f"{signal.Signals(signum).name} again: no more waiting for the hosts, "
+                   "a few seconds for the final checkpoint...")
     run.stop("stopped", now=True)
 
 

@@ -358,8 +358,8 @@ class RunCluster:
     def final_heartbeats(self) -> list[dict]:
         return list(self._final)
 
-    def learner_checkpoint(self) -> tuple[dict, dict]:
-        return self.learner.checkpoint().result(timeout=60)
+    def learner_checkpoint(self, timeout: float = 60.0) -> tuple[dict, dict]:
+        return self.learner.checkpoint().result(timeout=timeout)
 
     def learner_snapshot(self) -> tuple[dict, dict]:
         """The learner's state while it trains (a periodic checkpoint), as CPU tensors."""

@@ -29,6 +29,7 @@ from tianji_dask.results import MetricsRecorder
 from tianji_dask.rundir import prepare_run_dir, run_name, write_config
 
 FINISHED = ("target_reached", "max_env_steps", "max_seconds")
+HURRIED_CHECKPOINT_S = 5.0  # how long a run told to stop at once still waits for the final checkpoint
 
 
 @dataclass
@@ -124,8 +125,8 @@ class Run:
         """Ask the run to stop; returns at once (``wait()`` for the end).
 
         ``now=True`` (a second Ctrl-C) also stops waiting for the hosts to finish cleanly and
-        skips the final checkpoint (the latest periodic one stays); the results are still
-        written and every worker process the run started is still ended."""
+        gives the final checkpoint only a few seconds (else the latest periodic one stays); the
+        results are still written and every worker process the run started is still ended."""
         if self._stop_reason is None:
             self._stop_reason = reason
         if now:
@@ -300,11 +301,19 @@ class Run:
                 rc.stop_hosts()
                 for hb in rc.final_heartbeats():
                     self.recorder.add(hb)
-            if self.cfg.run.checkpoint and self._hurry.is_set():
-                self._on_event("final checkpoint skipped (stopping at once); the latest periodic one stays")
-            elif self.cfg.run.checkpoint:
-                state, meta = rc.learner_checkpoint()
-                self._save_checkpoint(state, meta, final=True)
+            if self.cfg.run.checkpoint:
+                self._save_final_checkpoint(rc)
+
+    def _save_final_checkpoint(self, rc) -> None:
+        if not self._hurry.is_set():
+            state, meta = rc.learner_checkpoint()
+            self._save_checkpoint(state, meta, final=True)
+            return
+        try:  # told to stop at once: a learner that answers at once still gets saved
+            state, meta = rc.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S)
+            self._save_checkpoint(state, meta, final=True)
+        except Exception as exc:  # noqa: BLE001 - the stop goes on; the latest periodic one stays
+            self._on_event(f"final checkpoint skipped while stopping at once: {exc!r}")
 
 
 def _append(error: str | None, line: str) -> str:
