@@ -109,6 +109,7 @@ def cmd_train(args) -> int:
     from tianji_dask.rundir import RunDirExists
 
     from tianji_dask.planner import PlanError, load_plan
+    from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -116,7 +117,9 @@ def cmd_train(args) -> int:
         if args.plan is not None:
             plan = load_plan(args.plan)
             cfg = plan.apply(cfg)
-    except (ConfigError, PlanError) as exc:
+        if args.scheduler:
+            check_scheduler_listens(args.scheduler)
+    except (ConfigError, PlanError, SchedulerUnreachable) as exc:
         return _bad_input(str(exc))
     if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         return _bad_input(f"--out {args.out} exists and is not an empty directory; "
@@ -214,6 +217,8 @@ def _profile_client(args, cfg):
 
 
 def _check_profile_arguments(args) -> None:
+    from tianji_dask.preflight import check_scheduler_listens
+
     if args.seconds <= 0:
         raise ValueError(f"--seconds must be positive, got {args.seconds}")
     for name in ("max_actors", "max_threads"):
@@ -221,6 +226,8 @@ def _check_profile_arguments(args) -> None:
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
     _batch_sizes(args.batch_sizes)
+    if args.scheduler:
+        check_scheduler_listens(args.scheduler)
 
 
 def _batch_sizes(text):
