@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="submit Slurm jobs through dask-jobqueue, sized by --plan (or by the config's "
                         "topology); site settings come from your jobqueue.yaml (see jobqueue/)")
     t.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml",
-                   help="apply a plan from tianji-dask plan (topology, learner threads, batch)")
+                   help="apply a plan from tianji-dask plan (topology, learner threads, batch); warns when it "
+                        "uses more cores than the run has, refuses one that needs more memory")
     t.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
 
     pr = sub.add_parser("profile", help="measure TR_A and TR_L of a config on a cluster (the planner's input)",
@@ -146,6 +147,12 @@ def cmd_train(args) -> int:
             client = Client(args.scheduler, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
             return _bad_input(f"cannot connect to the scheduler at {args.scheduler!r}: {exc}")
+    if plan is not None and not (args.slurm or args.serial):  # Slurm jobs are sized by the plan itself
+        refusal = _check_plan_fits(plan, client, args)
+        if refusal:
+            if client is not None:
+                client.close()
+            return _bad_input(refusal)
 
     progress = Progress(cfg.stop.target_return)
     try:
@@ -177,6 +184,18 @@ def cmd_train(args) -> int:
     if interrupted is not None:
         return 128 + int(interrupted)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _check_plan_fits(plan, client, args) -> str | None:
+    """Warn on stderr when the plan wants more cores than the run has; the refusal when it wants
+    more memory. ``client``: the --scheduler's, or None for the run's own LocalCluster."""
+    from tianji_dask.preflight import cluster_capacity, plan_fit_problems, this_machine
+
+    capacity = this_machine() if client is None else cluster_capacity(client, args.scheduler)
+    warning, refusal = plan_fit_problems(plan, capacity, plan_path=args.plan, config_path=args.config)
+    if warning:
+        print(f"tianji-dask: warning: {warning}", file=sys.stderr)
+    return refusal
 
 
 def _slurm_client(cfg, plan, args):

@@ -4,7 +4,9 @@ cluster has."""
 
 from __future__ import annotations
 
+import os
 import socket
+from dataclasses import dataclass
 
 CONNECT_TIMEOUT_S = 10.0  # the same as the Client's own timeout in tianji-dask train
 WHAT_TO_CHECK = ("Check that the scheduler is started (`dask scheduler` prints the address it listens at, "
@@ -63,3 +65,56 @@ def _tls_handshake(sock: socket.socket, host: str, address: str) -> None:
             "Nothing was started or written.")
     with context.wrap_socket(sock, server_hostname=host):
         pass
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a run may use: cores (or worker threads) and memory, with the words that say where."""
+
+    cores: int
+    cores_text: str  # e.g. "worker threads of the cluster at tcp://10.0.0.5:8786"
+    memory_bytes: int | None  # None: not known (a worker without a memory limit)
+    where: str  # e.g. "this machine", "the cluster at tcp://10.0.0.5:8786"
+    single_node: bool  # memory_bytes is one node's (what tianji-dask plan --memory-per-node takes)
+
+
+def this_machine() -> Capacity:
+    """The cores this process may use and the machine's memory: a run's own LocalCluster gives
+    every worker all of it."""
+    import psutil
+
+    return Capacity(cores=len(os.sched_getaffinity(0)),
+                    cores_text="cores this process may use on this machine (os.sched_getaffinity)",
+                    memory_bytes=psutil.virtual_memory().total, where="this machine", single_node=True)
+
+
+def cluster_capacity(client, address: str) -> Capacity:
+    """The threads and memory limits of the cluster's workers, as its scheduler reports them."""
+    from tianji_dask.workers import scheduler_workers
+
+    workers = list(scheduler_workers(client).values())
+    limits = [w.get("memory_limit") or 0 for w in workers]
+    return Capacity(cores=sum(w["nthreads"] for w in workers),
+                    cores_text=f"worker threads of the cluster at {address}",
+                    memory_bytes=sum(limits) if workers and all(limits) else None,
+                    where=f"the cluster at {address}", single_node=False)
+
+
+def plan_fit_problems(plan, capacity: Capacity, *, plan_path, config_path) -> tuple[str | None, str | None]:
+    """``(warning, refusal)`` for running ``plan`` on ``capacity``: a plan for more cores runs,
+    slower than it predicts; one that needs more memory would be killed, so it is refused."""
+    gib = 2**30
+    warning = refusal = None
+    if plan.cores_used > capacity.cores:
+        warning = (f"the plan {plan_path} uses {plan.cores_used} cores, more than the {capacity.cores} "
+                   f"{capacity.cores_text}: its processes will share cores and will not "
+                   f"reach its predicted {plan.predicted.get('train_env_steps_per_s', 0):,.0f} env steps/s. "
+                   f"Make a plan for what is there: tianji-dask plan {config_path} --cores {capacity.cores}")
+    needed = sum(job.memory_bytes for job in plan.jobs)
+    if capacity.memory_bytes is not None and needed > capacity.memory_bytes:
+        per_node = f"{int(capacity.memory_bytes // gib)}GiB" if capacity.single_node else "SIZE (one node's memory)"
+        refusal = (f"the plan {plan_path} needs {needed / gib:.2f} GiB ({len(plan.jobs)} jobs: processes and "
+                   f"replay), more than the {capacity.memory_bytes / gib:.2f} GiB of {capacity.where}. Make a "
+                   f"plan that fits: tianji-dask plan {config_path} --cores {min(plan.cores_used, capacity.cores)} "
+                   f"--memory-per-node {per_node}. Nothing was started or written.")
+    return warning, refusal
