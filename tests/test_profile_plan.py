@@ -4,8 +4,10 @@ it, train --plan, and the refusals."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,17 +20,20 @@ from conftest import CONFIG, SHORT
 pytestmark = pytest.mark.integration
 
 
-def cli(*args, timeout=300):
+def cli(*args, timeout=300, cwd=None):
     return subprocess.run([sys.executable, "-m", "tianji_dask.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    path = tmp_path_factory.mktemp("profile") / "profile.nc"
-    r = cli("profile", CONFIG, "--seconds", "0.5", "--batch-sizes", "64,128", "--out", path)
+    """A profile written where ``tianji-dask profile`` puts it without --out."""
+    cwd = tmp_path_factory.mktemp("profile")
+    r = cli("profile", CONFIG, "--seconds", "0.5", "--batch-sizes", "64,128", cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
-    return path, r
+    default = Path("runs") / "profiles" / f"cartpole_dqn-{len(os.sched_getaffinity(0))}cores.nc"
+    assert f"profile: {default}" in r.stderr and sorted(p.name for p in cwd.iterdir()) == ["runs"]
+    return cwd / default, r
 
 
 def test_profile_writes_the_documented_dataset(measured):
@@ -136,3 +141,18 @@ def test_a_plan_larger_than_the_schedulers_cluster_is_named_with_its_numbers(mea
     assert f"uses 2 cores, more than the 1 worker threads of the cluster at {address}" in run.stderr, run.stderr
     assert f"more than the 1.00 GiB of the cluster at {address}" in run.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_plan_writes_under_runs_plans_beside_its_profile_and_never_replaces_it(measured, tmp_path):
+    plan, profile = Path("runs/plans/cartpole_dqn-2cores.yaml"), Path("runs/plans/cartpole_dqn-2cores.profile.nc")
+    (tmp_path / profile).parent.mkdir(parents=True)
+    shutil.copy(measured[0], tmp_path / profile)
+    r = cli("plan", CONFIG, "--cores", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"planning from the profile {profile}" in r.stderr and "measuring" not in r.stderr
+    assert f"plan: {plan}" in r.stdout and load_plan(tmp_path / plan).cores_used == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    written = (tmp_path / plan).read_bytes()
+    r = cli("plan", CONFIG, "--cores", "2", cwd=tmp_path)
+    assert r.returncode == 2 and f"{plan} exists; it holds a plan already written" in r.stderr, r.stderr
+    assert (tmp_path / plan).read_bytes() == written

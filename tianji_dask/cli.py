@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "threads x batch size) of a config; writes a NetCDF profile for tianji-dask plan.")
     pr.add_argument("config")
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    pr.add_argument("--out", type=Path, default=Path("profile.nc"), help="profile file to write; must not exist (default profile.nc)")
+    pr.add_argument("--out", type=Path, default=None,
+                    help="profile file to write; must not exist (default runs/profiles/<config>-<N>cores.nc, N: "
+                         "this machine's cores; with --scheduler runs/profiles/<config>-<host>-<port>.nc)")
     _add_profile_arguments(pr)
 
     pl = sub.add_parser("plan", help="size groups, actors and learner threads for M cores (TianJi's strategy)",
@@ -64,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--memory-per-node", default=None, help="memory of one node, e.g. 64GiB (checked against replay)")
     pl.add_argument("--profile", type=Path, default=None,
                     help="profile to plan from; measured on a LocalCluster of this machine (and saved "
-                         "there) when the file does not exist (default: PLAN's name with .profile.nc)")
-    pl.add_argument("--out", type=Path, default=Path("plan.yaml"), help="plan file to write; must not exist (default plan.yaml)")
+                         "there) when the file does not exist (default: beside the plan, <plan>.profile.nc)")
+    pl.add_argument("--out", type=Path, default=None,
+                    help="plan file to write; must not exist (default runs/plans/<config>-<cores>cores.yaml)")
     _add_profile_arguments(pl)
 
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
@@ -280,21 +283,23 @@ def _measure(cfg, args, path: Path) -> None:
 
 def cmd_profile(args) -> int:
     from tianji_dask.config import ConfigError, load_config
+    from tianji_dask.profiling import default_profile_path
 
     try:
         cfg = load_config(args.config, args.overrides)
         _check_profile_arguments(args)
-        _refuse_existing(args.out, "a profile")
+        out = args.out or default_profile_path(args.config, args.scheduler)
+        _refuse_existing(out, "a profile")
     except (ConfigError, ValueError) as exc:
         return _bad_input(str(exc))
-    _measure(cfg, args, args.out)
+    _measure(cfg, args, out)
     return EXIT_OK
 
 
 def _refuse_existing(path: Path, what: str) -> None:
     """Measurements and plans already written are never replaced."""
     if path.exists():
-        raise ValueError(f"--out {path} exists; it holds {what} already written. Choose another --out, "
+        raise ValueError(f"{path} exists; it holds {what} already written. Give another --out, "
                          f"or delete it first (nothing was measured or written)")
 
 
@@ -303,18 +308,22 @@ def cmd_plan(args) -> int:
     from dask.utils import parse_bytes
 
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.planner import PlanError, Profile, Resources, make_plan, plan_table, save_plan
+    from tianji_dask.planner import (PlanError, Profile, Resources, default_plan_path, make_plan, plan_table,
+                                     profile_beside, save_plan)
 
     try:
         cfg = load_config(args.config, args.overrides)
         _check_profile_arguments(args)
         mem = parse_bytes(args.memory_per_node) if args.memory_per_node else None
         res = Resources(cores=args.cores, nodes=args.nodes, cores_per_node=args.cores_per_node, memory_per_node=mem)
-        _refuse_existing(args.out, "a plan")
+        out = args.out or default_plan_path(args.config, args.cores)
+        _refuse_existing(out, "a plan")
     except (ConfigError, PlanError, ValueError) as exc:
         return _bad_input(str(exc))
-    path = args.profile or args.out.with_suffix(".profile.nc")
-    if not path.exists():
+    path = args.profile or profile_beside(out)
+    if path.exists():
+        print(f"tianji-dask: planning from the profile {path}", file=sys.stderr)
+    else:
         print(f"tianji-dask: no profile at {path}: measuring one on this machine", file=sys.stderr)
         _measure(cfg, args, path)
     try:
@@ -326,8 +335,8 @@ def cmd_plan(args) -> int:
     for line in plan.explanation:
         console.print(f"  {line}")
     console.print("  predicted: " + ", ".join(f"{k} {v:,.0f}" for k, v in plan.predicted.items()))
-    save_plan(plan, args.out)
-    console.print(f"plan: {args.out}  (tianji-dask train {args.config} --plan {args.out})")
+    save_plan(plan, out)
+    console.print(f"plan: {out}  (tianji-dask train {args.config} --plan {out})")
     return EXIT_OK
 
 
