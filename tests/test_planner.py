@@ -3,11 +3,14 @@
 The DQN CartPole config has replay ratio R = gradient_steps * batch / train_freq = 8 * 64 / 64 = 8,
 so a learner consuming 8,000 samples/s stands for 1,000 env steps/s."""
 
+import os
+
 import pytest
 import yaml
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.planner import PlanError, Plan, Profile, Resources, make_plan
+from tianji_dask.planner import PlanError, Plan, Profile, Resources, default_plan_path, make_plan, profile_beside
+from tianji_dask.profiling import default_profile_path
 
 from conftest import CONFIG
 
@@ -128,3 +131,13 @@ def test_a_plan_applies_to_its_own_config_only():
     assert (cfg.topology.groups, cfg.topology.actors, cfg.topology.learner_torch_threads) == (4, 1, 1)
     with pytest.raises(ConfigError, match="made for dqn on CartPole-v1.*Acrobot-v1"):
         plan.apply(dqn(**{"env.id": "Acrobot-v1"}))
+
+
+def test_default_files_say_which_config_and_how_many_cores_or_where():
+    plan = default_plan_path("configs/pong_ppo.yaml", 16)
+    assert plan.as_posix() == "runs/plans/pong_ppo-16cores.yaml"
+    assert profile_beside(plan).as_posix() == "runs/plans/pong_ppo-16cores.profile.nc"
+    cores = len(os.sched_getaffinity(0))
+    assert default_profile_path("configs/pong_ppo.yaml").as_posix() == f"runs/profiles/pong_ppo-{cores}cores.nc"
+    for address in ("tls://10.0.0.5:8786", "tcp://10.0.0.5:8786", "10.0.0.5:8786"):
+        assert default_profile_path("pong_ppo.yaml", address).as_posix() == "runs/profiles/pong_ppo-10.0.0.5-8786.nc"

@@ -3,30 +3,37 @@ it, train --plan, and the refusals."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import psutil
 import pytest
 import xarray as xr
 
 from tianji_dask.planner import load_plan
 
-from conftest import CONFIG
+from conftest import CONFIG, SHORT
 
 pytestmark = pytest.mark.integration
 
 
-def cli(*args, timeout=300):
+def cli(*args, timeout=300, cwd=None):
     return subprocess.run([sys.executable, "-m", "tianji_dask.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    path = tmp_path_factory.mktemp("profile") / "profile.nc"
-    r = cli("profile", CONFIG, "--seconds", "0.5", "--batch-sizes", "64,128", "--out", path)
+    """A profile written where ``tianji-dask profile`` puts it without --out."""
+    cwd = tmp_path_factory.mktemp("profile")
+    r = cli("profile", CONFIG, "--seconds", "0.5", "--batch-sizes", "64,128", cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
-    return path, r
+    default = Path("runs") / "profiles" / f"cartpole_dqn-{len(os.sched_getaffinity(0))}cores.nc"
+    assert f"profile: {default}" in r.stderr and sorted(p.name for p in cwd.iterdir()) == ["runs"]
+    return cwd / default, r
 
 
 def test_profile_writes_the_documented_dataset(measured):
@@ -54,6 +61,7 @@ def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
     run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "run",
               "--set", "stop.target_return=null", "--set", "stop.max_seconds=6", "--set", "algo.learning_starts=500")
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "warning" not in run.stderr
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert f"learner_threads: {plan.learner_threads}" in saved and f"batch_size: {plan.batch_size}" in saved
 
@@ -88,3 +96,63 @@ def test_plan_refusals(measured, tmp_path):
     before = path.read_bytes()
     r = cli("profile", CONFIG, "--out", path)
     assert r.returncode == 2 and "holds a profile already written" in r.stderr and path.read_bytes() == before
+
+
+def make_plan_file(profile, path, cores: int, *overrides: str):
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    r = cli("plan", CONFIG, "--cores", cores, "--profile", profile, "--out", path, *sets)
+    assert r.returncode == 0, r.stderr
+    return load_plan(path)
+
+
+def test_a_plan_for_more_cores_than_this_process_may_use_warns_and_runs(measured, tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    plan = make_plan_file(measured[0], tmp_path / "plan.yaml", cores + 1)
+    assert plan.cores_used > cores
+    run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "run",
+              *[arg for o in (*SHORT, "stop.max_seconds=3") for arg in ("--set", o)])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (f"warning: the plan {tmp_path / 'plan.yaml'} uses {plan.cores_used} cores, more than the {cores} "
+            f"cores this process may use on this machine (os.sched_getaffinity)") in run.stderr, run.stderr
+    assert f"tianji-dask plan {CONFIG} --cores {cores}" in run.stderr
+
+
+def test_a_plan_needing_more_memory_than_this_machine_is_refused(measured, tmp_path):
+    with xr.open_dataset(measured[0], engine="h5netcdf") as ds:
+        per_transition = float(ds.replay_bytes_per_transition)
+    total = psutil.virtual_memory().total
+    make_plan_file(measured[0], tmp_path / "plan.yaml", 2, f"algo.buffer_size={int(2 * total / per_transition)}")
+    run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "run")
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert f"more than the {total / 2**30:.2f} GiB of this machine" in run.stderr, run.stderr
+    assert f"--memory-per-node {total // 2**30}GiB" in run.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plan_larger_than_the_schedulers_cluster_is_named_with_its_numbers(measured, tmp_path):
+    from distributed import LocalCluster
+
+    make_plan_file(measured[0], tmp_path / "plan.yaml", 2)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1",
+                      memory_limit="1GiB", dashboard_address="127.0.0.1:0") as cluster:
+        address = cluster.scheduler_address
+        run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--scheduler", address, "--out", tmp_path / "run")
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert f"uses 2 cores, more than the 1 worker threads of the cluster at {address}" in run.stderr, run.stderr
+    assert f"more than the 1.00 GiB of the cluster at {address}" in run.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_plan_writes_under_runs_plans_beside_its_profile_and_never_replaces_it(measured, tmp_path):
+    plan, profile = Path("runs/plans/cartpole_dqn-2cores.yaml"), Path("runs/plans/cartpole_dqn-2cores.profile.nc")
+    (tmp_path / profile).parent.mkdir(parents=True)
+    shutil.copy(measured[0], tmp_path / profile)
+    r = cli("plan", CONFIG, "--cores", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"planning from the profile {profile}" in r.stderr and "measuring" not in r.stderr
+    assert f"plan: {plan}" in r.stdout and load_plan(tmp_path / plan).cores_used == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    written = (tmp_path / plan).read_bytes()
+    r = cli("plan", CONFIG, "--cores", "2", cwd=tmp_path)
+    assert r.returncode == 2 and f"{plan} exists; it holds a plan already written" in r.stderr, r.stderr
+    assert (tmp_path / plan).read_bytes() == written

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="submit Slurm jobs through dask-jobqueue, sized by --plan (or by the config's "
                         "topology); site settings come from your jobqueue.yaml (see jobqueue/)")
     t.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml",
-                   help="apply a plan from tianji-dask plan (topology, learner threads, batch)")
+                   help="apply a plan from tianji-dask plan (topology, learner threads, batch); warns when it "
+                        "uses more cores than the run has, refuses one that needs more memory")
     t.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
 
     pr = sub.add_parser("profile", help="measure TR_A and TR_L of a config on a cluster (the planner's input)",
@@ -49,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "threads x batch size) of a config; writes a NetCDF profile for tianji-dask plan.")
     pr.add_argument("config")
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    pr.add_argument("--out", type=Path, default=Path("profile.nc"), help="profile file to write; must not exist (default profile.nc)")
+    pr.add_argument("--out", type=Path, default=None,
+                    help="profile file to write; must not exist (default runs/profiles/<config>-<N>cores.nc, N: "
+                         "this machine's cores; with --scheduler runs/profiles/<config>-<host>-<port>.nc)")
     _add_profile_arguments(pr)
 
     pl = sub.add_parser("plan", help="size groups, actors and learner threads for M cores (TianJi's strategy)",
@@ -63,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--memory-per-node", default=None, help="memory of one node, e.g. 64GiB (checked against replay)")
     pl.add_argument("--profile", type=Path, default=None,
                     help="profile to plan from; measured on a LocalCluster of this machine (and saved "
-                         "there) when the file does not exist (default: PLAN's name with .profile.nc)")
-    pl.add_argument("--out", type=Path, default=Path("plan.yaml"), help="plan file to write; must not exist (default plan.yaml)")
+                         "there) when the file does not exist (default: beside the plan, <plan>.profile.nc)")
+    pl.add_argument("--out", type=Path, default=None,
+                    help="plan file to write; must not exist (default runs/plans/<config>-<cores>cores.yaml)")
     _add_profile_arguments(pl)
 
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
@@ -123,6 +127,7 @@ def cmd_train(args) -> int:
     from tianji_dask.rundir import RunDirExists
 
     from tianji_dask.planner import PlanError, load_plan
+    from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -130,7 +135,9 @@ def cmd_train(args) -> int:
         if args.plan is not None:
             plan = load_plan(args.plan)
             cfg = plan.apply(cfg)
-    except (ConfigError, PlanError) as exc:
+        if args.scheduler:
+            check_scheduler_listens(args.scheduler)
+    except (ConfigError, PlanError, SchedulerUnreachable) as exc:
         return _bad_input(str(exc))
     if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         return _bad_input(f"--out {args.out} exists and is not an empty directory; "
@@ -157,6 +164,12 @@ def cmd_train(args) -> int:
             client = Client(args.scheduler, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
             return _bad_input(f"cannot connect to the scheduler at {args.scheduler!r}: {exc}")
+    if plan is not None and not (args.slurm or args.serial):  # Slurm jobs are sized by the plan itself
+        refusal = _check_plan_fits(plan, client, args)
+        if refusal:
+            if client is not None:
+                client.close()
+            return _bad_input(refusal)
 
     progress = Progress(cfg.stop.target_return)
     try:
@@ -186,6 +199,18 @@ def cmd_train(args) -> int:
     if interrupted is not None:
         return 128 + int(interrupted)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _check_plan_fits(plan, client, args) -> str | None:
+    """Warn on stderr when the plan wants more cores than the run has; the refusal when it wants
+    more memory. ``client``: the --scheduler's, or None for the run's own LocalCluster."""
+    from tianji_dask.preflight import cluster_capacity, plan_fit_problems, this_machine
+
+    capacity = this_machine() if client is None else cluster_capacity(client, args.scheduler)
+    warning, refusal = plan_fit_problems(plan, capacity, plan_path=args.plan, config_path=args.config)
+    if warning:
+        print(f"tianji-dask: warning: {warning}", file=sys.stderr)
+    return refusal
 
 
 def _slurm_client(cfg, plan, args):
@@ -226,6 +251,8 @@ def _profile_client(args, cfg):
 
 
 def _check_profile_arguments(args) -> None:
+    from tianji_dask.preflight import check_scheduler_listens
+
     if args.seconds <= 0:
         raise ValueError(f"--seconds must be positive, got {args.seconds}")
     for name in ("max_actors", "max_threads"):
@@ -233,6 +260,8 @@ def _check_profile_arguments(args) -> None:
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
     _batch_sizes(args.batch_sizes)
+    if args.scheduler:
+        check_scheduler_listens(args.scheduler)
 
 
 def _batch_sizes(text):
@@ -266,21 +295,23 @@ def _measure(cfg, args, path: Path) -> None:
 
 def cmd_profile(args) -> int:
     from tianji_dask.config import ConfigError, load_config
+    from tianji_dask.profiling import default_profile_path
 
     try:
         cfg = load_config(args.config, args.overrides)
         _check_profile_arguments(args)
-        _refuse_existing(args.out, "a profile")
+        out = args.out or default_profile_path(args.config, args.scheduler)
+        _refuse_existing(out, "a profile")
     except (ConfigError, ValueError) as exc:
         return _bad_input(str(exc))
-    _measure(cfg, args, args.out)
+    _measure(cfg, args, out)
     return EXIT_OK
 
 
 def _refuse_existing(path: Path, what: str) -> None:
     """Measurements and plans already written are never replaced."""
     if path.exists():
-        raise ValueError(f"--out {path} exists; it holds {what} already written. Choose another --out, "
+        raise ValueError(f"{path} exists; it holds {what} already written. Give another --out, "
                          f"or delete it first (nothing was measured or written)")
 
 
@@ -289,18 +320,22 @@ def cmd_plan(args) -> int:
     from dask.utils import parse_bytes
 
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.planner import PlanError, Profile, Resources, make_plan, plan_table, save_plan
+    from tianji_dask.planner import (PlanError, Profile, Resources, default_plan_path, make_plan, plan_table,
+                                     profile_beside, save_plan)
 
     try:
         cfg = load_config(args.config, args.overrides)
         _check_profile_arguments(args)
         mem = parse_bytes(args.memory_per_node) if args.memory_per_node else None
         res = Resources(cores=args.cores, nodes=args.nodes, cores_per_node=args.cores_per_node, memory_per_node=mem)
-        _refuse_existing(args.out, "a plan")
+        out = args.out or default_plan_path(args.config, args.cores)
+        _refuse_existing(out, "a plan")
     except (ConfigError, PlanError, ValueError) as exc:
         return _bad_input(str(exc))
-    path = args.profile or args.out.with_suffix(".profile.nc")
-    if not path.exists():
+    path = args.profile or profile_beside(out)
+    if path.exists():
+        print(f"tianji-dask: planning from the profile {path}", file=sys.stderr)
+    else:
         print(f"tianji-dask: no profile at {path}: measuring one on this machine", file=sys.stderr)
         _measure(cfg, args, path)
     try:
@@ -312,8 +347,8 @@ def cmd_plan(args) -> int:
     for line in plan.explanation:
         console.print(f"  {line}")
     console.print("  predicted: " + ", ".join(f"{k} {v:,.0f}" for k, v in plan.predicted.items()))
-    save_plan(plan, args.out)
-    console.print(f"plan: {args.out}  (tianji-dask train {args.config} --plan {args.out})")
+    save_plan(plan, out)
+    console.print(f"plan: {out}  (tianji-dask train {args.config} --plan {out})")
     return EXIT_OK
 
 

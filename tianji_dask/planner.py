@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +30,7 @@ import numpy as np
 ACTOR_PROCESS_BYTES = 512 * 2**20
 LEARNER_PROCESS_BYTES = 1024 * 2**20
 TIE = 0.02  # throughputs within 2 % count as equal; the simpler plan wins
+PLANS_DIR = Path("runs") / "plans"
 
 
 class PlanError(ValueError):
@@ -330,6 +332,16 @@ def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq,
 
 def _pct(new: float, old: float) -> str:
     return f"{(new / old - 1) * 100:+.0f} %" if old > 0 else "n/a"
+
+
+def default_plan_path(config, cores: int) -> Path:
+    """Where ``tianji-dask plan`` writes without ``--out``: ``runs/plans/<config>-<cores>cores.yaml``."""
+    return PLANS_DIR / f"{Path(config).stem}-{cores}cores.yaml"
+
+
+def profile_beside(plan_path) -> Path:
+    """The profile ``tianji-dask plan`` reads, or measures and keeps, without ``--profile``."""
+    return Path(plan_path).with_suffix(".profile.nc")
 
 
 def save_plan(plan: Plan, path) -> None:

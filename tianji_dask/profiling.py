@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from tianji_dask.config import ExperimentConfig
 from tianji_dask.workers import scheduler_workers
 
 DEFAULT_SECONDS = 3.0
+PROFILES_DIR = Path("runs") / "profiles"
 
 
 def _steady_config(cfg: ExperimentConfig, batch_size: int | None = None) -> ExperimentConfig:
@@ -239,6 +241,17 @@ def _node_cpus(client) -> int:
     for addr, n in info.items():
         hosts[addr.rsplit(":", 1)[0]] = n
     return sum(hosts.values())
+
+
+def default_profile_path(config, scheduler: str | None = None) -> Path:
+    """Where ``tianji-dask profile`` writes without ``--out``: ``runs/profiles/<config>-<N>cores.nc``
+    for this machine's N cores, or ``<config>-<host>-<port>.nc`` for a ``--scheduler``'s cluster."""
+    if scheduler is None:
+        return PROFILES_DIR / f"{Path(config).stem}-{_cpu_count()}cores.nc"
+    from distributed.comm.addressing import get_address_host_port
+
+    host, port = get_address_host_port(scheduler)
+    return PROFILES_DIR / f"{Path(config).stem}-{host.replace(':', '-')}-{port}.nc"
 
 
 def _cpu_count() -> int:
