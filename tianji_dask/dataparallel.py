@@ -12,9 +12,13 @@ Same initial parameters + same averaged gradients + same optimiser = identical p
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
+
+
+CLOSE_TIMEOUT_S = 10.0
 
 
 def open_store(host: str, world_size: int, timeout_s: float) -> torch.distributed.TCPStore:
@@ -36,6 +40,7 @@ class DataParallel:
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:
             store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        self._store = store
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         self._flags = torch.zeros(3, dtype=torch.int32)
 
@@ -63,6 +68,26 @@ class DataParallel:
             for t in module.state_dict().values():
                 dist.broadcast(t, src=0)
 
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Leave the group in order: no rank tears its process group down while another may
+        still be in a collective, and rank 0's store (the server every rank's store client talks
+        to) outlives every rank's teardown. A rank that is gone costs at most ``timeout_s``."""
+        if not dist.is_initialized():
+            return
+        deadline = time.monotonic() + timeout_s
+        self._count_and_wait("leaving", deadline)
+        dist.destroy_process_group()
+        self._count_and_wait("left", deadline, everyone_waits=False)
+        self._store = None
+
+    def _count_and_wait(self, key: str, deadline: float, everyone_waits: bool = True) -> None:
+        """Count this rank in ``key`` on the store, then wait (rank 0 only unless
+        ``everyone_waits``) until every rank has, or until ``deadline``."""
+        try:
+            self._store.add(key, 1)
+            if not everyone_waits and self.rank != 0:
+                return
+            while self._store.add(key, 0) < self.world_size and time.monotonic() < deadline:
+                time.sleep(0.005)
+        except RuntimeError:  # the store's server (rank 0) is gone: nobody left to wait for
+            pass
