@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     import xarray as xr
 
     from tianji_dask.config import load_config
-    from tianji_dask.results import _write_netcdf_atomic, provenance_attrs
+    from tianji_dask.results import write_netcdf_atomic, provenance_attrs
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
         attrs={"title": "Atari throughput", "machine": platform.platform(), "cpu_count": os.cpu_count(),
                "seconds_per_run": args.seconds, **{k: str(v) for k, v in provenance_attrs().items()}},
     )
-    _write_netcdf_atomic(ds, args.out / "atari_throughput.nc")
+    write_netcdf_atomic(ds, args.out / "atari_throughput.nc")
     (args.out / "atari_throughput.json").write_text(json.dumps(rows, indent=1, default=str))
     print(f"wrote {args.out}/atari_throughput.nc, .json", flush=True)
     return 0

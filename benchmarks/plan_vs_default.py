@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from tianji_dask import profiling
     from tianji_dask.config import load_config
     from tianji_dask.planner import Profile, Resources, make_plan, save_plan
-    from tianji_dask.results import _write_netcdf_atomic
+    from tianji_dask.results import write_netcdf_atomic
 
     cfg = load_config(args.config)
     out = args.out or Path("benchmarks/results") / f"plan_vs_default_{cfg.algo.name}"
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
                             "seed": ("seed", seeds, {"long_name": "seed", "units": "1"})},
                     attrs={"plan_overrides": json.dumps(plan.overrides()), "cores": args.cores,
                            "config": args.config})
-    _write_netcdf_atomic(ds, out / "plan_vs_default.nc")
+    write_netcdf_atomic(ds, out / "plan_vs_default.nc")
     (out / "plan_vs_default.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
     return 0
 

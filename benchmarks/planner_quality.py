@@ -146,9 +146,9 @@ def main(argv=None) -> int:
                "plan_over_best": ratio, "config_json": cfg.to_json(), "machine": platform.platform(),
                "cpu_count": os.cpu_count(), **{k: str(v) for k, v in provenance_attrs().items()}},
     )
-    from tianji_dask.results import _write_netcdf_atomic
+    from tianji_dask.results import write_netcdf_atomic
 
-    _write_netcdf_atomic(ds, out / "planner_quality.nc")
+    write_netcdf_atomic(ds, out / "planner_quality.nc")
     (out / "planner_quality.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
     _plot(rows, plan, labels, out / "planner_quality.png", cfg, args.cores)
     print(f"wrote {out}/planner_quality.nc, .json, .png", flush=True)

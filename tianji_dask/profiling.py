@@ -267,10 +267,10 @@ def save(ds, path) -> None:
     """Write the profile atomically (an existing profile is replaced only by a complete one)."""
     from pathlib import Path
 
-    from tianji_dask.results import _write_netcdf_atomic
+    from tianji_dask.results import write_netcdf_atomic
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _write_netcdf_atomic(ds, Path(path))
+    write_netcdf_atomic(ds, Path(path))
 
 
 def describe(ds) -> str:

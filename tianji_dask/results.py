@@ -410,8 +410,8 @@ class MetricsRecorder:
         so a failure while writing them (a full disk) replaces neither.
         """
         run_dir = Path(run_dir)
-        _write_netcdf_atomic({run_dir / "metrics.nc": self.dataset(),
-                              run_dir / "episodes.nc": self.episodes_dataset()})
+        write_netcdf_files_atomic({run_dir / "metrics.nc": self.dataset(),
+                                   run_dir / "episodes.nc": self.episodes_dataset()})
 
 
 # ---------------------------------------------------------------------- helpers
@@ -507,8 +507,14 @@ def _netcdf_attrs(attrs: dict) -> dict[str, Any]:
     return out
 
 
-def _write_netcdf_atomic(datasets: dict[Path, xr.Dataset]) -> None:
-    """Write every dataset to a temporary file, then rename each over its path."""
+def write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
+    """Write one dataset to ``path`` atomically: a reader (or a crash) sees the old or the new file."""
+    write_netcdf_files_atomic({Path(path): ds})
+
+
+def write_netcdf_files_atomic(datasets: dict[Path, xr.Dataset]) -> None:
+    """Write every dataset to a temporary file, then rename each over its path: a failure while
+    writing (a full disk) replaces none of them."""
     # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
     tmps = {path: path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp") for path in datasets}
     try:
