@@ -204,7 +204,7 @@ def started(cli_run, algo: str, actors: int, *, terminal: bool) -> tuple[CliRun,
     """A run past its first progress line and 2 s of training; returns it and its processes."""
     run = cli_run(f"topology.actors={actors}", config=PPO_CONFIG if algo == "ppo" else None, terminal=terminal)
     run.wait_for_line(PROGRESS, timeout=60)
-    time.sleep(2)  # hosts running, some steps taken
+    time.sleep(1)  # hosts running, some steps taken
     workers = run.workers()
     assert len(workers) == actors + 1, [w.cmdline() for w in workers]
     # the workers share the CLI's process group: a signal to the group reaches them
