@@ -28,6 +28,7 @@ import xarray as xr
 pytestmark = pytest.mark.integration
 
 PROGRESS = re.compile(r"steps\s+[\d,]+\s+\S+ steps/s")
+TRAINING = re.compile(r"updates [1-9]")  # the progress line once the learner has updated
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PPO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole_ppo.yaml"
 
@@ -201,10 +202,9 @@ def assert_results_open(run_dir: Path, status: str) -> dict:
 
 
 def started(cli_run, algo: str, actors: int, *, terminal: bool) -> tuple[CliRun, list[psutil.Process]]:
-    """A run past its first progress line and 2 s of training; returns it and its processes."""
+    """A run whose learner has made updates; returns it and its processes."""
     run = cli_run(f"topology.actors={actors}", config=PPO_CONFIG if algo == "ppo" else None, terminal=terminal)
-    run.wait_for_line(PROGRESS, timeout=60)
-    time.sleep(1)  # hosts running, some steps taken
+    run.wait_for_line(TRAINING, timeout=60)
     workers = run.workers()
     assert len(workers) == actors + 1, [w.cmdline() for w in workers]
     # the workers share the CLI's process group: a signal to the group reaches them
@@ -212,7 +212,8 @@ def started(cli_run, algo: str, actors: int, *, terminal: bool) -> tuple[CliRun,
     return run, psutil.Process(run.proc.pid).children(recursive=True)
 
 
-def assert_stopped_cleanly(h, run: CliRun, family: list[psutil.Process], code: int | None, expected: int) -> dict:
+def assert_stopped_cleanly(h, run: CliRun, family: list[psutil.Process], code: int | None, expected: int,
+                           *, learner_built: bool = True) -> dict:
     assert code == expected, f"exit {code}, expected {expected}:\n{run.timeline()}"
     for crash in ("Traceback", "terminate called", "Worker holding"):
         assert crash not in run.stderr, run.stderr
@@ -220,8 +221,12 @@ def assert_stopped_cleanly(h, run: CliRun, family: list[psutil.Process], code: i
     sizes = assert_results_open(run.out, "stopped")
     assert sizes["metrics.nc"]["time"] >= 1 and sizes["error"] == ""
     assert not [p.name for p in run.out.rglob("*") if ".tmp" in p.name], "half-written files left"
-    meta = json.loads((run.out / "checkpoint" / "checkpoint.json").read_text())
-    assert meta["final"] is True, meta
+    saved = run.out / "checkpoint" / "checkpoint.json"
+    if learner_built or saved.exists():
+        assert saved.is_file(), f"no checkpoint:\n{run.timeline()}"
+        assert json.loads(saved.read_text())["final"] is True
+    else:
+        assert "no final checkpoint: the run stopped before its learner was built" in run.stderr, run.stderr
     assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \
         [p.pid for p in family if alive(p)]
     assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
@@ -257,6 +262,15 @@ def test_sigterm_to_the_cli_alone_stops_the_run(h, cli_run):
     run, family = started(cli_run, "dqn", 1, terminal=False)
     os.kill(run.proc.pid, signal.SIGTERM)  # `kill PID`
     assert_stopped_cleanly(h, run, family, run.finish(timeout=30), 128 + signal.SIGTERM)
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_while_the_run_starts_stops_it(h, cli_run):
+    run = cli_run("topology.actors=2", terminal=True)
+    run.wait_for_line(re.compile(r"^run directory: "), timeout=60)  # the hosts are being created
+    family = psutil.Process(run.proc.pid).children(recursive=True)
+    run.type_ctrl_c()
+    assert_stopped_cleanly(h, run, family, run.finish(timeout=60), 128 + signal.SIGINT, learner_built=False)
 
 
 @pytest.mark.timeout(90)

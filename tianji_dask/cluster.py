@@ -358,7 +358,8 @@ class RunCluster:
     def final_heartbeats(self) -> list[dict]:
         return list(self._final)
 
-    def learner_checkpoint(self, timeout: float = 60.0) -> tuple[dict, dict]:
+    def learner_checkpoint(self, timeout: float = 60.0) -> tuple[dict, dict] | None:
+        """The learner's final state; None if the run stopped before the learner was built."""
         return self.learner.checkpoint().result(timeout=timeout)
 
     def learner_snapshot(self) -> tuple[dict, dict]:

@@ -306,14 +306,18 @@ class Run:
 
     def _save_final_checkpoint(self, rc) -> None:
         if not self._hurry.is_set():
-            state, meta = rc.learner_checkpoint()
-            self._save_checkpoint(state, meta, final=True)
+            self._save_learner_state(rc.learner_checkpoint())
             return
         try:  # told to stop at once: a learner that answers at once still gets saved
-            state, meta = rc.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S)
-            self._save_checkpoint(state, meta, final=True)
+            self._save_learner_state(rc.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S))
         except Exception as exc:  # noqa: BLE001 - the stop goes on; the latest periodic one stays
             self._on_event(f"final checkpoint skipped while stopping at once: {exc!r}")
+
+    def _save_learner_state(self, saved: tuple[dict, dict] | None) -> None:
+        if saved is None:
+            self._on_event("no final checkpoint: the run stopped before its learner was built")
+            return
+        self._save_checkpoint(*saved, final=True)
 
 
 def _append(error: str | None, line: str) -> str:

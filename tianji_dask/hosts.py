@@ -327,9 +327,10 @@ class LearnerHost(_LoopHost):
         """The learner's current network parameters as numpy arrays (tests, diagnostics)."""
         return self.role.core.actor_params() if self.role is not None else {}
 
-    async def checkpoint(self) -> tuple[dict, dict]:
-        """(tensors, metadata) of the learner's full state; call after ``stop``."""
-        return self._state()
+    async def checkpoint(self) -> tuple[dict, dict] | None:
+        """(tensors, metadata) of the learner's full state; call after ``stop``. None when the
+        run stopped before the learner was built: there is no state to save."""
+        return None if self.role is None else self._state()
 
     async def snapshot(self, timeout: float = 60.0) -> tuple[dict, dict]:
         """Like :meth:`checkpoint`, while the loop runs: the loop thread copies the state to CPU
