@@ -267,7 +267,8 @@ def test_sigterm_to_the_cli_alone_stops_the_run(h, cli_run):
 @pytest.mark.timeout(90)
 def test_ctrl_c_while_the_run_starts_stops_it(h, cli_run):
     run = cli_run("topology.actors=2", terminal=True)
-    run.wait_for_line(re.compile(r"^run directory: "), timeout=60)  # the hosts are being created
+    # the cluster is up (its workers ignore the signals from here on); the hosts are being created
+    run.wait_for_line(re.compile(r"dashboard: "), timeout=60)
     family = psutil.Process(run.proc.pid).children(recursive=True)
     run.type_ctrl_c()
     assert_stopped_cleanly(h, run, family, run.finish(timeout=60), 128 + signal.SIGINT, learner_built=False)
