@@ -109,7 +109,9 @@ def _raise_interrupt(signum, frame):
 
 
 def _on_driver_signals(handler) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    from tianji_dask.worker_signals import DRIVER_SIGNALS
+
+    for sig in DRIVER_SIGNALS:
         signal.signal(sig, handler)
 
 
