@@ -264,11 +264,22 @@ def test_sigterm_to_the_cli_alone_stops_the_run(h, cli_run):
     assert_stopped_cleanly(h, run, family, run.finish(timeout=30), 128 + signal.SIGTERM)
 
 
+def _python_running(p: psutil.Process) -> bool:
+    try:
+        return os.path.realpath(p.exe()) == os.path.realpath(sys.executable)
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.timeout(90)
-def test_ctrl_c_while_the_run_starts_stops_it(h, cli_run):
+@pytest.mark.parametrize("moment", ["worker starting", "cluster up"])
+def test_ctrl_c_while_the_run_starts_stops_it(h, cli_run, moment):
     run = cli_run("topology.actors=2", terminal=True)
-    # the cluster is up (its workers ignore the signals from here on); the hosts are being created
-    run.wait_for_line(re.compile(r"dashboard: "), timeout=60)
+    if moment == "worker starting":  # a worker process runs Python, Dask is not loaded in it yet
+        assert h.wait_until(lambda: any(_python_running(p) for p in run.workers()), timeout=60,
+                            interval=0.01), run.timeline()
+    else:  # the workers are up, the hosts are being created
+        run.wait_for_line(re.compile(r"dashboard: "), timeout=60)
     family = psutil.Process(run.proc.pid).children(recursive=True)
     run.type_ctrl_c()
     assert_stopped_cleanly(h, run, family, run.finish(timeout=60), 128 + signal.SIGINT, learner_built=False)

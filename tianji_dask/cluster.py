@@ -20,6 +20,7 @@ import psutil
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
 from tianji_dask.seeding import group_seeds
+from tianji_dask.worker_signals import spawned_ignoring_driver_signals
 from tianji_dask.workers import scheduler_workers
 
 STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
@@ -70,10 +71,12 @@ def local_cluster(n_workers: int):
     # a worker past 95 % of its share. The roles are not even: one buffer may hold a replay of
     # most of the machine (Pong's 7.2 GB) beside actors of 0.6 GB, so each worker may use it all
     # (the run checks before it starts that the replay fits: driver.check_replay_fits).
-    # The workers leave SIGINT and SIGTERM to the driver (tianji_dask.worker_signals).
-    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                        host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_limit=MEMORY_LIMIT,
-                        preload=["tianji_dask.worker_signals", "tianji_dask.worker_preload"])
+    # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
+    # (tianji_dask.worker_signals).
+    with spawned_ignoring_driver_signals():
+        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                            host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_limit=MEMORY_LIMIT,
+                            preload=["tianji_dask.worker_signals", "tianji_dask.worker_preload"])
 
 
 def close_local_cluster(cluster) -> None:

@@ -6,16 +6,32 @@ mid-run; the driver would see lost hosts and fail the run. So the driver alone d
 stops, and ends its workers itself on every exit path (Dask's nanny stops them, any survivor is
 killed, and a worker whose parent process is gone exits by itself).
 
-Used as a worker preload (``preload=["tianji_dask.worker_signals"]``): ``dask_setup`` makes the
-worker ignore both signals. Until the preload has run, a worker's first seconds, a signal still
-kills it: a Ctrl-C while the run's cluster starts can fail the run.
+Two pieces, for the two ways a worker comes to life:
+
+- :func:`spawned_ignoring_driver_signals`: while a LocalCluster starts, its worker processes are
+  spawned through a two-line shell script that ignores both signals and then execs Python. An
+  ignored signal stays ignored across ``exec`` (and Python leaves an ignored SIGINT alone), so a
+  worker ignores them from its first instruction on, through the seconds of importing Dask.
+- The worker preload (``preload=["tianji_dask.worker_signals"]``): ``dask_setup`` makes the worker
+  ignore both signals once it runs, whoever started the process (a nanny restart, a batch job).
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import multiprocessing.spawn
+import os
+import shlex
 import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 
 DRIVER_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_spawn_lock = threading.Lock()
 
 
 def ignore_driver_signals() -> None:
@@ -26,3 +42,32 @@ def ignore_driver_signals() -> None:
 
 def dask_setup(worker) -> None:  # the preload hook Dask calls in the worker's main thread
     ignore_driver_signals()
+
+
+def _launcher_text(python: str) -> str:
+    names = " ".join(signal.Signals(s).name.removeprefix("SIG") for s in DRIVER_SIGNALS)
+    return f"#!/bin/sh\ntrap '' {names}\nexec {shlex.quote(python)} \"$@\"\n"
+
+
+@contextlib.contextmanager
+def spawned_ignoring_driver_signals() -> Iterator[None]:
+    """Processes that ``multiprocessing``'s spawn method starts inside this block ignore
+    SIGINT and SIGTERM from their start. Outside it, spawning is as it was.
+
+    Does nothing where a launcher script cannot run (no ``/bin/sh``, or a temporary directory
+    mounted ``noexec``): the preload still covers the worker once it runs."""
+    previous = multiprocessing.spawn.get_executable()
+    python = os.fsdecode(previous) if previous is not None else sys.executable
+    with _spawn_lock, tempfile.TemporaryDirectory(prefix="tianji-dask-spawn-") as tmp:
+        launcher = os.path.join(tmp, "python")
+        with open(launcher, "w") as f:
+            f.write(_launcher_text(python))
+        os.chmod(launcher, 0o700)
+        usable = os.path.exists("/bin/sh") and os.access(launcher, os.X_OK)
+        if usable:
+            multiprocessing.spawn.set_executable(launcher)
+        try:
+            yield
+        finally:
+            if usable:
+                multiprocessing.spawn.set_executable(previous)

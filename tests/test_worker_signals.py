@@ -1,0 +1,98 @@
+"""A run's worker processes ignore SIGINT and SIGTERM from their first instruction on, so a
+Ctrl-C or a group SIGTERM while the run's cluster starts cannot kill one (the driver alone
+decides how a run stops). The signals are sent for real, to real spawned processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.spawn
+import os
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from tianji_dask.worker_signals import DRIVER_SIGNALS, spawned_ignoring_driver_signals
+
+
+def _report_dispositions(queue) -> None:
+    queue.put({int(s): signal.getsignal(s) == signal.SIG_IGN for s in DRIVER_SIGNALS})
+
+
+def _dispositions_of_a_spawned_child() -> dict[int, bool]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_report_dispositions, args=(queue,))
+    proc.start()
+    try:
+        return queue.get(timeout=60)
+    finally:
+        proc.join(30)
+
+
+@pytest.mark.timeout(120)
+def test_processes_spawned_inside_the_block_ignore_the_driver_signals_and_others_do_not():
+    before = multiprocessing.spawn.get_executable()
+    with spawned_ignoring_driver_signals():
+        inside = _dispositions_of_a_spawned_child()
+    assert multiprocessing.spawn.get_executable() == before  # spawning is as it was
+    outside = _dispositions_of_a_spawned_child()
+    assert inside == {int(s): True for s in DRIVER_SIGNALS}
+    assert outside == {int(s): False for s in DRIVER_SIGNALS}
+
+
+def _python_workers() -> list[psutil.Process]:
+    """This process's spawned children once they run Python (past the launcher script)."""
+    python = os.path.realpath(sys.executable)
+    out = []
+    for p in psutil.Process().children():
+        try:
+            if "spawn_main" in " ".join(p.cmdline()) and os.path.realpath(p.exe()) == python:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_signals_while_a_runs_cluster_starts_kill_no_worker():
+    from distributed import Client
+
+    from tianji_dask.cluster import close_local_cluster, local_cluster
+
+    made: dict = {}
+
+    def start() -> None:
+        try:
+            made["cluster"] = local_cluster(2)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            made["error"] = exc
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    hit: dict[int, int] = {}
+    while starter.is_alive():  # signal every worker as soon as it runs Python, until the cluster is up
+        for p in _python_workers():
+            for sig in DRIVER_SIGNALS:
+                try:
+                    p.send_signal(sig)
+                    hit[p.pid] = hit.get(p.pid, 0) + 1
+                except psutil.NoSuchProcess:
+                    pass
+        time.sleep(0.02)
+    starter.join()
+    assert "error" not in made, repr(made.get("error"))
+    cluster = made["cluster"]
+    try:
+        pids = {n.pid for n in cluster.workers.values()}
+        assert len(hit) == 2 and min(hit.values()) >= 10, hit  # each was signalled during its start
+        assert set(hit) == pids, (hit, pids)
+        with Client(cluster) as client:
+            assert sorted(client.run(os.getpid).values()) == sorted(pids)  # the same processes, alive
+    finally:
+        close_local_cluster(cluster)
+    assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
