@@ -29,11 +29,13 @@ from tianji_dask.driver import train
 from tianji_dask.results import provenance_attrs
 
 MODES = ("relaxed", "synchronous")
-RATES = {"sample_fps": ("env steps per second (all actors)", "s-1"),
-         "receive_fps": ("transitions received per second (all buffers)", "s-1"),
-         "train_fps": ("samples consumed per second (all learners)", "s-1"),
-         "updates_per_s": ("learner updates per second", "s-1"),
-         "time_to_target_s": ("wall time to the target return (cluster start included; NaN if not reached)", "s")}
+RATES = {
+    "sample_fps": ("env steps per second (all actors)", "s-1"),
+    "receive_fps": ("transitions received per second (all buffers)", "s-1"),
+    "train_fps": ("samples consumed per second (all learners)", "s-1"),
+    "updates_per_s": ("learner updates per second", "s-1"),
+    "time_to_target_s": ("wall time to the target return (cluster start included; NaN if not reached)", "s"),
+}
 
 
 def mean_rates(ds: xr.Dataset) -> dict:
@@ -45,10 +47,12 @@ def mean_rates(ds: xr.Dataset) -> dict:
     i0, i1 = started[0], len(t) - 1
     dt = t[i1] - t[i0]
     received = ds.receive_fps.values
-    return {"sample_fps": float((ds.env_steps.values[i1] - ds.env_steps.values[i0]) / dt),
-            "receive_fps": float(np.nanmean(received[i0:i1 + 1])),
-            "train_fps": float(np.nanmean(ds.train_fps.values[i0:i1 + 1])),
-            "updates_per_s": float((u[i1] - u[i0]) / dt)}
+    return {
+        "sample_fps": float((ds.env_steps.values[i1] - ds.env_steps.values[i0]) / dt),
+        "receive_fps": float(np.nanmean(received[i0 : i1 + 1])),
+        "train_fps": float(np.nanmean(ds.train_fps.values[i0 : i1 + 1])),
+        "updates_per_s": float((u[i1] - u[i0]) / dt),
+    }
 
 
 def main(argv=None) -> int:
@@ -66,41 +70,78 @@ def main(argv=None) -> int:
     rows = []
     for seed in args.seeds:
         for mode in MODES:
-            cfg = load_config(args.config, [*args.overrides, f"topology.mode={mode}", f"seed={seed}",
-                                            f"stop.max_seconds={args.seconds}", "run.checkpoint=false"])
+            cfg = load_config(
+                args.config,
+                [
+                    *args.overrides,
+                    f"topology.mode={mode}",
+                    f"seed={seed}",
+                    f"stop.max_seconds={args.seconds}",
+                    "run.checkpoint=false",
+                ],
+            )
             load0 = os.getloadavg()[0]
             run = train(cfg, out=root / f"{mode}-seed{seed}")
             res = run.wait()
-            row = {"mode": mode, "seed": seed, "status": res.status, "error": res.error,
-                   "time_to_target_s": res.time_to_target_s, "env_steps": res.env_steps,
-                   "return_mean_100": res.return_mean_100, **mean_rates(run.metrics()),
-                   "load_avg_1m_before": load0, "load_avg_1m_after": os.getloadavg()[0]}
+            row = {
+                "mode": mode,
+                "seed": seed,
+                "status": res.status,
+                "error": res.error,
+                "time_to_target_s": res.time_to_target_s,
+                "env_steps": res.env_steps,
+                "return_mean_100": res.return_mean_100,
+                **mean_rates(run.metrics()),
+                "load_avg_1m_before": load0,
+                "load_avg_1m_after": os.getloadavg()[0],
+            }
             rows.append(row)
-            print(f"{mode:>11} seed {seed}: {row['status']:>14}  train {row['train_fps']:8.0f} samples/s  "
-                  f"updates {row['updates_per_s']:6.0f}/s  sample {row['sample_fps']:7.0f} steps/s  "
-                  f"time to target {row['time_to_target_s']:5.1f} s  load {load0:.2f}", flush=True)
+            print(
+                f"{mode:>11} seed {seed}: {row['status']:>14}  train {row['train_fps']:8.0f} samples/s  "
+                f"updates {row['updates_per_s']:6.0f}/s  sample {row['sample_fps']:7.0f} steps/s  "
+                f"time to target {row['time_to_target_s']:5.1f} s  load {load0:.2f}",
+                flush=True,
+            )
     summary = {}
     for key in RATES:
         med = {m: statistics.median([r[key] for r in rows if r["mode"] == m]) for m in MODES}
-        ratios = [r[key] / s[key] for r in rows if r["mode"] == "relaxed"
-                  for s in rows if s["mode"] == "synchronous" and s["seed"] == r["seed"]]
-        summary[key] = {"median_relaxed": med["relaxed"], "median_synchronous": med["synchronous"],
-                        "median_ratio_relaxed_over_synchronous": statistics.median(ratios)}
+        ratios = [
+            r[key] / s[key]
+            for r in rows
+            if r["mode"] == "relaxed"
+            for s in rows
+            if s["mode"] == "synchronous" and s["seed"] == r["seed"]
+        ]
+        summary[key] = {
+            "median_relaxed": med["relaxed"],
+            "median_synchronous": med["synchronous"],
+            "median_ratio_relaxed_over_synchronous": statistics.median(ratios),
+        }
     for key, s in summary.items():
-        print(f"{key:>17}: relaxed {s['median_relaxed']:9.1f}  synchronous {s['median_synchronous']:9.1f}  "
-              f"ratio {s['median_ratio_relaxed_over_synchronous']:.2f}")
-    meta = {"config": args.config, "overrides": args.overrides, "seconds": args.seconds,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": f"{os.cpu_count()} cores",
-            **provenance_attrs()}
-    (args.out / "ablation.json").write_text(json.dumps({"meta": meta, "runs": rows, "summary": summary},
-                                                       indent=2, default=str))
+        print(
+            f"{key:>17}: relaxed {s['median_relaxed']:9.1f}  synchronous {s['median_synchronous']:9.1f}  "
+            f"ratio {s['median_ratio_relaxed_over_synchronous']:.2f}"
+        )
+    meta = {
+        "config": args.config,
+        "overrides": args.overrides,
+        "seconds": args.seconds,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{os.cpu_count()} cores",
+        **provenance_attrs(),
+    }
+    (args.out / "ablation.json").write_text(
+        json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2, default=str)
+    )
     grid = {k: np.full((len(MODES), len(args.seeds)), np.nan) for k in RATES}
     for r in rows:
         for k in RATES:
             grid[k][MODES.index(r["mode"]), args.seeds.index(r["seed"])] = r[k]
-    ds = xr.Dataset({k: (("mode", "seed"), grid[k], {"long_name": ln, "units": u}) for k, (ln, u) in RATES.items()},
-                    coords={"mode": list(MODES), "seed": args.seeds},
-                    attrs={k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()})
+    ds = xr.Dataset(
+        {k: (("mode", "seed"), grid[k], {"long_name": ln, "units": u}) for k, (ln, u) in RATES.items()},
+        coords={"mode": list(MODES), "seed": args.seeds},
+        attrs={k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()},
+    )
     ds.to_netcdf(args.out / "ablation.nc", engine="h5netcdf")
     return 0
 

@@ -55,8 +55,10 @@ def run_rates(cfg, seconds: float, out: Path) -> dict:
     from tianji_dask.config import apply_overrides, validate_config
     from tianji_dask.driver import train
 
-    data = apply_overrides(cfg.model_dump(mode="json"), [
-        "stop.target_return=null", "stop.max_env_steps=null", f"stop.max_seconds={seconds}", "run.checkpoint=false"])
+    data = apply_overrides(
+        cfg.model_dump(mode="json"),
+        ["stop.target_return=null", "stop.max_env_steps=null", f"stop.max_seconds={seconds}", "run.checkpoint=false"],
+    )
     res = train(validate_config(data), out=out).wait()
     with xr.open_dataset(Path(res.run_dir) / "metrics.nc", engine="h5netcdf") as ds:
         t = ds.time.values
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
     import xarray as xr
 
     from tianji_dask.config import load_config
-    from tianji_dask.results import write_netcdf_atomic, provenance_attrs
+    from tianji_dask.results import provenance_attrs, write_netcdf_atomic
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -94,33 +96,48 @@ def main(argv=None) -> int:
             raw = raw_rate(cfg, args.raw_seconds)
             r = run_rates(cfg, args.seconds, Path(tmp) / Path(path).stem)
             actor_cores = cfg.topology.groups * cfg.topology.actors
-            row = {"config": Path(path).stem, "algo": cfg.algo.name, "actors": actor_cores,
-                   "num_envs": cfg.env.num_envs, "learner_device": cfg.learner.device,
-                   "raw_env_steps_per_s_per_core": raw, "raw_frames_per_s_per_core": raw * FRAME_SKIP,
-                   "sample_frames_per_s": r["sample_fps"] * FRAME_SKIP,
-                   "receive_frames_per_s": r["receive_fps"] * FRAME_SKIP,
-                   "train_samples_per_s": r["train_fps"],
-                   "train_frames_per_s": r["train_fps"] / cfg.algo.target_replay_ratio * FRAME_SKIP,
-                   "fraction_of_raw": r["sample_fps"] / (raw * actor_cores),
-                   "load_avg_1m": load, **{k: r[k] for k in ("status", "error", "env_steps", "wall_s", "rows",
-                                                             "return_mean_100_last")}}
+            row = {
+                "config": Path(path).stem,
+                "algo": cfg.algo.name,
+                "actors": actor_cores,
+                "num_envs": cfg.env.num_envs,
+                "learner_device": cfg.learner.device,
+                "raw_env_steps_per_s_per_core": raw,
+                "raw_frames_per_s_per_core": raw * FRAME_SKIP,
+                "sample_frames_per_s": r["sample_fps"] * FRAME_SKIP,
+                "receive_frames_per_s": r["receive_fps"] * FRAME_SKIP,
+                "train_samples_per_s": r["train_fps"],
+                "train_frames_per_s": r["train_fps"] / cfg.algo.target_replay_ratio * FRAME_SKIP,
+                "fraction_of_raw": r["sample_fps"] / (raw * actor_cores),
+                "load_avg_1m": load,
+                **{k: r[k] for k in ("status", "error", "env_steps", "wall_s", "rows", "return_mean_100_last")},
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     names = [r["config"] for r in rows]
     var = lambda key, long, units: ("config", [r[key] for r in rows], {"long_name": long, "units": units})  # noqa: E731
     ds = xr.Dataset(
         {
-            "raw_frames_per_s_per_core": var("raw_frames_per_s_per_core", "raw ALE rate of one core, same preprocessing", "frames/s"),
+            "raw_frames_per_s_per_core": var(
+                "raw_frames_per_s_per_core", "raw ALE rate of one core, same preprocessing", "frames/s"
+            ),
             "sample_frames_per_s": var("sample_frames_per_s", "sample throughput (all actors)", "frames/s"),
             "receive_frames_per_s": var("receive_frames_per_s", "receive throughput (all buffers)", "frames/s"),
-            "train_frames_per_s": var("train_frames_per_s", "training throughput, env frames consumed at the serial replay ratio", "frames/s"),
+            "train_frames_per_s": var(
+                "train_frames_per_s", "training throughput, env frames consumed at the serial replay ratio", "frames/s"
+            ),
             "train_samples_per_s": var("train_samples_per_s", "training throughput", "samples/s"),
             "fraction_of_raw": var("fraction_of_raw", "sample rate / (raw rate per core x actor processes)", "1"),
             "actors": var("actors", "actor processes", "1"),
         },
         coords={"config": ("config", names, {"long_name": "config file", "units": "1"})},
-        attrs={"title": "Atari throughput", "machine": platform.platform(), "cpu_count": os.cpu_count(),
-               "seconds_per_run": args.seconds, **{k: str(v) for k, v in provenance_attrs().items()}},
+        attrs={
+            "title": "Atari throughput",
+            "machine": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "seconds_per_run": args.seconds,
+            **{k: str(v) for k, v in provenance_attrs().items()},
+        },
     )
     write_netcdf_atomic(ds, args.out / "atari_throughput.nc")
     (args.out / "atari_throughput.json").write_text(json.dumps(rows, indent=1, default=str))

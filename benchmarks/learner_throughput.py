@@ -45,12 +45,17 @@ print("RESULT " + json.dumps({**r, "package": tianji_dask.__file__}))
 
 
 def measure(src: Path, config: str, overrides: list[str], threads: int, seconds: float) -> float:
-    r = subprocess.run([sys.executable, "-c", MEASURE, str(src), str(Path(config).resolve()), str(threads),
-                        str(seconds), *overrides], capture_output=True, text=True, cwd=src, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(src), str(Path(config).resolve()), str(threads), str(seconds), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=src,
+        timeout=600,
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
         raise RuntimeError(f"measuring {config} with {src} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     package = Path(result["package"]).resolve()
     if not package.is_relative_to(src):
         raise RuntimeError(f"measuring with --src {src} imported tianji_dask from {package} instead")
@@ -58,13 +63,25 @@ def measure(src: Path, config: str, overrides: list[str], threads: int, seconds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("configs", nargs="+", help="experiment config files")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for every config (repeatable)")
-    p.add_argument("--src", nargs="+", default=[str(ROOT)], metavar="DIR",
-                   help="source trees to compare, each a directory holding tianji_dask/ (default: this checkout)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every config (repeatable)",
+    )
+    p.add_argument(
+        "--src",
+        nargs="+",
+        default=[str(ROOT)],
+        metavar="DIR",
+        help="source trees to compare, each a directory holding tianji_dask/ (default: this checkout)",
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="length of one measurement (default 10)")
     p.add_argument("--repeats", type=int, default=3, help="measurements per config and source (default 3)")
     p.add_argument("--threads", type=int, default=1, help="learner torch threads (default 1)")
@@ -92,18 +109,34 @@ def main(argv: list[str] | None = None) -> int:
             for j in order:
                 loads[i, j, r] = os.getloadavg()[0]
                 rates[i, j, r] = measure(srcs[j], config, a.overrides, a.threads, a.seconds)
-                print(f"repeat {r} {config} src {srcs[j].name}: {rates[i, j, r]:,.0f} samples/s "
-                      f"(load {loads[i, j, r]:.2f})", flush=True)
+                print(
+                    f"repeat {r} {config} src {srcs[j].name}: {rates[i, j, r]:,.0f} samples/s "
+                    f"(load {loads[i, j, r]:.2f})",
+                    flush=True,
+                )
 
     names = [s.name for s in srcs]
     ds = xr.Dataset(
-        {"samples_per_s": (("config", "src", "repeat"), rates,
-                           {"long_name": "learner consumption TR_L", "units": "samples/s"}),
-         "load_1min": (("config", "src", "repeat"), loads,
-                       {"long_name": "1-minute load average before the measurement", "units": "1"})},
+        {
+            "samples_per_s": (
+                ("config", "src", "repeat"),
+                rates,
+                {"long_name": "learner consumption TR_L", "units": "samples/s"},
+            ),
+            "load_1min": (
+                ("config", "src", "repeat"),
+                loads,
+                {"long_name": "1-minute load average before the measurement", "units": "1"},
+            ),
+        },
         coords={"config": list(a.configs), "src": names, "repeat": np.arange(a.repeats)},
-        attrs={"overrides": json.dumps(a.overrides), "seconds": a.seconds, "threads": a.threads,
-               "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        attrs={
+            "overrides": json.dumps(a.overrides),
+            "seconds": a.seconds,
+            "threads": a.threads,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
     summary = {"overrides": a.overrides, "seconds": a.seconds, "threads": a.threads, "results": {}}
     for i, config in enumerate(a.configs):
         med = {n: statistics.median(rates[i, j]) for j, n in enumerate(names)}
@@ -112,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             "median": med,
             "ratio_to_first": {n: med[n] / med[names[0]] for n in names},
         }
-        print(f"{config}: " + ", ".join(f"{n} {med[n]:,.0f} samples/s ({med[n] / med[names[0]]:.2f}x)"
-                                        for n in names))
+        print(f"{config}: " + ", ".join(f"{n} {med[n]:,.0f} samples/s ({med[n] / med[names[0]]:.2f}x)" for n in names))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ds.to_netcdf(out / "learner_throughput.nc", engine="h5netcdf")

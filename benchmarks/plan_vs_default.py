@@ -35,8 +35,13 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--profile-seconds", type=float, default=2.0)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                   help="DQN batch sizes the profile measures and the plan may choose (default: the config's)")
+    p.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="DQN batch sizes the profile measures and the plan may choose (default: the config's)",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -51,9 +56,17 @@ def main(argv=None) -> int:
     cfg = load_config(args.config)
     out = args.out or Path("benchmarks/results") / f"plan_vs_default_{cfg.algo.name}"
     out.mkdir(parents=True, exist_ok=True)
-    with LocalCluster(n_workers=args.cores, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", preload=["tianji_dask.worker_preload"]) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=args.cores,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            preload=["tianji_dask.worker_preload"],
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         prof = profiling.profile(cfg, client, seconds=args.profile_seconds, batch_sizes=args.batch_sizes, log=print)
     profiling.save(prof, out / "profile.nc")
     plan = make_plan(cfg, Profile.from_dataset(prof), Resources(cores=args.cores))
@@ -65,12 +78,15 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="plan-vs-default-") as tmp:
         for i, seed in enumerate(args.seeds):
             order = [("default", []), ("plan", plan_overrides)]
-            for variant, over in (order if i % 2 == 0 else order[::-1]):
+            for variant, over in order if i % 2 == 0 else order[::-1]:
                 r = ttt.one_run(args.config, over, seed, "distributed", Path(tmp) / variant)
                 r["variant"] = variant
                 rows.append(r)
-                print(f"{variant:8s} seed {seed}: time to target {r['time_to_target_s']:.1f} s "
-                      f"({r['status']}, load {r['load_avg_1m']:.2f})", flush=True)
+                print(
+                    f"{variant:8s} seed {seed}: time to target {r['time_to_target_s']:.1f} s "
+                    f"({r['status']}, load {r['load_avg_1m']:.2f})",
+                    flush=True,
+                )
     summary = {}
     for variant in ("default", "plan"):
         t = [r["time_to_target_s"] for r in rows if r["variant"] == variant]
@@ -79,20 +95,31 @@ def main(argv=None) -> int:
     summary["plan"]["overrides"] = plan.overrides()
     # a plan may well be the config as written: then the comparison is of two identical setups
     planned = load_config(args.config, plan_overrides)
-    effective = lambda c: (c.topology.groups, c.topology.actors, c.topology.learners,  # noqa: E731
-                           c.topology.learner_torch_threads, c.algo.model_dump())
+
+    def effective(c):
+        t = c.topology
+        return t.groups, t.actors, t.learners, t.learner_torch_threads, c.algo.model_dump()
+
     summary["same_allocation"] = effective(cfg) == effective(planned)
     print(json.dumps(summary, indent=1), flush=True)
     variants, seeds = ["default", "plan"], args.seeds
     grid = np.full((2, len(seeds)), np.nan)
     for r in rows:
         grid[variants.index(r["variant"]), seeds.index(r["seed"])] = r["time_to_target_s"]
-    ds = xr.Dataset({"time_to_target_s": (("variant", "seed"), grid,
-                                          {"long_name": "time to the config's target return", "units": "s"})},
-                    coords={"variant": ("variant", variants, {"long_name": "config as written, or planned", "units": "1"}),
-                            "seed": ("seed", seeds, {"long_name": "seed", "units": "1"})},
-                    attrs={"plan_overrides": json.dumps(plan.overrides()), "cores": args.cores,
-                           "config": args.config})
+    ds = xr.Dataset(
+        {
+            "time_to_target_s": (
+                ("variant", "seed"),
+                grid,
+                {"long_name": "time to the config's target return", "units": "s"},
+            )
+        },
+        coords={
+            "variant": ("variant", variants, {"long_name": "config as written, or planned", "units": "1"}),
+            "seed": ("seed", seeds, {"long_name": "seed", "units": "1"}),
+        },
+        attrs={"plan_overrides": json.dumps(plan.overrides()), "cores": args.cores, "config": args.config},
+    )
     write_netcdf_atomic(ds, out / "plan_vs_default.nc")
     (out / "plan_vs_default.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
     return 0

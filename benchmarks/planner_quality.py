@@ -47,10 +47,19 @@ def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path, startup
     from tianji_dask.config import apply_overrides, validate_config
     from tianji_dask.driver import train
 
-    data = apply_overrides(cfg.model_dump(mode="json"), [
-        f"topology.groups={G}", f"topology.actors={A}", "topology.learners=1", f"topology.learner_threads={T}",
-        "stop.target_return=null", "stop.max_env_steps=null", f"stop.max_seconds={startup_s + seconds}",
-        "run.checkpoint=false"])
+    data = apply_overrides(
+        cfg.model_dump(mode="json"),
+        [
+            f"topology.groups={G}",
+            f"topology.actors={A}",
+            "topology.learners=1",
+            f"topology.learner_threads={T}",
+            "stop.target_return=null",
+            "stop.max_env_steps=null",
+            f"stop.max_seconds={startup_s + seconds}",
+            "run.checkpoint=false",
+        ],
+    )
     run_cfg = validate_config(data)
     load = os.getloadavg()[0]
     res = train(run_cfg, out=out_root / f"G{G}-A{A}-T{T}").wait()
@@ -64,9 +73,18 @@ def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path, startup
         keep = (t >= t_first + 1.0) & (t < t[-1] - 1.0) & np.isfinite(fps)
         train_fps = float(np.median(fps[keep])) if keep.sum() >= 3 else float("nan")
         sample_fps = float(np.nanmedian(sps[keep])) if keep.sum() >= 3 else float("nan")
-    return {"groups": G, "actors": A, "learner_threads": T, "status": res.status, "error": res.error,
-            "train_fps": train_fps, "sample_fps": sample_fps, "first_update_s": t_first,
-            "rows_measured": int(keep.sum()), "load_avg_1m": load}
+    return {
+        "groups": G,
+        "actors": A,
+        "learner_threads": T,
+        "status": res.status,
+        "error": res.error,
+        "train_fps": train_fps,
+        "sample_fps": sample_fps,
+        "first_update_s": t_first,
+        "rows_measured": int(keep.sum()),
+        "load_avg_1m": load,
+    }
 
 
 def main(argv=None) -> int:
@@ -74,8 +92,12 @@ def main(argv=None) -> int:
     p.add_argument("config")
     p.add_argument("--cores", type=int, default=os.cpu_count())
     p.add_argument("--seconds", type=float, default=15.0, help="measured seconds per allocation")
-    p.add_argument("--startup-seconds", type=float, default=15.0,
-                   help="allowance added to each run for cluster start and warm-up (not measured)")
+    p.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=15.0,
+        help="allowance added to each run for cluster start and warm-up (not measured)",
+    )
     p.add_argument("--profile-seconds", type=float, default=2.0)
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--out", type=Path, default=None)
@@ -93,9 +115,17 @@ def main(argv=None) -> int:
     out = args.out or Path("benchmarks/results") / f"planner_{cfg.env.id.split('-')[0].lower()}_{cfg.algo.name}"
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    with LocalCluster(n_workers=args.cores, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", preload=["tianji_dask.worker_preload"]) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=args.cores,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            preload=["tianji_dask.worker_preload"],
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         prof_ds = profiling.profile(cfg, client, seconds=args.profile_seconds, log=print)
     profiling.save(prof_ds, out / "profile.nc")
     print(profiling.describe(prof_ds), flush=True)
@@ -109,42 +139,78 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="planner-quality-") as tmp:
         for G, A, T in points:
             r = measure(cfg, G, A, T, args.seconds, Path(tmp), args.startup_seconds)
-            r["is_plan"] = (G, A, T) == chosen
+            r["is_plan"] = chosen == (G, A, T)
             rows.append(r)
-            print(f"G={G:2d} A={A:2d} T={T:2d}{' (plan)' if r['is_plan'] else '       '}  train {r['train_fps']:10,.0f} "
-                  f"samples/s  sample {r['sample_fps']:10,.0f} env steps/s  first update {r['first_update_s']:.1f} s, "
-                  f"{r['rows_measured']} rows  {r['status']}  load {r['load_avg_1m']:.1f}",
-                  flush=True)
+            print(
+                f"G={G:2d} A={A:2d} T={T:2d}{' (plan)' if r['is_plan'] else '       '}  train {r['train_fps']:10,.0f} "
+                f"samples/s  sample {r['sample_fps']:10,.0f} env steps/s  first update {r['first_update_s']:.1f} s, "
+                f"{r['rows_measured']} rows  {r['status']}  load {r['load_avg_1m']:.1f}",
+                flush=True,
+            )
     plan_row = next(r for r in rows if r["is_plan"])
     best = max(rows, key=lambda r: -1 if np.isnan(r["train_fps"]) else r["train_fps"])
     ratio = plan_row["train_fps"] / best["train_fps"]
-    summary = {"plan": {"groups": plan.groups, "actors": plan.actors, "learner_threads": plan.learner_threads,
-                        "predicted": plan.predicted, "bottleneck": plan.bottleneck, "explanation": plan.explanation},
-               "plan_train_fps": plan_row["train_fps"], "best": best, "plan_over_best": ratio, "bar": 0.9,
-               "pass": bool(ratio >= 0.9), "cores": args.cores, "seconds_per_run": args.seconds,
-               "wall_s": time.time() - t_start}
+    summary = {
+        "plan": {
+            "groups": plan.groups,
+            "actors": plan.actors,
+            "learner_threads": plan.learner_threads,
+            "predicted": plan.predicted,
+            "bottleneck": plan.bottleneck,
+            "explanation": plan.explanation,
+        },
+        "plan_train_fps": plan_row["train_fps"],
+        "best": best,
+        "plan_over_best": ratio,
+        "bar": 0.9,
+        "pass": bool(ratio >= 0.9),
+        "cores": args.cores,
+        "seconds_per_run": args.seconds,
+        "wall_s": time.time() - t_start,
+    }
     print(json.dumps({k: summary[k] for k in ("plan_train_fps", "plan_over_best", "pass")}), flush=True)
 
     labels = [f"G{r['groups']}xA{r['actors']}xT{r['learner_threads']}" for r in rows]
     ds = xr.Dataset(
         {
-            "train_fps": ("allocation", [r["train_fps"] for r in rows],
-                          {"long_name": "training throughput (median train_fps, steady part)", "units": "samples/s"}),
-            "sample_fps": ("allocation", [r["sample_fps"] for r in rows],
-                           {"long_name": "sample throughput (median sample_fps)", "units": "env steps/s"}),
+            "train_fps": (
+                "allocation",
+                [r["train_fps"] for r in rows],
+                {"long_name": "training throughput (median train_fps, steady part)", "units": "samples/s"},
+            ),
+            "sample_fps": (
+                "allocation",
+                [r["sample_fps"] for r in rows],
+                {"long_name": "sample throughput (median sample_fps)", "units": "env steps/s"},
+            ),
             "groups": ("allocation", [r["groups"] for r in rows], {"long_name": "groups G", "units": "1"}),
             "actors": ("allocation", [r["actors"] for r in rows], {"long_name": "actors per group A", "units": "1"}),
-            "learner_threads": ("allocation", [r["learner_threads"] for r in rows],
-                                {"long_name": "learner torch threads T", "units": "1"}),
-            "is_plan": ("allocation", [int(r["is_plan"]) for r in rows],
-                        {"long_name": "the planner's choice", "units": "1"}),
-            "load_avg_1m": ("allocation", [r["load_avg_1m"] for r in rows],
-                            {"long_name": "1-minute load average before the run", "units": "1"}),
+            "learner_threads": (
+                "allocation",
+                [r["learner_threads"] for r in rows],
+                {"long_name": "learner torch threads T", "units": "1"},
+            ),
+            "is_plan": (
+                "allocation",
+                [int(r["is_plan"]) for r in rows],
+                {"long_name": "the planner's choice", "units": "1"},
+            ),
+            "load_avg_1m": (
+                "allocation",
+                [r["load_avg_1m"] for r in rows],
+                {"long_name": "1-minute load average before the run", "units": "1"},
+            ),
         },
         coords={"allocation": ("allocation", labels, {"long_name": "groups x actors x learner threads", "units": "1"})},
-        attrs={"title": "planner quality: plan vs grid at the same core budget", "cores": args.cores,
-               "plan_over_best": ratio, "config_json": cfg.to_json(), "machine": platform.platform(),
-               "cpu_count": os.cpu_count(), **{k: str(v) for k, v in provenance_attrs().items()}},
+        attrs={
+            "title": "planner quality: plan vs grid at the same core budget",
+            "cores": args.cores,
+            "plan_over_best": ratio,
+            "config_json": cfg.to_json(),
+            "machine": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            **{k: str(v) for k, v in provenance_attrs().items()},
+        },
     )
     from tianji_dask.results import write_netcdf_atomic
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from tianji_dask.analysis import RunNotFound, open_run  # noqa: E402
+from tianji_dask.analysis import RunNotFound, open_run
 
 
 def _num(x) -> float | None:
@@ -46,8 +46,7 @@ def run_summary(ds, target: float, budget_s: float) -> dict:
     if not math.isnan(ttt):
         steps_at_target = float(ds["env_steps"].sel(time=ttt, method="nearest"))
     ends = ds["episode_wall_time"].values <= budget_s
-    medians = {v: _num(within[v].where(within[v] > 0).median())
-               for v in ("sample_fps", "receive_fps", "train_fps")}
+    medians = {v: _num(within[v].where(within[v] > 0).median()) for v in ("sample_fps", "receive_fps", "train_fps")}
     return {
         "run": ds.attrs.get("run_name", Path(ds.attrs["run_dir"]).name),
         "dir": Path(ds.attrs["run_dir"]).name,
@@ -94,20 +93,24 @@ def plot_one(ds, s: dict, path: Path) -> None:
     ds.tianji.plot_throughput(ax=axes[2])
     for ax in axes[:2]:
         ax.axhline(float(ds.attrs.get("target_return", 18.0)), color="k", ls=":", lw=1)
-    fig.suptitle(f"{s['algo'].upper()} Pong, seed {s['seed']}: {s['actors']} actors x "
-                 f"{s['envs_per_actor']} envs, learner on {s['learner_device']}")
+    fig.suptitle(
+        f"{s['algo'].upper()} Pong, seed {s['seed']}: {s['actors']} actors x "
+        f"{s['envs_per_actor']} envs, learner on {s['learner_device']}"
+    )
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ppo", nargs="*", default=[], metavar="DIR", help="PPO run directories")
     p.add_argument("--dqn", nargs="*", default=[], metavar="DIR", help="DQN run directories")
     p.add_argument("--target", type=float, default=18.0, help="return target (default 18)")
-    p.add_argument("--budget", type=float, default=1800.0,
-                   help="wall-time budget in seconds (default 1800, the 30-minute bar)")
+    p.add_argument(
+        "--budget", type=float, default=1800.0, help="wall-time budget in seconds (default 1800, the 30-minute bar)"
+    )
     p.add_argument("--out", required=True, help="directory for pong_summary.json and .png")
     p.add_argument("--run-pngs", action="store_true", help="also write return.png in each run dir")
     a = p.parse_args(argv)
@@ -126,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             s = run_summary(ds, a.target, a.budget)
             if s["algo"] != algo:
-                print(f"pong_summary.py: {d} is a {s['algo']} run, passed as --{algo}; "
-                      f"pass it with --{s['algo']}", file=sys.stderr)
+                print(
+                    f"pong_summary.py: {d} is a {s['algo']} run, passed as --{algo}; pass it with --{s['algo']}",
+                    file=sys.stderr,
+                )
                 return 2
             runs.append((ds, s))
 
@@ -154,15 +159,22 @@ def main(argv: list[str] | None = None) -> int:
             plot_one(ds, s, Path(ds.attrs["run_dir"]) / "return.png")
 
     for _, s in runs:
-        reached = (f"{a.target:g} at {s['time_to_target_s']:.1f} s" if s["time_to_target_s"]
-                   else f"best {s['best_return_mean_100']} at {s['best_at_s']} s")
-        print(f"{s['algo']} seed {s['seed']} ({s['dir']}): {reached}, "
-              f"{s['env_steps']:,} env steps in {s['duration_s']:.0f} s")
+        reached = (
+            f"{a.target:g} at {s['time_to_target_s']:.1f} s"
+            if s["time_to_target_s"]
+            else f"best {s['best_return_mean_100']} at {s['best_at_s']} s"
+        )
+        print(
+            f"{s['algo']} seed {s['seed']} ({s['dir']}): {reached}, "
+            f"{s['env_steps']:,} env steps in {s['duration_s']:.0f} s"
+        )
     for algo in ("ppo", "dqn"):
         if algo in summary and summary[algo]["median_time_to_target_s"] is not None:
             m = summary[algo]
-            print(f"{algo}: median time to {a.target:g}: {m['median_time_to_target_s']:.1f} s "
-                  f"({m['reached_target']} of {m['runs']} runs)")
+            print(
+                f"{algo}: median time to {a.target:g}: {m['median_time_to_target_s']:.1f} s "
+                f"({m['reached_target']} of {m['runs']} runs)"
+            )
     print(f"wrote {out / 'pong_summary.json'} and {out / 'pong_summary.png'}")
     return 0
 

@@ -58,8 +58,10 @@ VAR_ATTRS = {
     "env_steps": ("env steps produced by all actors, at the end of the bin", "1"),
     "updates": ("learner minibatch updates, at the end of the bin", "1"),
     "stale_dropped": ("transitions the buffer dropped unused (too stale or no room), at the end of the bin", "1"),
-    "policy_lag_mean": ("mean policy lag of the rollouts trained on during the bin "
-                        "(learner version - rollout version)", "1"),
+    "policy_lag_mean": (
+        "mean policy lag of the rollouts trained on during the bin (learner version - rollout version)",
+        "1",
+    ),
     "sample_age_s": ("mean age of the rollouts trained on during the bin", "s"),
 }
 
@@ -99,10 +101,21 @@ def resample(ds: xr.Dataset, edges: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def one_run(mapping: str, dist: str, seed: int, seconds: float, overrides: list[str], runs_root: Path) -> tuple[dict, xr.Dataset]:
-    cfg = load_config(DISTRIBUTIONS[dist], [*MAPPINGS[mapping], "stop.target_return=null",
-                                            "stop.max_env_steps=null", f"stop.max_seconds={seconds}",
-                                            "run.checkpoint=false", f"seed={seed}", *overrides])
+def one_run(
+    mapping: str, dist: str, seed: int, seconds: float, overrides: list[str], runs_root: Path
+) -> tuple[dict, xr.Dataset]:
+    cfg = load_config(
+        DISTRIBUTIONS[dist],
+        [
+            *MAPPINGS[mapping],
+            "stop.target_return=null",
+            "stop.max_env_steps=null",
+            f"stop.max_seconds={seconds}",
+            "run.checkpoint=false",
+            f"seed={seed}",
+            *overrides,
+        ],
+    )
     load_before = os.getloadavg()[0]
     run = train(cfg, out=runs_root / f"{mapping}-{dist}-seed{seed}")
     res = run.wait()
@@ -121,18 +134,28 @@ def one_run(mapping: str, dist: str, seed: int, seconds: float, overrides: list[
     dropped = float(ds["stale_dropped"].values[-1])
     updates_per_iter = cfg.algo.epochs * cfg.algo.minibatches
     row = {
-        "mapping": mapping, "distribution": dist, "seed": seed, "status": res.status, "error": res.error,
-        "actors": cfg.topology.actors, "sample_reuse": cfg.algo.sample_reuse,
-        "max_policy_lag": cfg.algo.max_policy_lag, "wall_s": res.wall_s,
+        "mapping": mapping,
+        "distribution": dist,
+        "seed": seed,
+        "status": res.status,
+        "error": res.error,
+        "actors": cfg.topology.actors,
+        "sample_reuse": cfg.algo.sample_reuse,
+        "max_policy_lag": cfg.algo.max_policy_lag,
+        "wall_s": res.wall_s,
         "startup_s": float(ds["time"].values[stepped[0]]) if stepped.size else math.nan,
         "final_return_mean_100": res.return_mean_100,
         "time_to_200_s": time_to_return(eps, RETURN_GOAL),
         "episodes": int(eps.sizes["episode"]),
-        "env_steps": env_steps, "learner_iterations": float(upd[-1]) / updates_per_iter,
-        "policy_lag_mean": lag_mean, "policy_lag_max": lag_max, "sample_age_mean_s": age_mean,
+        "env_steps": env_steps,
+        "learner_iterations": float(upd[-1]) / updates_per_iter,
+        "policy_lag_mean": lag_mean,
+        "policy_lag_max": lag_max,
+        "sample_age_mean_s": age_mean,
         "stale_dropped": dropped,
         "stale_dropped_fraction": dropped / env_steps if env_steps > 0 else math.nan,
-        "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0],
         "run_dir": str(res.run_dir),
     }
     return row, ds
@@ -162,12 +185,16 @@ def plot(out: xr.Dataset, path: Path, title: str) -> None:
                     mean = np.nanmean(v, axis=0) if v.shape[0] > 1 else v[0]
                 ax.plot(t, mean, color=colors[m], ls=styles[d], lw=2, label=label if k == 0 else None)
     axes[0].axhline(RETURN_GOAL, color="grey", lw=0.8, ls=":")
-    axes[0].set(xlabel="wall time since run start (s, cluster start-up included)",
-                ylabel="return, mean of last 100 episodes", title="CartPole PPO: return over wall time")
+    axes[0].set(
+        xlabel="wall time since run start (s, cluster start-up included)",
+        ylabel="return, mean of last 100 episodes",
+        title="CartPole PPO: return over wall time",
+    )
     axes[0].legend(loc="lower right", fontsize=8)
     axes[1].set(xlabel="wall time (s)", ylabel="env steps (all actors)", title="env steps produced")
-    axes[2].set(xlabel="wall time (s)", ylabel="policy lag of trained rollouts (versions)",
-                title="policy lag (bin mean)")
+    axes[2].set(
+        xlabel="wall time (s)", ylabel="policy lag of trained rollouts (versions)", title="policy lag (bin mean)"
+    )
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.set_xlim(0, float(out["time"].values[-1]))
@@ -184,8 +211,9 @@ def main(argv=None) -> int:
     p.add_argument("--grid", type=float, default=0.5, help="time-bin width in seconds")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="extra config overrides")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/staleness"))
-    p.add_argument("--runs", type=Path, default=Path("runs/benchmarks"),
-                   help="where the runs' own directories go (not committed)")
+    p.add_argument(
+        "--runs", type=Path, default=Path("runs/benchmarks"), help="where the runs' own directories go (not committed)"
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -203,31 +231,55 @@ def main(argv=None) -> int:
                 rows.append(row)
                 for var, col in resample(ds, edges).items():
                     data[var][mi, di, si] = col
-                print(f"{m:>14} {d:>9} seed {seed}: {row['status']:>11}  return {row['final_return_mean_100']:6.1f}  "
-                      f"to 200 {row['time_to_200_s']:5.1f} s  steps {row['env_steps']:>8,.0f}  "
-                      f"iters {row['learner_iterations']:6.0f}  lag {row['policy_lag_mean']:.2f}  "
-                      f"dropped {row['stale_dropped_fraction']:.0%}  load {row['load_avg_1m_before']:.2f}"
-                      f"->{row['load_avg_1m_after']:.2f}", flush=True)
-    meta = {"benchmark": "staleness (TianJi Fig. 6d, small scale)", "seconds": args.seconds, "grid_s": args.grid,
-            "seeds": seeds, "overrides": args.overrides, "distributions": DISTRIBUTIONS,
-            "mappings": {k: v for k, v in MAPPINGS.items()}, "return_goal": RETURN_GOAL,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": f"{os.cpu_count()} cores",
-            "load_avg_at_start": list(load_start), "load_avg_at_end": list(os.getloadavg()),
-            **provenance_attrs()}
+                print(
+                    f"{m:>14} {d:>9} seed {seed}: {row['status']:>11}  return {row['final_return_mean_100']:6.1f}  "
+                    f"to 200 {row['time_to_200_s']:5.1f} s  steps {row['env_steps']:>8,.0f}  "
+                    f"iters {row['learner_iterations']:6.0f}  lag {row['policy_lag_mean']:.2f}  "
+                    f"dropped {row['stale_dropped_fraction']:.0%}  load {row['load_avg_1m_before']:.2f}"
+                    f"->{row['load_avg_1m_after']:.2f}",
+                    flush=True,
+                )
+    meta = {
+        "benchmark": "staleness (TianJi Fig. 6d, small scale)",
+        "seconds": args.seconds,
+        "grid_s": args.grid,
+        "seeds": seeds,
+        "overrides": args.overrides,
+        "distributions": DISTRIBUTIONS,
+        "mappings": {k: v for k, v in MAPPINGS.items()},
+        "return_goal": RETURN_GOAL,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{os.cpu_count()} cores",
+        "load_avg_at_start": list(load_start),
+        "load_avg_at_end": list(os.getloadavg()),
+        **provenance_attrs(),
+    }
     (args.out / "staleness.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=2, default=str))
-    variables = {v: (("mapping", "distribution", "seed", "time"), data[v],
-                     {"long_name": VAR_ATTRS[v][0], "units": VAR_ATTRS[v][1]}) for v in (*HELD, *BINNED)}
+    variables = {
+        v: (
+            ("mapping", "distribution", "seed", "time"),
+            data[v],
+            {"long_name": VAR_ATTRS[v][0], "units": VAR_ATTRS[v][1]},
+        )
+        for v in (*HELD, *BINNED)
+    }
     out = xr.Dataset(
         variables,
-        coords={"mapping": ("mapping", mappings, {"long_name": "resource mapping", "units": "1"}),
-                "distribution": ("distribution", dists, {"long_name": "sample distribution", "units": "1"}),
-                "seed": ("seed", seeds, {"long_name": "root seed", "units": "1"}),
-                "time": ("time", edges[1:], {"long_name": "end of the time bin, since run start", "units": "s"})},
-        attrs={k: (v if isinstance(v, str) else json.dumps(v)) for k, v in meta.items()})
+        coords={
+            "mapping": ("mapping", mappings, {"long_name": "resource mapping", "units": "1"}),
+            "distribution": ("distribution", dists, {"long_name": "sample distribution", "units": "1"}),
+            "seed": ("seed", seeds, {"long_name": "root seed", "units": "1"}),
+            "time": ("time", edges[1:], {"long_name": "end of the time bin, since run start", "units": "s"}),
+        },
+        attrs={k: (v if isinstance(v, str) else json.dumps(v)) for k, v in meta.items()},
+    )
     out.to_netcdf(args.out / "staleness.nc", engine="h5netcdf")
-    plot(out, args.out / "staleness.png",
-         f"{len(seeds)} seed(s), {args.seconds:g} s per run, {os.cpu_count()} cores, load avg at start "
-         f"{load_start[0]:.2f}; git {meta['git_commit']}")
+    plot(
+        out,
+        args.out / "staleness.png",
+        f"{len(seeds)} seed(s), {args.seconds:g} s per run, {os.cpu_count()} cores, load avg at start "
+        f"{load_start[0]:.2f}; git {meta['git_commit']}",
+    )
     print(f"wrote {args.out / 'staleness.nc'}, {args.out / 'staleness.json'}, {args.out / 'staleness.png'}")
     return 0 if all(r["error"] is None for r in rows) else 1
 

@@ -41,10 +41,19 @@ def one_run(config: str, overrides: list[str], seed: int, mode: str, out_root: P
         ds = run.metrics()
         hit = ds.time.values >= ttt - 1e-9
         steps_at_target = float(ds.env_steps.values[hit][0]) if hit.any() else float(res.env_steps)
-    return {"mode": mode, "seed": seed, "status": res.status, "time_to_target_s": ttt,
-            "env_steps_to_target": steps_at_target, "wall_s": res.wall_s, "env_steps": res.env_steps,
-            "return_mean_100": res.return_mean_100, "run_dir": str(res.run_dir), "error": res.error,
-            "load_avg_1m": os.getloadavg()[0]}
+    return {
+        "mode": mode,
+        "seed": seed,
+        "status": res.status,
+        "time_to_target_s": ttt,
+        "env_steps_to_target": steps_at_target,
+        "wall_s": res.wall_s,
+        "env_steps": res.env_steps,
+        "return_mean_100": res.return_mean_100,
+        "run_dir": str(res.run_dir),
+        "error": res.error,
+        "load_avg_1m": os.getloadavg()[0],
+    }
 
 
 def summarise(rows: list[dict], mode: str) -> dict:
@@ -52,10 +61,15 @@ def summarise(rows: list[dict], mode: str) -> dict:
     t = [r["time_to_target_s"] for r in mine]
     s = [r["env_steps_to_target"] for r in mine]
     reached = [x for x in t if not math.isnan(x)]
-    return {"mode": mode, "runs": len(mine), "reached": len(reached),
-            "median_time_to_target_s": statistics.median(t) if len(reached) == len(t) else math.nan,
-            "min_s": min(reached) if reached else math.nan, "max_s": max(reached) if reached else math.nan,
-            "median_env_steps_to_target": statistics.median(s) if len(reached) == len(t) else math.nan}
+    return {
+        "mode": mode,
+        "runs": len(mine),
+        "reached": len(reached),
+        "median_time_to_target_s": statistics.median(t) if len(reached) == len(t) else math.nan,
+        "min_s": min(reached) if reached else math.nan,
+        "max_s": max(reached) if reached else math.nan,
+        "median_env_steps_to_target": statistics.median(s) if len(reached) == len(t) else math.nan,
+    }
 
 
 def main(argv=None) -> int:
@@ -64,10 +78,10 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--modes", nargs="+", default=["distributed", "serial"], choices=["distributed", "serial"])
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                   help="where time_to_target.json/.nc go")
-    p.add_argument("--runs", type=Path, default=Path("runs/benchmarks"),
-                   help="where the runs' own directories go (not committed)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where time_to_target.json/.nc go")
+    p.add_argument(
+        "--runs", type=Path, default=Path("runs/benchmarks"), help="where the runs' own directories go (not committed)"
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     args.runs.mkdir(parents=True, exist_ok=True)
@@ -77,31 +91,56 @@ def main(argv=None) -> int:
         for mode in args.modes:
             r = one_run(args.config, args.overrides, seed, mode, runs_root)
             rows.append(r)
-            print(f"{mode:>11} seed {seed}: {r['status']:>15}  time to target {r['time_to_target_s']:6.1f} s  "
-                  f"steps {r['env_steps_to_target']:>9,.0f}  load {r['load_avg_1m']:.2f}", flush=True)
+            print(
+                f"{mode:>11} seed {seed}: {r['status']:>15}  time to target {r['time_to_target_s']:6.1f} s  "
+                f"steps {r['env_steps_to_target']:>9,.0f}  load {r['load_avg_1m']:.2f}",
+                flush=True,
+            )
     summary = [summarise(rows, m) for m in args.modes]
     for s in summary:
-        print(f"{s['mode']:>11}: median {s['median_time_to_target_s']:.1f} s (range {s['min_s']:.1f}-{s['max_s']:.1f}), "
-              f"median env steps {s['median_env_steps_to_target']:,.0f}, reached {s['reached']}/{s['runs']}")
-    meta = {"config": args.config, "overrides": args.overrides, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "machine": f"{os.cpu_count()} cores", **provenance_attrs()}
-    (args.out / "time_to_target.json").write_text(json.dumps({"meta": meta, "runs": rows, "summary": summary},
-                                                             indent=2, default=str))
+        print(
+            f"{s['mode']:>11}: median {s['median_time_to_target_s']:.1f} s (range {s['min_s']:.1f}-{s['max_s']:.1f}), "
+            f"median env steps {s['median_env_steps_to_target']:,.0f}, reached {s['reached']}/{s['runs']}"
+        )
+    meta = {
+        "config": args.config,
+        "overrides": args.overrides,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{os.cpu_count()} cores",
+        **provenance_attrs(),
+    }
+    (args.out / "time_to_target.json").write_text(
+        json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2, default=str)
+    )
     modes, seeds = args.modes, args.seeds
+
     def grid(key):
         a = np.full((len(modes), len(seeds)), np.nan)
         for r in rows:
             a[modes.index(r["mode"]), seeds.index(r["seed"])] = r[key]
         return a
+
     ds = xr.Dataset(
-        {"time_to_target_s": (("mode", "seed"), grid("time_to_target_s"),
-                              {"long_name": "wall time to target (cluster start included)", "units": "s"}),
-         "env_steps_to_target": (("mode", "seed"), grid("env_steps_to_target"),
-                                 {"long_name": "env steps at target", "units": "1"}),
-         "load_avg_1m": (("mode", "seed"), grid("load_avg_1m"),
-                         {"long_name": "1-minute load average after the run", "units": "1"})},
+        {
+            "time_to_target_s": (
+                ("mode", "seed"),
+                grid("time_to_target_s"),
+                {"long_name": "wall time to target (cluster start included)", "units": "s"},
+            ),
+            "env_steps_to_target": (
+                ("mode", "seed"),
+                grid("env_steps_to_target"),
+                {"long_name": "env steps at target", "units": "1"},
+            ),
+            "load_avg_1m": (
+                ("mode", "seed"),
+                grid("load_avg_1m"),
+                {"long_name": "1-minute load average after the run", "units": "1"},
+            ),
+        },
         coords={"mode": modes, "seed": seeds},
-        attrs={k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in meta.items()})
+        attrs={k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in meta.items()},
+    )
     ds.to_netcdf(args.out / "time_to_target.nc", engine="h5netcdf")
     return 0 if all(s["reached"] == s["runs"] for s in summary) else 1
 

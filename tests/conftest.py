@@ -84,9 +84,21 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
         for var in [*data.data_vars, *data.coords]:
             assert data[var].attrs.get("long_name"), (name, var, data[var].attrs)
             assert "units" in data[var].attrs, (name, var, data[var].attrs)
-        for attr in ("run_name", "config_json", "t0_unix", "git_commit", "created", "time_to_target_s",
-                     "target_return", "torch_version", "tianji_dask_version", "status", "error", "env_id",
-                     "seed"):
+        for attr in (
+            "run_name",
+            "config_json",
+            "t0_unix",
+            "git_commit",
+            "created",
+            "time_to_target_s",
+            "target_return",
+            "torch_version",
+            "tianji_dask_version",
+            "status",
+            "error",
+            "env_id",
+            "seed",
+        ):
             assert attr in data.attrs, (name, attr)
         assert data.attrs["mode"] == mode
         assert data.attrs["env_id"] == cfg.env.id and data.attrs["seed"] == cfg.seed, data.attrs
@@ -100,15 +112,20 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
     assert np.all(fill[~np.isnan(fill)] <= 1.0)
     assert np.nanmax(ds["buffer_size"].values) <= cfg.algo.buffer_size
 
-    numbers = {"rows": int(ds.sizes["time"]), "env_steps": int(ds["env_steps"][-1]),
-               "updates": int(ds["updates"][-1]), "episodes": int(eps.sizes["episode"]),
-               "last": {k: float(ds[k][-1]) for k in ("sample_fps", "receive_fps", "train_fps",
-                                                      "replay_ratio", "buffer_size", "loss", "q_mean")},
-               # the final row's rates span only the time from the previous row to the hosts'
-               # final heartbeats (a few ms when the stop follows a heartbeat): judge "the end"
-               # by the last two rows
-               "end_rates": {k: [float(v) for v in ds[k].values[-2:]]
-                             for k in ("sample_fps", "receive_fps", "train_fps")}}
+    numbers = {
+        "rows": int(ds.sizes["time"]),
+        "env_steps": int(ds["env_steps"][-1]),
+        "updates": int(ds["updates"][-1]),
+        "episodes": int(eps.sizes["episode"]),
+        "last": {
+            k: float(ds[k][-1])
+            for k in ("sample_fps", "receive_fps", "train_fps", "replay_ratio", "buffer_size", "loss", "q_mean")
+        },
+        # the final row's rates span only the time from the previous row to the hosts'
+        # final heartbeats (a few ms when the stop follows a heartbeat): judge "the end"
+        # by the last two rows
+        "end_rates": {k: [float(v) for v in ds[k].values[-2:]] for k in ("sample_fps", "receive_fps", "train_fps")},
+    }
     if eps.sizes["episode"]:
         assert np.all(eps["length"].values >= 1)
         assert np.all(eps["actor"].values >= 0) and np.all(eps["actor"].values < cfg.topology.actors)
@@ -134,14 +151,21 @@ def positive(x: float) -> bool:
 
 def running_at_the_end(numbers: dict) -> bool:
     """Every rate is known and >= 0 in the final row and > 0 in at least one of the last two."""
-    return all(not math.isnan(v[-1]) and v[-1] >= 0 and any(positive(x) for x in v)
-               for v in numbers["end_rates"].values())
+    return all(
+        not math.isnan(v[-1]) and v[-1] >= 0 and any(positive(x) for x in v) for v in numbers["end_rates"].values()
+    )
 
 
 def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run ``python -m tianji_dask.cli ARGS`` to completion; stdin closed, output captured."""
-    return subprocess.run([sys.executable, "-m", "tianji_dask.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tianji_dask.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:

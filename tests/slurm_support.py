@@ -69,7 +69,10 @@ def _why_not() -> tuple[str | None, str | None]:
     try:
         r = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%T"],
-            capture_output=True, text=True, timeout=15, env={**os.environ, "SLURM_CONF": conf},
+            capture_output=True,
+            text=True,
+            timeout=15,
+            env={**os.environ, "SLURM_CONF": conf},
         )
     except subprocess.TimeoutExpired:
         return None, f"sinfo (SLURM_CONF={conf}) did not answer within 15 s"

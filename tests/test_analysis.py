@@ -25,7 +25,7 @@ from tianji_dask.config import load_config
 from tianji_dask.driver import train
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 integration = pytest.mark.integration
 TARGET = 60.0
@@ -44,14 +44,18 @@ def runs(h, tmp_path_factory):
     out = {}
     for name, (extra, serial) in RUNS.items():
         # stopped by env steps, not seconds: a slow cluster start must not shorten the run
-        cfg = load_config(h.CONFIG, [*h.SHORT, f"stop.target_return={TARGET}", f"stop.max_env_steps={STEPS}",
-                                     "stop.max_seconds=60", *extra])
+        cfg = load_config(
+            h.CONFIG,
+            [*h.SHORT, f"stop.target_return={TARGET}", f"stop.max_env_steps={STEPS}", "stop.max_seconds=60", *extra],
+        )
         result = train(cfg, out=root / name, serial=serial).wait(timeout=90)
         assert result is not None and result.error is None, result and result.error
         assert result.status in ("target_reached", "max_env_steps"), result.status
         assert open_run(result.run_dir).sizes["time"] >= 2, "too short a run to analyse"
-        print(f"\n{name}: {result.status}, {result.env_steps} env steps in {result.wall_s:.1f} s, "
-              f"time to target {result.time_to_target_s:.1f} s")
+        print(
+            f"\n{name}: {result.status}, {result.env_steps} env steps in {result.wall_s:.1f} s, "
+            f"time to target {result.time_to_target_s:.1f} s"
+        )
         out[name] = (result.run_dir, cfg)
     return out
 
@@ -81,13 +85,11 @@ def ended_runs(h, tmp_path_factory):
     by ``Run.stop()`` and one whose env raised."""
     root = tmp_path_factory.mktemp("ended")
     short = [*h.SHORT, "stop.max_seconds=60"]
-    finished = train(load_config(h.CONFIG, [*short, "stop.max_env_steps=1500"]), out=root / "finished",
-                     serial=True)
+    finished = train(load_config(h.CONFIG, [*short, "stop.max_env_steps=1500"]), out=root / "finished", serial=True)
     stopped = train(load_config(h.CONFIG, short), out=root / "stopped", serial=True)
     assert h.wait_until(lambda: stopped.recorder.env_steps > 0, timeout=30), "no env steps recorded"
     stopped.stop()
-    failed = train(load_config(h.CONFIG, [*short, "env.id=BreakingCartPole-v0"]), out=root / "failed",
-                   serial=True)
+    failed = train(load_config(h.CONFIG, [*short, "env.id=BreakingCartPole-v0"]), out=root / "failed", serial=True)
     results = [r.wait(timeout=60) for r in (finished, stopped, failed)]
     assert [r and r.status for r in results] == ["max_env_steps", "stopped", "failed"], results
     return {r.status: r.run_dir for r in results}
@@ -261,8 +263,9 @@ def test_summary_groups_runs_by_their_non_seed_settings(runs):
     assert serial["runs"] == 2 and table["runs"].sum() == 3
     ttt = ds.tianji.time_to_target().sel(run=["serial-seed0", "serial-seed1"]).values
     assert serial["reached"] == np.isfinite(ttt).sum()
-    np.testing.assert_allclose(serial["median_s"], np.nanmedian(ttt) if np.isfinite(ttt).any() else math.nan,
-                               equal_nan=True)
+    np.testing.assert_allclose(
+        serial["median_s"], np.nanmedian(ttt) if np.isfinite(ttt).any() else math.nan, equal_nan=True
+    )
     # one run: a one-row table
     one = open_run(runs["serial-seed1"][0]).tianji.summary(target=0.0)
     assert len(one) == 1 and one["runs"].iloc[0] == 1
@@ -272,9 +275,16 @@ def test_summary_groups_runs_by_their_non_seed_settings(runs):
 @integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("multi", [False, True], ids=["one-run", "three-runs"])
-@pytest.mark.parametrize("plot, kwargs", [
-    ("plot_return", {}), ("plot_return", {"x": "env_steps"}), ("plot_throughput", {}), ("plot_staleness", {}),
-], ids=["return-time", "return-env-steps", "throughput", "staleness"])
+@pytest.mark.parametrize(
+    "plot, kwargs",
+    [
+        ("plot_return", {}),
+        ("plot_return", {"x": "env_steps"}),
+        ("plot_throughput", {}),
+        ("plot_staleness", {}),
+    ],
+    ids=["return-time", "return-env-steps", "throughput", "staleness"],
+)
 def test_every_plot_renders_to_png(runs, tmp_path, multi, plot, kwargs):
     ds = open_runs([d for d, _ in runs.values()]) if multi else open_run(runs["dist-seed0-actors2"][0])
     ax = getattr(ds.tianji, plot)(**kwargs)

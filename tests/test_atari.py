@@ -67,15 +67,17 @@ def test_preprocessing_uint8_frame_stacks_for_both_backends(backend):
 def test_training_signals_clip_rewards_and_end_lives_for_training_only():
     F, T = False, True
     sig = AtariTrainingSignals(lives=[3, 3, 5])
-    rewards, term, dones = sig(np.array([4.0, -7.0, 0.0]), np.array([F, F, F]), np.array([F, F, F]),
-                               {"lives": np.array([3, 2, 5])})
+    rewards, term, dones = sig(
+        np.array([4.0, -7.0, 0.0]), np.array([F, F, F]), np.array([F, F, F]), {"lives": np.array([3, 2, 5])}
+    )
     np.testing.assert_array_equal(rewards, [1.0, -1.0, 0.0])
     assert rewards.dtype == np.float32
     np.testing.assert_array_equal(term, [F, T, F])  # env 1 lost a life: terminal for the learner
     np.testing.assert_array_equal(dones, [F, T, F])
     # a real game over (same-step autoreset: lives are already the new game's) and a time limit
-    rewards, term, dones = sig(np.array([0.0, 0.0, 1.0]), np.array([T, F, F]), np.array([F, F, T]),
-                               {"lives": np.array([3, 2, 5])})
+    rewards, term, dones = sig(
+        np.array([0.0, 0.0, 1.0]), np.array([T, F, F]), np.array([F, F, T]), {"lives": np.array([3, 2, 5])}
+    )
     np.testing.assert_array_equal(term, [T, F, F])
     np.testing.assert_array_equal(dones, [T, F, T])
     assert sig.lives_lost == 1
@@ -85,8 +87,7 @@ def test_training_signals_clip_rewards_and_end_lives_for_training_only():
 def test_breakout_trains_on_lives_and_clipped_rewards_but_records_full_games():
     """One real Breakout game of 5 lives: 5 training episodes (zero discounts), one recorded
     episode with the raw full-game return."""
-    cfg = load_config(DQN_SMALL, ["env.id=ALE/Breakout-v5", "env.num_envs=1", "algo.n_step=1",
-                                  "channel.chunk_steps=8"])
+    cfg = load_config(DQN_SMALL, ["env.id=ALE/Breakout-v5", "env.num_envs=1", "algo.n_step=1", "channel.chunk_steps=8"])
     queue = LocalQueue(capacity_bytes=1 << 30)
     actor = ActorRole(cfg, 0, 7, queue, params=None, balance=False)
     raw = []
@@ -96,6 +97,7 @@ def test_breakout_trains_on_lives_and_clipped_rewards_but_records_full_games():
         out = step(actions)
         raw.append(out[1].copy())
         return out
+
     actor.env.step = recording_step
     actor.probe_params = lambda: False
     lives0 = int(actor.training_signals.lives[0])
@@ -125,8 +127,10 @@ def test_breakout_trains_on_lives_and_clipped_rewards_but_records_full_games():
 # ------------------------------------------------------------------ frame replay
 def test_frame_replay_bytes_per_transition():
     per = FrameReplay.nbytes_for(1_000_000) / 1_000_000
-    print(f"\nframe replay: {per:.0f} bytes per transition, "
-          f"{FrameReplay.nbytes_for(1_000_000) / 1e9:.2f} GB for 1,000,000 transitions")
+    print(
+        f"\nframe replay: {per:.0f} bytes per transition, "
+        f"{FrameReplay.nbytes_for(1_000_000) / 1e9:.2f} GB for 1,000,000 transitions"
+    )
     assert 84 * 84 <= per < 7_300  # one 7,056-byte frame per transition plus ~2 % slack and 56 B
     assert FrameReplay.nbytes_for(1_000_000) < 10e9
     replay = FrameReplay(20_000)
@@ -135,13 +139,27 @@ def test_frame_replay_bytes_per_transition():
     assert per < 2 * 4 * 84 * 84 * 4 / 30
 
 
-def _recorded_actor_run(steps: int, n_step: int = 3, num_envs: int = 2, min_episodes: int = 1,
-                        env_id: str = "ALE/Pong-v5", backend: str = "ale_vector"):
+def _recorded_actor_run(
+    steps: int,
+    n_step: int = 3,
+    num_envs: int = 2,
+    min_episodes: int = 1,
+    env_id: str = "ALE/Pong-v5",
+    backend: str = "ale_vector",
+):
     """A DQN actor on a real Atari env with random actions; every chunk it pushes, and the
     transitions an n-step window over the *real* observations gives for the same steps."""
-    cfg = load_config(DQN_SMALL, [f"env.id={env_id}", f"env.num_envs={num_envs}",
-                                  f"algo.n_step={n_step}", "channel.chunk_steps=16",
-                                  f"env.atari_backend={backend}"], check_env=False)
+    cfg = load_config(
+        DQN_SMALL,
+        [
+            f"env.id={env_id}",
+            f"env.num_envs={num_envs}",
+            f"algo.n_step={n_step}",
+            "channel.chunk_steps=16",
+            f"env.atari_backend={backend}",
+        ],
+        check_env=False,
+    )
     queue = LocalQueue(capacity_bytes=1 << 34)
     actor = ActorRole(cfg, 3, 11, queue, params=None, balance=False)
     actor.probe_params = lambda: False
@@ -155,12 +173,14 @@ def _recorded_actor_run(steps: int, n_step: int = 3, num_envs: int = 2, min_epis
         out = step(actions)
         nxt, rewards, term, trunc, infos = out
         tr_rewards, tr_term, tr_dones = signals(rewards, term, trunc, infos)
-        got = shadow.add(state["obs"], actions, tr_rewards, next_observations(nxt, term | trunc, infos),
-                         tr_term, tr_dones)
+        got = shadow.add(
+            state["obs"], actions, tr_rewards, next_observations(nxt, term | trunc, infos), tr_term, tr_dones
+        )
         if got is not None:
             expected.append(got)
         state["obs"] = nxt.copy()
         return out
+
     actor.env.step = shadowing_step
     try:
         after = None  # steps run once an episode ended: the window must emit past the boundary
@@ -220,7 +240,7 @@ def test_frame_replay_rebuilds_exactly_what_the_env_produced(backend, pong_run):
             starts += 1
     assert starts >= 1
     # n-step: returns of 3 steps, discounts gamma**3 where no episode ended
-    assert np.isclose(want["discounts"].max(), cfg.algo.gamma ** 3)
+    assert np.isclose(want["discounts"].max(), cfg.algo.gamma**3)
     # what the learner samples is among what the env produced
     batch = buffer.sample(64)
     assert batch["obs"].shape == (64, 4, 84, 84) and batch["obs"].dtype == np.uint8
@@ -294,7 +314,10 @@ def test_nature_cnn_forward_shapes_and_uint8_input():
     torch.testing.assert_close(out, q(obs.float() / 255.0))  # divided by 255 inside
     convs = [m for m in q.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [
-        (32, (8, 8), (4, 4)), (64, (4, 4), (2, 2)), (64, (3, 3), (1, 1))]
+        (32, (8, 8), (4, 4)),
+        (64, (4, 4), (2, 2)),
+        (64, (3, 3), (1, 1)),
+    ]
     assert q.head.in_features == 512
     assert sum(p.numel() for p in q.parameters()) == 1_687_206  # the Nature DQN for 6 actions
 
@@ -305,10 +328,13 @@ def test_nature_cnn_forward_shapes_and_uint8_input():
     assert logp.shape == ent.shape == v.shape == (5,)
     torch.testing.assert_close(ac.value(obs), value)
     # cleanrl's init: orthogonal, zero biases, small policy head
-    assert all(float(m.bias.detach().abs().max()) == 0 for m in ac.modules()
-               if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)))
+    assert all(
+        float(m.bias.detach().abs().max()) == 0
+        for m in ac.modules()
+        if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))
+    )
     w = ac.actor.weight
-    torch.testing.assert_close(w @ w.T, 0.01 ** 2 * torch.eye(6), atol=1e-6, rtol=0)
+    torch.testing.assert_close(w @ w.T, 0.01**2 * torch.eye(6), atol=1e-6, rtol=0)
     assert float(logits.detach().std()) < 0.05  # near-uniform initial policy
 
 
@@ -318,10 +344,13 @@ def test_dqn_and_ppo_learners_train_on_uint8_stacks():
     assert network_kind(cfg) == "nature_cnn"
     rng = np.random.default_rng(0)
     n = 16
-    batch = {"obs": rng.integers(0, 256, (n, 4, 84, 84), dtype=np.uint8),
-             "next_obs": rng.integers(0, 256, (n, 4, 84, 84), dtype=np.uint8),
-             "actions": rng.integers(0, 6, n), "rewards": np.ones(n, np.float32),
-             "discounts": np.full(n, 0.99, np.float32)}
+    batch = {
+        "obs": rng.integers(0, 256, (n, 4, 84, 84), dtype=np.uint8),
+        "next_obs": rng.integers(0, 256, (n, 4, 84, 84), dtype=np.uint8),
+        "actions": rng.integers(0, 6, n),
+        "rewards": np.ones(n, np.float32),
+        "discounts": np.full(n, 0.99, np.float32),
+    }
     learner = DQNLearner(4 * 84 * 84, 6, cfg.algo, seed=0, network="nature_cnn")
     loss, q = learner.update(batch)
     assert np.isfinite(loss) and np.isfinite(q)
@@ -332,10 +361,15 @@ def test_dqn_and_ppo_learners_train_on_uint8_stacks():
 
     pcfg = load_config(PPO_SMALL)
     ppo = PPOLearner(4 * 84 * 84, 6, pcfg.algo, seed=0, network="nature_cnn")
-    stats = ppo.train({"obs": batch["obs"], "actions": batch["actions"],
-                       "logp": np.full(n, -np.log(6), np.float32),
-                       "advantages": rng.normal(size=n).astype(np.float32),
-                       "returns": rng.normal(size=n).astype(np.float32)})
+    stats = ppo.train(
+        {
+            "obs": batch["obs"],
+            "actions": batch["actions"],
+            "logp": np.full(n, -np.log(6), np.float32),
+            "advantages": rng.normal(size=n).astype(np.float32),
+            "returns": rng.normal(size=n).astype(np.float32),
+        }
+    )
     assert np.isfinite(stats["loss"])
     pol = PPOPolicy(4 * 84 * 84, 6, [], seed=0, network="nature_cnn")
     pol.load(1, ppo.actor_params())
@@ -345,14 +379,17 @@ def test_dqn_and_ppo_learners_train_on_uint8_stacks():
 
 # ------------------------------------------------------------------ config
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("overrides, message", [
-    (["env.id=ALE/Pongg-v5"], "did you mean ALE/Pong-v5?"),
-    (["env.id=PongNoFrameskip-v4"], "did you mean ALE/Pong-v5?"),
-    (["env.id=CartPole-v1"], "a non-Atari gymnasium env needs env.kind=gym"),
-    (["env.kind=gym"], "env.id='ALE/Pong-v5' is an Atari game: set env.kind=atari"),
-    (["env.atari_backend=native"], "env.atari_backend='native': Input should be 'ale_vector' or 'gymnasium'"),
-    (["env.atari_threads=0"], "env.atari_threads=0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["env.id=ALE/Pongg-v5"], "did you mean ALE/Pong-v5?"),
+        (["env.id=PongNoFrameskip-v4"], "did you mean ALE/Pong-v5?"),
+        (["env.id=CartPole-v1"], "a non-Atari gymnasium env needs env.kind=gym"),
+        (["env.kind=gym"], "env.id='ALE/Pong-v5' is an Atari game: set env.kind=atari"),
+        (["env.atari_backend=native"], "env.atari_backend='native': Input should be 'ale_vector' or 'gymnasium'"),
+        (["env.atari_threads=0"], "env.atari_threads=0"),
+    ],
+)
 def test_bad_atari_configs_name_the_fix(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config(DQN_SMALL, overrides, check_env=False)
@@ -393,8 +430,7 @@ def _check_files(h, run_dir, cfg) -> dict:
         assert set(docs["metrics.nc"]) <= set(ds.data_vars)
         assert ds.attrs["mode"] == "distributed" and ds.sizes["time"] >= 2
         assert np.all(np.diff(ds["env_steps"].values) >= 0)
-        return {"env_steps": int(ds["env_steps"][-1]), "updates": int(ds["updates"][-1]),
-                "rows": int(ds.sizes["time"])}
+        return {"env_steps": int(ds["env_steps"][-1]), "updates": int(ds["updates"][-1]), "rows": int(ds.sizes["time"])}
 
 
 def _check_atari_run(h, result, cfg, algo: str) -> dict:
@@ -426,10 +462,28 @@ def _check_atari_run(h, result, cfg, algo: str) -> dict:
 
 
 TINY_RUNS = {
-    "dqn": (DQN_SMALL, ["env.num_envs=2", "stop.max_env_steps=2400", "algo.learning_starts=500",
-                        "algo.train_freq=16", "algo.ratio_tolerance=null", "stop.max_seconds=200"]),
-    "ppo": (PPO_SMALL, ["env.num_envs=2", "algo.rollout_steps=128", "algo.epochs=1", "algo.minibatches=2",
-                        "stop.max_env_steps=2400", "stop.max_seconds=200"]),
+    "dqn": (
+        DQN_SMALL,
+        [
+            "env.num_envs=2",
+            "stop.max_env_steps=2400",
+            "algo.learning_starts=500",
+            "algo.train_freq=16",
+            "algo.ratio_tolerance=null",
+            "stop.max_seconds=200",
+        ],
+    ),
+    "ppo": (
+        PPO_SMALL,
+        [
+            "env.num_envs=2",
+            "algo.rollout_steps=128",
+            "algo.epochs=1",
+            "algo.minibatches=2",
+            "stop.max_env_steps=2400",
+            "stop.max_seconds=200",
+        ],
+    ),
 }
 
 

@@ -59,19 +59,30 @@ def probe(dask_worker) -> dict:
 
 @pytest.mark.timeout(120)
 def test_bounded_memory_with_a_slow_learner(h, tmp_path):
-    cfg = load_config(h.CONFIG, [
-        "stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=16",
-        "algo.hidden_sizes=[1024,1024,1024]", "algo.batch_size=2048", "algo.learning_starts=2048",
-        "algo.buffer_size=4096", "algo.ratio_tolerance=null", "channel.capacity_mb=1",
-        "run.checkpoint=false",
-        # heartbeats are sent between loop steps: one update of this learner takes ~0.8 s alone
-        # and several seconds on a busy machine, which must not count as a lost host
-        "run.heartbeat_timeout=30",
-    ])
+    cfg = load_config(
+        h.CONFIG,
+        [
+            "stop.target_return=null",
+            "stop.max_env_steps=null",
+            "stop.max_seconds=16",
+            "algo.hidden_sizes=[1024,1024,1024]",
+            "algo.batch_size=2048",
+            "algo.learning_starts=2048",
+            "algo.buffer_size=4096",
+            "algo.ratio_tolerance=null",
+            "channel.capacity_mb=1",
+            "run.checkpoint=false",
+            # heartbeats are sent between loop steps: one update of this learner takes ~0.8 s alone
+            # and several seconds on a busy machine, which must not count as a lost host
+            "run.heartbeat_timeout=30",
+        ],
+    )
     capacity = cfg.channel.capacity_bytes
     samples: list[dict] = []
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         run = train(cfg, client, out=tmp_path / "slow")
         stop_probing = threading.Event()
 
@@ -92,13 +103,10 @@ def test_bounded_memory_with_a_slow_learner(h, tmp_path):
         assert result.status == "max_seconds"
         ds = run.metrics()
         # also by psutil from outside, after the run, on the same worker processes
-        rss_after = {w: psutil.Process(pid).memory_info().rss / 1e6 for w, pid in
-                     client.run(os.getpid).items()}
+        rss_after = {w: psutil.Process(pid).memory_info().rss / 1e6 for w, pid in client.run(os.getpid).items()}
 
-    buffer_samples = [s for row in samples for w, s in row.items()
-                      if isinstance(s, dict) and "inbox" in s]
-    actor_samples = [s for row in samples for w, s in row.items()
-                     if isinstance(s, dict) and "sender" in s]
+    buffer_samples = [s for row in samples for w, s in row.items() if isinstance(s, dict) and "inbox" in s]
+    actor_samples = [s for row in samples for w, s in row.items() if isinstance(s, dict) and "sender" in s]
     assert len(buffer_samples) >= 10 and len(actor_samples) >= 10, samples[-3:]
 
     inbox_cap = buffer_samples[-1]["inbox"]["capacity_bytes"]
@@ -112,15 +120,16 @@ def test_bounded_memory_with_a_slow_learner(h, tmp_path):
     updates = int(ds["updates"][-1])
     blocked = float(ds["blocked_s"][-1])
 
-    report = (f"received {received} transitions ({buffer_samples[-1]['inbox']['received_bytes'] / 1e6:.1f} MB), "
-              f"{updates} updates (replay ratio {float(ds['replay_ratio'][-1]):.2f}, target "
-              f"{cfg.algo.target_replay_ratio:g}); inbox max queued {max_queued} B of {inbox_cap} B; "
-              f"sender max outstanding {max_outstanding} B of {capacity} B; actor blocked {blocked:.2f} s; "
-              f"replay max {max_len} of {cfg.algo.buffer_size} ({nbytes} B); buffer worker RSS max "
-              f"{max_rss:.0f} MB during, {rss_after} after; {len(buffer_samples)} samples")
+    report = (
+        f"received {received} transitions ({buffer_samples[-1]['inbox']['received_bytes'] / 1e6:.1f} MB), "
+        f"{updates} updates (replay ratio {float(ds['replay_ratio'][-1]):.2f}, target "
+        f"{cfg.algo.target_replay_ratio:g}); inbox max queued {max_queued} B of {inbox_cap} B; "
+        f"sender max outstanding {max_outstanding} B of {capacity} B; actor blocked {blocked:.2f} s; "
+        f"replay max {max_len} of {cfg.algo.buffer_size} ({nbytes} B); buffer worker RSS max "
+        f"{max_rss:.0f} MB during, {rss_after} after; {len(buffer_samples)} samples"
+    )
     print("\nbackpressure:", report)
-    print("buffer worker (RSS MB, replay size):",
-          [(round(s["rss_mb"]), s["replay_len"]) for s in buffer_samples])
+    print("buffer worker (RSS MB, replay size):", [(round(s["rss_mb"]), s["replay_len"]) for s in buffer_samples])
 
     # The scenario is real: the learner consumed far less than the actor produced, and the
     # replay memory wrapped around (received more than it holds).

@@ -29,8 +29,12 @@ def _dqn_cfg(*extra):
     # chunk 32 steps x 8 envs = 256 transitions, publish_interval 50 x batch 64 = 3200 samples slack
     cfg = load_config(DQN, ["algo.ratio_tolerance=0.25", *extra])
     a = cfg.algo
-    assert (a.target_replay_ratio, a.learning_starts, cfg.channel.chunk_steps * cfg.env.num_envs,
-            cfg.learner.publish_interval * a.batch_size) == (8.0, 1000, 256, 3200)
+    assert (
+        a.target_replay_ratio,
+        a.learning_starts,
+        cfg.channel.chunk_steps * cfg.env.num_envs,
+        cfg.learner.publish_interval * a.batch_size,
+    ) == (8.0, 1000, 256, 3200)
     return cfg
 
 
@@ -56,24 +60,27 @@ class _StubReplay:
         return self.received
 
     def sample(self, n: int) -> dict[str, np.ndarray]:
-        return {"obs": self.rng.normal(size=(n, 4)).astype(np.float32),
-                "next_obs": self.rng.normal(size=(n, 4)).astype(np.float32),
-                "actions": self.rng.integers(0, 2, n).astype(np.int64),
-                "rewards": np.ones(n, np.float32), "discounts": np.full(n, 0.9, np.float32)}
+        return {
+            "obs": self.rng.normal(size=(n, 4)).astype(np.float32),
+            "next_obs": self.rng.normal(size=(n, 4)).astype(np.float32),
+            "actions": self.rng.integers(0, 2, n).astype(np.int64),
+            "rewards": np.ones(n, np.float32),
+            "discounts": np.full(n, 0.9, np.float32),
+        }
 
 
 # ------------------------------------------------------------------ DQN actor
 # (n_actors, env_steps of this actor, learner samples consumed, paused?)
 # allowed production = 1000 + 256 * n_actors + consumed / (8 * 0.75); production = env_steps * n_actors
 DQN_ACTOR_CASES = [
-    (1, 11256, 80_000, False),   # fresh 10000, ratio 8: on target
-    (1, 11256, 60_000, False),   # ratio 6.0: the band's lower edge, still inside
+    (1, 11256, 80_000, False),  # fresh 10000, ratio 8: on target
+    (1, 11256, 60_000, False),  # ratio 6.0: the band's lower edge, still inside
     (1, 11256, 120_000, False),  # ratio 12: the learner is ahead; not the actor's business
-    (1, 11256, 59_000, True),    # ratio 5.9: below the band
-    (1, 11256, 0, True),         # nothing consumed yet, far beyond the warm-up slack
-    (1, 1256, 0, False),         # warm-up: within learning_starts + one chunk, nothing consumed
-    (4, 3000, 59_856, False),    # 4 actors: production 12000, fresh 9976, ratio 6.0
-    (4, 3000, 59_000, True),     # 4 actors: ratio 5.91
+    (1, 11256, 59_000, True),  # ratio 5.9: below the band
+    (1, 11256, 0, True),  # nothing consumed yet, far beyond the warm-up slack
+    (1, 1256, 0, False),  # warm-up: within learning_starts + one chunk, nothing consumed
+    (4, 3000, 59_856, False),  # 4 actors: production 12000, fresh 9976, ratio 6.0
+    (4, 3000, 59_000, True),  # 4 actors: ratio 5.91
 ]
 
 
@@ -116,13 +123,13 @@ def test_dqn_actor_never_pauses_without_controller(how):
 # (transitions received by the buffer, learner samples consumed, paused?)
 # paused when samples >= 8 * 1.25 * (received - 1000) + 3200
 DQN_LEARNER_CASES = [
-    (11_000, 83_200, False),     # fresh 10000, ratio (83200 - 3200) / 10000 = 8: on target
-    (11_000, 103_136, False),    # ratio 9.99: inside the band
-    (11_000, 103_200, True),     # ratio 10.0: the upper edge pauses
-    (11_000, 123_200, True),     # ratio 12: above the band
-    (11_000, 3_200, False),      # ratio 0: the actors are ahead; not the learner's business
-    (1_000, 3_136, False),       # nothing fresh yet: one publication's slack is allowed
-    (1_000, 3_200, True),        # ... and no more
+    (11_000, 83_200, False),  # fresh 10000, ratio (83200 - 3200) / 10000 = 8: on target
+    (11_000, 103_136, False),  # ratio 9.99: inside the band
+    (11_000, 103_200, True),  # ratio 10.0: the upper edge pauses
+    (11_000, 123_200, True),  # ratio 12: above the band
+    (11_000, 3_200, False),  # ratio 0: the actors are ahead; not the learner's business
+    (1_000, 3_136, False),  # nothing fresh yet: one publication's slack is allowed
+    (1_000, 3_200, True),  # ... and no more
 ]
 
 
@@ -161,11 +168,11 @@ def test_dqn_learner_never_pauses_without_controller(how):
 # one), then waits for a newer version.
 # (sample_reuse, rollouts_per_update, n_actors, expected quota)
 PPO_QUOTA_CASES = [
-    (1, 1, 1, 2),    # "New", one actor: one rollout per version, plus one in flight
-    (8, 1, 1, 2),    # "Staleness": 1/8 of a rollout per version, never less than one, plus one
-    (1, 4, 1, 6),    # 4 rollouts per iteration: 4 * 1.25 = 5, plus one
-    (1, 4, 3, 2),    # 3 actors share the 4: 4/3 * 1.25 = 1.67 -> 1, plus one
-    (2, 8, 1, 6),    # 8 / 2 * 1.25 = 5, plus one
+    (1, 1, 1, 2),  # "New", one actor: one rollout per version, plus one in flight
+    (8, 1, 1, 2),  # "Staleness": 1/8 of a rollout per version, never less than one, plus one
+    (1, 4, 1, 6),  # 4 rollouts per iteration: 4 * 1.25 = 5, plus one
+    (1, 4, 3, 2),  # 3 actors share the 4: 4/3 * 1.25 = 1.67 -> 1, plus one
+    (2, 8, 1, 6),  # 8 / 2 * 1.25 = 5, plus one
 ]
 
 
@@ -173,8 +180,9 @@ PPO_QUOTA_CASES = [
 @pytest.mark.parametrize("reuse, per_update, n_actors, quota", PPO_QUOTA_CASES)
 def test_ppo_actor_pauses_only_after_its_share_of_a_version(reuse, per_update, n_actors, quota):
     queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
-    cfg = _ppo_cfg(f"algo.sample_reuse={reuse}", f"algo.rollouts_per_update={per_update}",
-                   f"topology.actors={max(n_actors, 1)}")
+    cfg = _ppo_cfg(
+        f"algo.sample_reuse={reuse}", f"algo.rollouts_per_update={per_update}", f"topology.actors={max(n_actors, 1)}"
+    )
     actor = PPOActorRole(cfg, 0, 1, queue, topic.subscribe(), n_actors=n_actors)
     assert actor.balance and actor.quota == quota
     actor._rollouts_this_version = quota - 1

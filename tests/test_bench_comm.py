@@ -51,8 +51,18 @@ def test_docs_define_every_variable_and_coordinate():
 
 def test_equation_1_and_raw_ratios():
     actor = Case("actors", "channel", 512 * KIB, 4, 0.01, 1000)
-    row = derive({"collection_time": 3.0, "t_sp": 0.010, "t_sd": 0.002, "t_rv": 0.001, "t_sp_cpu": 0.0,
-                  "send_call_time": 0.0001}, actor, cores=2)
+    row = derive(
+        {
+            "collection_time": 3.0,
+            "t_sp": 0.010,
+            "t_sd": 0.002,
+            "t_rv": 0.001,
+            "t_sp_cpu": 0.0,
+            "send_call_time": 0.0001,
+        },
+        actor,
+        cores=2,
+    )
     assert row["critical_path"] == "actor"  # (10 + 2) / 4 = 3 ms > 1 ms
     assert row["t_c_eq1"] == pytest.approx(1000 * 0.012 / 4)
     assert row["t_c_eq1_overlap"] == pytest.approx(1000 * 0.0101 / 4)
@@ -60,8 +70,18 @@ def test_equation_1_and_raw_ratios():
     assert row["t_c_cpu_bound"] == pytest.approx(1000 * 0.003 / 2)
     assert row["throughput"] == pytest.approx(1000 * 512 * KIB / 3.0 / 1e6)
     buffer = Case("actors", "raw_tcp", 512 * KIB, 4, 0.001, 1000)
-    raw = derive({"collection_time": 1.5, "t_sp": 0.001, "t_sd": 0.0002, "t_rv": 0.0005, "t_sp_cpu": 0.0,
-                  "send_call_time": 0.0001}, buffer, cores=2)
+    raw = derive(
+        {
+            "collection_time": 1.5,
+            "t_sp": 0.001,
+            "t_sd": 0.0002,
+            "t_rv": 0.0005,
+            "t_sp_cpu": 0.0,
+            "send_call_time": 0.0001,
+        },
+        buffer,
+        cores=2,
+    )
     assert raw["critical_path"] == "buffer" and raw["t_c_eq1"] == pytest.approx(0.5)
     rows = [raw, {"collection_time": 3.0, "throughput": raw["throughput"] / 2}]
     add_raw_ratios(rows, [buffer, Case("actors", "channel", 512 * KIB, 4, 0.001, 1000)])
@@ -77,8 +97,21 @@ def test_equation_1_and_raw_ratios():
 
 
 def test_command_line():
-    args = build_parser().parse_args(["bench", "comm", "--small", "--max-actors", "16", "--out", "x",
-                                      "--worker-env", "MALLOC_TRIM_THRESHOLD_=", "--sweeps", "actors,tiny"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "comm",
+            "--small",
+            "--max-actors",
+            "16",
+            "--out",
+            "x",
+            "--worker-env",
+            "MALLOC_TRIM_THRESHOLD_=",
+            "--sweeps",
+            "actors,tiny",
+        ]
+    )
     cfg = config_from_args(args)
     assert cfg.actor_counts == (1, 2, 4, 8, 16) and cfg.messages == 500 and args.out == Path("x")
     assert cfg.worker_env == {"MALLOC_TRIM_THRESHOLD_": None} and cfg.sweeps == ("actors", "tiny")
@@ -99,8 +132,9 @@ def test_command_line():
 def test_smallest_run_writes_documented_results(tmp_path):
     import xarray as xr
 
-    cfg = CommBenchConfig(messages=40, sizes=(64 * KIB,), actor_counts=(2,), sample_times=(0.001,),
-                          sweeps=("size", "actors"))
+    cfg = CommBenchConfig(
+        messages=40, sizes=(64 * KIB,), actor_counts=(2,), sample_times=(0.001,), sweeps=("size", "actors")
+    )
     run(cfg, tmp_path, log=lambda s: None)
     for name in ("comm.nc", "comm.json", "comm.png"):
         assert (tmp_path / name).stat().st_size > 0

@@ -209,9 +209,12 @@ def check_order(got, senders):
 # ---------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(
-        n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-    ) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         c.register_plugin(ChannelPlugin())
         yield c
 
@@ -256,7 +259,7 @@ def test_local_queue_order_capacity_and_gaps():
 @pytest.mark.timeout(30)
 def test_local_queue_wait_blocks_until_consumer_takes():
     q = LocalQueue(capacity_bytes=4 * KIB, full_policy="wait")
-    for i in range(4):
+    for _ in range(4):
         q.push({"x": np.zeros(KIB, dtype=np.uint8)})
     done = threading.Event()
 
@@ -299,8 +302,9 @@ def test_queue_order_and_payload_integrity(client, workers):
     addr = recv.address().result()
     assert addr == workers[0]
     # Small batches so the 60 items travel in many messages of several items each.
-    fut = client.submit(send_items, addr, "q-order", "s0", 60, 20 * KIB, 1 << 20, batch=64 * KIB,
-                        workers=[workers[1]], pure=False)
+    fut = client.submit(
+        send_items, addr, "q-order", "s0", 60, 20 * KIB, 1 << 20, batch=64 * KIB, workers=[workers[1]], pure=False
+    )
     out = recv.drain(target=60, timeout=40).result()
     accepted, sstats = fut.result(timeout=40)
     assert all(accepted)
@@ -395,8 +399,11 @@ def test_queue_many_to_one(client, workers):
     assert all(all(acc) for acc, _ in results)
     assert out["bad"] == []
     # seen once in CI (232 of 240 after 45 s), never reproduced since: say where items stopped
-    assert len(out["got"]) == 240, {"inbox": out["stats"], "senders": [st for _, st in results],
-                                     "got_per_sender": {s: sum(g[0] == s for g in out["got"]) for s in senders}}
+    assert len(out["got"]) == 240, {
+        "inbox": out["stats"],
+        "senders": [st for _, st in results],
+        "got_per_sender": {s: sum(g[0] == s for g in out["got"]) for s in senders},
+    }
     check_order(out["got"], senders)
     assert out["stats"]["senders"] == {s: 80 for s in senders} and out["stats"]["seq_gaps"] == 0
     # Documented bound while senders join: capacity x (1 + 1/2 + 1/3).
@@ -427,8 +434,7 @@ def test_queue_backpressure_wait(client, workers):
     cap = 256 * KIB
     recv = actor(client, Receiver, workers[0], "q-wait", cap)
     addr = recv.address().result()
-    fut = client.submit(send_items, addr, "q-wait", "w", 40, 32 * KIB, cap, "wait",
-                        workers=[workers[1]], pure=False)
+    fut = client.submit(send_items, addr, "q-wait", "w", 40, 32 * KIB, cap, "wait", workers=[workers[1]], pure=False)
     out = recv.drain(target=40, delay=0.02, timeout=40).result()
     accepted, sstats = fut.result(timeout=40)
     assert all(accepted) and len(out["got"]) == 40 and out["bad"] == []
@@ -442,8 +448,9 @@ def test_queue_backpressure_drop_oldest(client, workers):
     cap, n = 128 * KIB, 100
     recv = actor(client, Receiver, workers[0], "q-drop", cap)
     addr = recv.address().result()
-    fut = client.submit(send_items, addr, "q-drop", "d", n, 16 * KIB, cap, "drop_oldest",
-                        workers=[workers[1]], pure=False)
+    fut = client.submit(
+        send_items, addr, "q-drop", "d", n, 16 * KIB, cap, "drop_oldest", workers=[workers[1]], pure=False
+    )
     out = recv.drain(delay=0.01, idle=3.0, timeout=40).result()
     accepted, sstats = fut.result(timeout=40)
     got_seqs = [seq for _, seq, _ in out["got"]]
@@ -487,7 +494,7 @@ async def _raw_exchange(address: str, messages: list) -> list:
         for msg in messages:
             await comm.write(msg)
             replies.append(await asyncio.wait_for(comm.read(), 10))
-    except Exception as exc:  # the receiver may close right after its error reply
+    except Exception as exc:  # noqa: BLE001 - the receiver may close right after its error reply
         replies.append(repr(exc))
     finally:
         comm.abort()
@@ -585,10 +592,18 @@ def test_queue_error_after_receiving_worker_dies(client, workers):
 @pytest.mark.timeout(90)
 def test_tls_cluster_moves_items():
     sec = Security.temporary()
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None, protocol="tls://", security=sec,
-    ) as cluster, Client(cluster, security=sec) as c:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            protocol="tls://",
+            security=sec,
+        ) as cluster,
+        Client(cluster, security=sec) as c,
+    ):
         c.register_plugin(ChannelPlugin())
         ws = sorted(scheduler_workers(c))
         assert all(w.startswith("tls://") for w in ws)
@@ -602,6 +617,7 @@ def test_tls_cluster_moves_items():
         assert [seq for _, seq, _ in out["got"]] == list(range(20))
         sub = actor(c, Subscriber, ws[1], "params-tls")
         watch = sub.watch(9, 30)
-        stats, errors = c.submit(publish_versions, [(sub.address().result(), "params-tls")], 10, KIB,
-                                 workers=[ws[0]], pure=False).result(40)
+        stats, errors = c.submit(
+            publish_versions, [(sub.address().result(), "params-tls")], 10, KIB, workers=[ws[0]], pure=False
+        ).result(40)
         assert errors == [] and watch.result(timeout=40)["seen"][-1] == 9

@@ -201,7 +201,8 @@ def test_to_json_round_trips():
     "overrides, expected",
     [
         pytest.param(
-            ["algo.batch_size='64'"], ["algo.batch_size='64'", "valid integer"],
+            ["algo.batch_size='64'"],
+            ["algo.batch_size='64'", "valid integer"],
             id="string-for-int",
         ),
         pytest.param(["env.num_envs=true"], ["env.num_envs=true", "valid integer"], id="bool-for-int"),
@@ -210,20 +211,20 @@ def test_to_json_round_trips():
         pytest.param(["algo.gamma=.nan"], ["algo.gamma=nan", "finite"], id="nan"),
         pytest.param(
             ["algo.exploration_final_eps=0.5", "algo.exploration_initial_eps=0.3"],
-            ["algo.exploration_final_eps=0.5", "algo.exploration_initial_eps=0.3",
-             "0 <= final <= initial <= 1"],
+            ["algo.exploration_final_eps=0.5", "algo.exploration_initial_eps=0.3", "0 <= final <= initial <= 1"],
             id="final-eps>initial",
         ),
         pytest.param(
             ["algo.learning_starts=50"],
-            ["algo.learning_starts=50 is below algo.batch_size=64: the first update needs at "
-             "least one full batch; raise learning_starts to >= 64"],
+            [
+                "algo.learning_starts=50 is below algo.batch_size=64: the first update needs at "
+                "least one full batch; raise learning_starts to >= 64"
+            ],
             id="learning_starts<batch",
         ),
         pytest.param(
             ["algo.learning_starts=200000"],
-            ["algo.learning_starts=200000 is above algo.buffer_size=100000",
-             "lower learning_starts to <= 100000"],
+            ["algo.learning_starts=200000 is above algo.buffer_size=100000", "lower learning_starts to <= 100000"],
             id="learning_starts>buffer",
         ),
         pytest.param(
@@ -232,7 +233,8 @@ def test_to_json_round_trips():
             id="buffer<batch",
         ),
         pytest.param(
-            ["algo.name=a2c"], ["algo.name='a2c'", "not a known algorithm", "allowed names: 'dqn', 'ppo'"],
+            ["algo.name=a2c"],
+            ["algo.name='a2c'", "not a known algorithm", "allowed names: 'dqn', 'ppo'"],
             id="unknown-algo",
         ),
         pytest.param(
@@ -255,23 +257,25 @@ def test_to_json_round_trips():
             ["channel.full_policy='block'", "'wait' or 'drop_oldest'"],
             id="full_policy",
         ),
+        pytest.param(["channel.capacity_mb=0"], ["channel.capacity_mb=0", "greater than 0"], id="capacity"),
         pytest.param(
-            ["channel.capacity_mb=0"], ["channel.capacity_mb=0", "greater than 0"], id="capacity"
-        ),
-        pytest.param(
-            ["algo.ratio_tolerance=1.0"], ["algo.ratio_tolerance=1.0", "less than 1"],
+            ["algo.ratio_tolerance=1.0"],
+            ["algo.ratio_tolerance=1.0", "less than 1"],
             id="ratio_tolerance",
         ),
         pytest.param(
-            ["algo.hidden_sizes=[64, 0]"], ["algo.hidden_sizes[1]=0", "greater than 0"],
+            ["algo.hidden_sizes=[64, 0]"],
+            ["algo.hidden_sizes[1]=0", "greater than 0"],
             id="hidden-size-zero",
         ),
         pytest.param(
-            ["algo.hidden_sizes=[]"], ["algo.hidden_sizes=[]", "at least 1 item"],
+            ["algo.hidden_sizes=[]"],
+            ["algo.hidden_sizes=[]", "at least 1 item"],
             id="hidden-sizes-empty",
         ),
         pytest.param(
-            ["learner.device=gpu"], ["learner.device='gpu'", "'cpu', 'cuda' or 'cuda:N'"],
+            ["learner.device=gpu"],
+            ["learner.device='gpu'", "'cpu', 'cuda' or 'cuda:N'"],
             id="device-form",
         ),
         pytest.param(["env=5"], ["env=5", "must be a section"], id="section-not-mapping"),
@@ -289,12 +293,14 @@ def test_bad_values(overrides, expected):
     [
         pytest.param("algo.lr", ["--set 'algo.lr'", "no '='", "--set key.path=value"], id="no-equals"),
         pytest.param("=3", ["empty key", "--set key.path=value"], id="empty-key"),
-        pytest.param("algo..lr=1", ["empty component", "'algo..lr'", "--set key.path=value"],
-                     id="empty-component"),
+        pytest.param("algo..lr=1", ["empty component", "'algo..lr'", "--set key.path=value"], id="empty-component"),
         pytest.param(
             "algo.lerning=1",
-            ["unknown key 'algo.lerning'", "did you mean 'learning_starts'?",
-             "valid keys at algo: name, gamma, n_step, lr, batch_size"],
+            [
+                "unknown key 'algo.lerning'",
+                "did you mean 'learning_starts'?",
+                "valid keys at algo: name, gamma, n_step, lr, batch_size",
+            ],
             id="unknown-nested-key",
         ),
         pytest.param(
@@ -303,9 +309,7 @@ def test_bad_values(overrides, expected):
             id="unknown-top-level-key",
         ),
         pytest.param("algo.lr.x=1", ["algo.lr is a value, not a section"], id="below-a-value"),
-        pytest.param(
-            "algo.hidden_sizes=[64", ["'[64' is not valid YAML", "line 1"], id="bad-yaml-value"
-        ),
+        pytest.param("algo.hidden_sizes=[64", ["'[64' is not valid YAML", "line 1"], id="bad-yaml-value"),
     ],
 )
 def test_bad_overrides(override, expected):
@@ -400,8 +404,9 @@ def test_validate_config_rejects_non_mapping():
 
 def _fake_torch(available: bool, count: int) -> SimpleNamespace:
     cuda = SimpleNamespace(is_available=lambda: available, device_count=lambda: count)
-    return SimpleNamespace(cuda=cuda, version=SimpleNamespace(cuda="12.4" if available else None),
-                           __version__="0.0-fake")
+    return SimpleNamespace(
+        cuda=cuda, version=SimpleNamespace(cuda="12.4" if available else None), __version__="0.0-fake"
+    )
 
 
 def test_cuda_device_without_cuda(monkeypatch):

@@ -14,7 +14,6 @@ STEPS = 25
 
 
 def _rank_main(rank, world, port_q, out_q, algo):
-    import torch
 
     from tianji_dask.dataparallel import DataParallel, open_store
 
@@ -43,16 +42,22 @@ def _rank_main(rank, world, port_q, out_q, algo):
     for _ in range(STEPS):
         n = 64
         if algo == "dqn":
-            batch = {"obs": rng.normal(size=(n, 4)).astype(np.float32),
-                     "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
-                     "actions": rng.integers(0, 2, n), "rewards": rng.normal(size=n).astype(np.float32),
-                     "discounts": np.full(n, 0.97, np.float32)}
+            batch = {
+                "obs": rng.normal(size=(n, 4)).astype(np.float32),
+                "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
+                "actions": rng.integers(0, 2, n),
+                "rewards": rng.normal(size=n).astype(np.float32),
+                "discounts": np.full(n, 0.97, np.float32),
+            }
             learner.update(batch, grad_hook=lambda: dp.average_gradients(params))
         else:
-            batch = {"obs": rng.normal(size=(n, 4)).astype(np.float32), "actions": rng.integers(0, 2, n),
-                     "logp": np.full(n, np.log(0.5), np.float32),
-                     "advantages": rng.normal(size=n).astype(np.float32),
-                     "returns": rng.normal(size=n).astype(np.float32)}
+            batch = {
+                "obs": rng.normal(size=(n, 4)).astype(np.float32),
+                "actions": rng.integers(0, 2, n),
+                "logp": np.full(n, np.log(0.5), np.float32),
+                "advantages": rng.normal(size=n).astype(np.float32),
+                "returns": rng.normal(size=n).astype(np.float32),
+            }
             learner.train(batch, grad_hook=lambda: dp.average_gradients(params))
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         gathered = [torch.zeros_like(flat) for _ in range(world)]

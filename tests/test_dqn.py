@@ -11,18 +11,27 @@ from tianji_dask.config import DQNConfig
 
 
 def dqn_config(**kw) -> DQNConfig:
-    base = dict(name="dqn", hidden_sizes=[16], lr=1e-2, gamma=0.9, batch_size=32,
-                learning_starts=32, target_update_interval=1000)
+    base = dict(
+        name="dqn",
+        hidden_sizes=[16],
+        lr=1e-2,
+        gamma=0.9,
+        batch_size=32,
+        learning_starts=32,
+        target_update_interval=1000,
+    )
     return DQNConfig(**{**base, **kw})
 
 
 def fixed_batch(n=32, obs_dim=4, n_actions=2, seed=0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
-            "next_obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
-            "actions": rng.integers(0, n_actions, n).astype(np.int64),
-            "rewards": rng.normal(size=n).astype(np.float32),
-            "discounts": np.where(rng.random(n) < 0.2, 0.0, 0.9).astype(np.float32)}
+    return {
+        "obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
+        "next_obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
+        "actions": rng.integers(0, n_actions, n).astype(np.int64),
+        "rewards": rng.normal(size=n).astype(np.float32),
+        "discounts": np.where(rng.random(n) < 0.2, 0.0, 0.9).astype(np.float32),
+    }
 
 
 def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -34,9 +43,7 @@ def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 @pytest.mark.timeout(10)
 def test_double_dqn_loss_hand_computed():
     gamma = 0.5
-    q = torch.tensor([[1.0, 2.0, 0.0],
-                      [0.5, -1.0, 2.0],
-                      [0.0, 0.0, -2.0]], requires_grad=True)
+    q = torch.tensor([[1.0, 2.0, 0.0], [0.5, -1.0, 2.0], [0.0, 0.0, -2.0]], requires_grad=True)
     actions = torch.tensor([1, 0, 2])
     rewards = torch.tensor([1.0, 3.0, 0.0])
     dones = torch.tensor([0.0, 1.0, 0.0])
@@ -44,12 +51,8 @@ def test_double_dqn_loss_hand_computed():
     # Row 0: the online net picks a'=2, the target net's own argmax would be 0 (value 5).
     # Row 1: terminal, so the (large) next values must not matter.
     # Row 2: the online net picks a'=0, where the target net says -1 (its argmax is 1: 6).
-    q_next_online = torch.tensor([[0.0, 1.0, 3.0],
-                                  [1.0, 0.0, 0.0],
-                                  [2.0, 1.0, 0.0]])
-    q_next_target = torch.tensor([[5.0, 4.0, 1.0],
-                                  [10.0, 10.0, 10.0],
-                                  [-1.0, 6.0, 0.0]])
+    q_next_online = torch.tensor([[0.0, 1.0, 3.0], [1.0, 0.0, 0.0], [2.0, 1.0, 0.0]])
+    q_next_target = torch.tensor([[5.0, 4.0, 1.0], [10.0, 10.0, 10.0], [-1.0, 6.0, 0.0]])
     # targets: 1 + 0.5 * Q_target[0, 2] = 1 + 0.5 * 1 = 1.5
     #          3 (terminal)
     #          0 + 0.5 * Q_target[2, 0] = 0.5 * -1 = -0.5
@@ -74,8 +77,14 @@ def test_double_dqn_loss_n_step_discount():
     # An n-step transition carries its return and gamma**n: 3 steps of reward 1 at gamma 0.5
     # give R = 1 + 0.5 + 0.25 = 1.75 and discount 0.125; the online argmax picks a'=1 (target 8).
     q = torch.tensor([[2.0, 0.0]])
-    loss, _ = double_dqn_loss(q, torch.tensor([[0.0, 1.0]]), torch.tensor([[100.0, 8.0]]),
-                              torch.tensor([0]), torch.tensor([1.75]), torch.tensor([0.125]))
+    loss, _ = double_dqn_loss(
+        q,
+        torch.tensor([[0.0, 1.0]]),
+        torch.tensor([[100.0, 8.0]]),
+        torch.tensor([0]),
+        torch.tensor([1.75]),
+        torch.tensor([0.125]),
+    )
     # target 1.75 + 0.125 * 8 = 2.75, error -0.75 -> 0.5 * 0.75**2 = 0.28125
     assert loss.item() == pytest.approx(0.28125, abs=1e-7)
 
@@ -84,8 +93,7 @@ def test_double_dqn_loss_n_step_discount():
 def test_double_dqn_loss_does_not_backprop_into_the_targets():
     q = torch.zeros(2, 2, requires_grad=True)
     nxt = torch.ones(2, 2, requires_grad=True)
-    loss, _ = double_dqn_loss(q, nxt, nxt * 2, torch.tensor([0, 1]), torch.zeros(2),
-                              torch.full((2,), 0.9))
+    loss, _ = double_dqn_loss(q, nxt, nxt * 2, torch.tensor([0, 1]), torch.zeros(2), torch.full((2,), 0.9))
     loss.backward()
     assert nxt.grad is None
     assert q.grad is not None and q.grad.abs().sum() > 0
@@ -147,9 +155,14 @@ def test_policy_load_swaps_parameters_and_version():
 def fixed_batch_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
     t = {k: torch.as_tensor(v) for k, v in b.items()}
     with torch.no_grad():
-        loss, _ = double_dqn_loss(learner.online(t["obs"]), learner.online(t["next_obs"]),
-                                  learner.target(t["next_obs"]), t["actions"], t["rewards"],
-                                  t["discounts"])
+        loss, _ = double_dqn_loss(
+            learner.online(t["obs"]),
+            learner.online(t["next_obs"]),
+            learner.target(t["next_obs"]),
+            t["actions"],
+            t["rewards"],
+            t["discounts"],
+        )
     return loss.item()
 
 
@@ -217,8 +230,11 @@ def test_target_syncs_every_target_update_interval():
 def test_batch_mover_on_cpu_keeps_values_and_dtypes():
     from tianji_dask.algos.batches import BatchMover
 
-    batch = {"obs": np.arange(12, dtype=np.uint8).reshape(3, 4), "actions": np.array([0, 2, 1], np.int64),
-             "rewards": np.array([0.5, -1.0, 0.0], np.float32)}
+    batch = {
+        "obs": np.arange(12, dtype=np.uint8).reshape(3, 4),
+        "actions": np.array([0, 2, 1], np.int64),
+        "rewards": np.array([0.5, -1.0, 0.0], np.float32),
+    }
     out = BatchMover(torch.device("cpu"))(batch)
     for k, v in batch.items():
         assert out[k].dtype == torch.from_numpy(v).dtype

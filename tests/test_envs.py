@@ -79,8 +79,7 @@ def test_make_vector_env_box_obs_and_same_step_autoreset(env_id):
         checked = 0
         for _ in range(600):  # random Acrobot episodes end by truncation at 500 steps
             prev = obs
-            obs, rewards, term, trunc, infos = env.step(rng.integers(0, env.single_action_space.n,
-                                                                     n_envs))
+            obs, rewards, term, trunc, infos = env.step(rng.integers(0, env.single_action_space.n, n_envs))
             assert obs.shape == prev.shape
             assert np.all(np.isfinite(obs.astype(np.float32)))
             dones = term | trunc
@@ -97,7 +96,7 @@ def test_make_vector_env_box_obs_and_same_step_autoreset(env_id):
                     np.testing.assert_array_equal(nxt[i], final)
                     assert not np.array_equal(final, obs[i])
                     if env_id == "CartPole-v1" and term[i]:  # a terminal state is out of bounds,
-                        x, theta = final[0], final[2]       # the reset state is near zero
+                        x, theta = final[0], final[2]  # the reset state is near zero
                         assert abs(x) > 2.4 or abs(theta) > 0.2095
                         assert np.all(np.abs(obs[i]) <= 0.05)
                     checked += 1

@@ -33,8 +33,10 @@ def make_groups(n, clock, interval=1.0):
                 if dst != self.src:
                     topics[self.src, dst].publish(version, payload)
 
-    return [GroupGossip(g, Fanout(g), {src: inboxes[src, g] for src in range(n) if src != g},
-                        interval, clock=clock) for g in range(n)]
+    return [
+        GroupGossip(g, Fanout(g), {src: inboxes[src, g] for src in range(n) if src != g}, interval, clock=clock)
+        for g in range(n)
+    ]
 
 
 @pytest.mark.timeout(10)
@@ -49,8 +51,7 @@ def test_average_uses_one_snapshot_per_group_the_newest():
     averaged, distance, peers = g0.exchange(params(1.0))
     assert peers == 2
     np.testing.assert_allclose(averaged["w"], (1.0 + 4.0 + 1.0) / 3)  # not (1 + 10 + 4 + 1) / 4
-    expected = np.mean([parameter_distance(params(1.0), params(4.0)),
-                        parameter_distance(params(1.0), params(1.0))])
+    expected = np.mean([parameter_distance(params(1.0), params(4.0)), parameter_distance(params(1.0), params(1.0))])
     assert distance == pytest.approx(expected)
 
 

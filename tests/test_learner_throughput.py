@@ -16,18 +16,28 @@ SCRIPT = ROOT / "benchmarks" / "learner_throughput.py"
 
 
 def bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 @pytest.mark.timeout(200)
 def test_two_sources_side_by_side(tmp_path):
     other = tmp_path / "other"
-    shutil.copytree(ROOT / "tianji_dask", other / "tianji_dask",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "tianji_dask", other / "tianji_dask", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "out"
-    r = bench("configs/cartpole_dqn.yaml", "--src", str(ROOT), str(other), "--seconds", "0.3",
-              "--repeats", "2", "--out", str(out))
+    r = bench(
+        "configs/cartpole_dqn.yaml",
+        "--src",
+        str(ROOT),
+        str(other),
+        "--seconds",
+        "0.3",
+        "--repeats",
+        "2",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "learner_throughput.json").read_text())["results"]["configs/cartpole_dqn.yaml"]
     names = [ROOT.name, "other"]
@@ -42,18 +52,30 @@ def test_a_source_that_fails_to_measure_is_reported(tmp_path):
     broken = tmp_path / "broken" / "tianji_dask"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text("raise ImportError('this tree is broken on purpose')\n")
-    r = bench("configs/cartpole_dqn.yaml", "--src", str(broken.parent), "--seconds", "0.3",
-              "--repeats", "1", "--out", str(tmp_path / "out"))
+    r = bench(
+        "configs/cartpole_dqn.yaml",
+        "--src",
+        str(broken.parent),
+        "--seconds",
+        "0.3",
+        "--repeats",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert r.returncode != 0 and "broken on purpose" in r.stderr
     assert not (tmp_path / "out" / "learner_throughput.json").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["configs/nope.yaml"], "config configs/nope.yaml does not exist"),
-    (["configs/cartpole_dqn.yaml", "--src", "/tmp"], "holds no tianji_dask package"),
-    (["configs/cartpole_dqn.yaml", "--src", str(ROOT), str(ROOT)], "names must differ"),
-    (["configs/cartpole_dqn.yaml", "--repeats", "0"], "--repeats and --threads at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["configs/nope.yaml"], "config configs/nope.yaml does not exist"),
+        (["configs/cartpole_dqn.yaml", "--src", "/tmp"], "holds no tianji_dask package"),
+        (["configs/cartpole_dqn.yaml", "--src", str(ROOT), str(ROOT)], "names must differ"),
+        (["configs/cartpole_dqn.yaml", "--repeats", "0"], "--repeats and --threads at least 1"),
+    ],
+)
 def test_bad_input_is_refused_with_the_fix(tmp_path, args, message):
     r = bench(*args, "--out", str(tmp_path / "out"), timeout=30)
     assert r.returncode == 2 and message in r.stderr, r.stderr

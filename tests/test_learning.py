@@ -17,8 +17,9 @@ from tianji_dask.driver import train
 @pytest.mark.parametrize("algo", ["dqn", "ppo"])
 @pytest.mark.parametrize("serial", [False, True], ids=["distributed", "serial"])
 def test_cartpole_reaches_150_within_budget(tmp_path, algo, serial):
-    cfg = load_config(f"configs/cartpole_{algo}.yaml",
-                      ["stop.target_return=150", "stop.max_env_steps=300000", "stop.max_seconds=180"])
+    cfg = load_config(
+        f"configs/cartpole_{algo}.yaml", ["stop.target_return=150", "stop.max_env_steps=300000", "stop.max_seconds=180"]
+    )
     result = train(cfg, serial=serial, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "target_reached", (result.status, result.return_mean_100, result.env_steps)
@@ -34,15 +35,20 @@ def test_distributed_ppo_records_staleness(tmp_path):
     import numpy as np
     import xarray as xr
 
-    cfg = load_config("configs/cartpole_ppo.yaml",
-                      ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=20"])
+    cfg = load_config(
+        "configs/cartpole_ppo.yaml", ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=20"]
+    )
     result = train(cfg, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "max_seconds"
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
         ds.load()
-    for var, units in (("policy_lag_mean", "1"), ("policy_lag_max", "1"), ("sample_age_s", "s"),
-                       ("stale_dropped", "1")):
+    for var, units in (
+        ("policy_lag_mean", "1"),
+        ("policy_lag_max", "1"),
+        ("sample_age_s", "s"),
+        ("stale_dropped", "1"),
+    ):
         assert var in ds.data_vars, var
         assert ds[var].dims == ("time",)
         assert ds[var].attrs.get("units") == units and ds[var].attrs.get("long_name"), ds[var].attrs

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from slurm_support import SCRIPT, jobqueue_defaults, slurm_conf  # noqa: F401
 
 from tianji_dask.workers import scheduler_workers
@@ -42,7 +41,10 @@ def node_cpus() -> int:
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
         stdin=subprocess.DEVNULL,
     )
 
@@ -54,10 +56,16 @@ def test_slurmcluster_scale_compute_close(slurm_conf, jobqueue_defaults, tmp_pat
 
     assert wait_queue_empty() == [], "jobs left over from an earlier test"
     cluster = SLURMCluster(
-        cores=1, processes=1, memory="1GiB", walltime="00:05:00", interface="lo",
+        cores=1,
+        processes=1,
+        memory="1GiB",
+        walltime="00:05:00",
+        interface="lo",
         job_name="tianji-test",
-        log_directory=str(tmp_path / "logs"), local_directory=str(tmp_path / "scratch"),
-        death_timeout=30, scheduler_options={"dashboard_address": "127.0.0.1:0"},
+        log_directory=str(tmp_path / "logs"),
+        local_directory=str(tmp_path / "scratch"),
+        death_timeout=30,
+        scheduler_options={"dashboard_address": "127.0.0.1:0"},
     )
     try:
         script = cluster.job_script()
@@ -92,8 +100,13 @@ def test_oversized_job_rejected_at_submit(slurm_conf, jobqueue_defaults, tmp_pat
 
     def job_script(cores: int) -> Path:
         job = SLURMJob(
-            scheduler="tcp://127.0.0.1:1", name="probe", cores=cores, processes=1,
-            memory="1GiB", walltime="00:01:00", python=sys.executable,
+            scheduler="tcp://127.0.0.1:1",
+            name="probe",
+            cores=cores,
+            processes=1,
+            memory="1GiB",
+            walltime="00:01:00",
+            python=sys.executable,
         )
         path = tmp_path / f"job-{cores}.sh"
         path.write_text(job.job_script(), encoding="utf-8")
@@ -101,7 +114,10 @@ def test_oversized_job_rejected_at_submit(slurm_conf, jobqueue_defaults, tmp_pat
 
     def test_only(path: Path) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=30,
+            ["sbatch", "--test-only", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
             cwd=tmp_path,
         )
 
@@ -127,7 +143,7 @@ def test_script_status_env_and_refusals(slurm_conf):  # noqa: F811
     assert env.returncode == 0, env.stderr
     prefix = "export SLURM_CONF="
     assert env.stdout.startswith(prefix) and env.stdout.count("\n") == 1, env.stdout
-    assert Path(env.stdout[len(prefix):].strip()).resolve() == Path(slurm_conf).resolve()
+    assert Path(env.stdout[len(prefix) :].strip()).resolve() == Path(slurm_conf).resolve()
 
     missing = run_script("status")
     assert missing.returncode == 2 and "missing STATE_DIR" in missing.stderr, missing.stderr
@@ -140,6 +156,9 @@ def test_script_status_env_and_refusals(slurm_conf):  # noqa: F811
         # and start/stop refuse to run as anyone but root
         r = subprocess.run(
             ["runuser", "-u", "nobody", "--", "bash", str(SCRIPT), "start", state],
-            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
         )
         assert r.returncode == 1 and "must be run as root" in r.stderr, r.stderr

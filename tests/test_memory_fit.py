@@ -44,8 +44,10 @@ def test_a_replay_that_does_not_fit_is_refused_with_a_size_that_does():
 
 
 def test_every_learner_of_every_group_has_its_own_buffer():
-    cfg = load_config("configs/cartpole_dqn.yaml", ["algo.buffer_size=1000000", "topology.groups=2",
-                                                     "topology.learners=2", "topology.actors=2"])
+    cfg = load_config(
+        "configs/cartpole_dqn.yaml",
+        ["algo.buffer_size=1000000", "topology.groups=2", "topology.learners=2", "topology.actors=2"],
+    )
     spaces = check_env(cfg)
     per = ReplayMemory.nbytes_for(1_000_000, spaces.observation_space.shape, spaces.observation_space.dtype)
     check_replay_fits(cfg, spaces, serial=True, available=int(2 * per))  # serial: one buffer

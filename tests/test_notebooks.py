@@ -39,10 +39,15 @@ def test_notebook_is_stripped(path):
 
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
-             and (c.get("outputs") or c.get("execution_count") is not None)]
-    assert not dirty, (f"{path.name}: code cells {dirty} have outputs or execution counts; clear them with "
-                       f"jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)}")
+    dirty = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+    ]
+    assert not dirty, (
+        f"{path.name}: code cells {dirty} have outputs or execution counts; clear them with "
+        f"jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)}"
+    )
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3", nb.metadata.get("kernelspec")
 
 
@@ -115,15 +120,19 @@ def test_notebook_runs(path, tmp_path, record_property, capsys):
     if path.stem == "02_slurm":
         env, use_slurm = _slurm_env(env)
 
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(nb_path.parent)}})
+    client = NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(nb_path.parent)}}
+    )
     t0 = time.monotonic()
     try:
         client.execute(env=env)
     except CellExecutionError as exc:
         nbformat.write(nb, tmp_path / f"failed-{path.name}")
-        pytest.fail(f"{path.name}: a cell failed after {time.monotonic() - t0:.0f} s "
-                    f"(executed copy: {tmp_path / f'failed-{path.name}'}):\n{str(exc)[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"{path.name}: a cell failed after {time.monotonic() - t0:.0f} s "
+            f"(executed copy: {tmp_path / f'failed-{path.name}'}):\n{str(exc)[-4000:]}",
+            pytrace=False,
+        )
     wall = time.monotonic() - t0
     nbformat.write(nb, tmp_path / f"executed-{path.name}")
     record_property("wall_s", round(wall, 1))

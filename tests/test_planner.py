@@ -7,12 +7,11 @@ import os
 
 import pytest
 import yaml
+from conftest import CONFIG
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.planner import PlanError, Plan, Profile, Resources, default_plan_path, make_plan, profile_beside
+from tianji_dask.planner import Plan, PlanError, Profile, Resources, default_plan_path, make_plan, profile_beside
 from tianji_dask.profiling import default_profile_path
-
-from conftest import CONFIG
 
 
 def dqn(**over):
@@ -22,9 +21,14 @@ def dqn(**over):
 def profile(per_actor, learner, threads=(1, 2, 4, 8, 16), batch_sizes=(64,), **kw):
     """per_actor: env steps/s of one actor (actors scale linearly); learner(t, b) -> samples/s."""
     ks = (1, 2, 4, 8, 16)
-    return Profile(actors=ks, actor_env_steps_per_s=tuple(per_actor * k for k in ks), threads=threads,
-                   batch_sizes=batch_sizes,
-                   learner_samples_per_s=tuple(tuple(learner(t, b) for b in batch_sizes) for t in threads), **kw)
+    return Profile(
+        actors=ks,
+        actor_env_steps_per_s=tuple(per_actor * k for k in ks),
+        threads=threads,
+        batch_sizes=batch_sizes,
+        learner_samples_per_s=tuple(tuple(learner(t, b) for b in batch_sizes) for t in threads),
+        **kw,
+    )
 
 
 def test_replay_ratio_of_the_reference_config():
@@ -57,7 +61,10 @@ def test_a_learner_that_does_not_scale_is_replicated_in_groups():
     plan = make_plan(dqn(), profile(10_000, lambda t, b: 8_000), Resources(cores=8))
     assert (plan.groups, plan.actors, plan.learner_threads) == (4, 1, 1)
     assert plan.predicted["train_env_steps_per_s"] == pytest.approx(4_000)
-    assert [(j.kind, j.group, j.cores, j.processes) for j in plan.jobs[:2]] == [("learner", 0, 1, 1), ("actors", 0, 1, 1)]
+    assert [(j.kind, j.group, j.cores, j.processes) for j in plan.jobs[:2]] == [
+        ("learner", 0, 1, 1),
+        ("actors", 0, 1, 1),
+    ]
     assert len(plan.jobs) == 8
     assert plan.jobs[3].resources == {"tianji_actor": 1, "tianji_group_1": 1}
     assert any("replicated groups" in line for line in plan.explanation)
@@ -66,8 +73,11 @@ def test_a_learner_that_does_not_scale_is_replicated_in_groups():
 def test_groups_never_straddle_nodes():
     # 2 nodes x 16 cores, training-bound with linear thread scaling: a single 32-core group would
     # win, but a group must fit on a node: 2 groups of 16 (2 actors + 14 threads: min(20,000, 14,000)).
-    plan = make_plan(dqn(), profile(10_000, lambda t, b: 8_000 * t, threads=(1, 2, 4, 8, 16, 32)),
-                     Resources(cores=32, nodes=2, cores_per_node=16))
+    plan = make_plan(
+        dqn(),
+        profile(10_000, lambda t, b: 8_000 * t, threads=(1, 2, 4, 8, 16, 32)),
+        Resources(cores=32, nodes=2, cores_per_node=16),
+    )
     assert (plan.groups, plan.actors, plan.learner_threads) == (2, 2, 14)
     assert [j.node for j in plan.jobs] == [0, 0, 1, 1]
 
@@ -75,8 +85,7 @@ def test_groups_never_straddle_nodes():
 def test_a_larger_batch_keeps_the_serial_replay_ratio_and_staleness():
     # batch 128 doubles the samples/s of the learner; train_freq and buffer_size double with it,
     # so R = 8 * 128 / 128 = 8 and P = 128 / 200,000 = 64 / 100,000 stay the serial ones.
-    plan = make_plan(dqn(), profile(10_000, lambda t, b: 8_000 * (b // 64), batch_sizes=(64, 128)),
-                     Resources(cores=2))
+    plan = make_plan(dqn(), profile(10_000, lambda t, b: 8_000 * (b // 64), batch_sizes=(64, 128)), Resources(cores=2))
     assert plan.batch_size == 128
     cfg = dqn()
     planned = plan.apply(cfg)

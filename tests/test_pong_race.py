@@ -20,8 +20,13 @@ SCRIPT = ROOT / "benchmarks" / "pong_race.sh"
 
 
 def race(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHON": sys.executable, **env})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+    )
 
 
 def test_unknown_command_is_refused(tmp_path):

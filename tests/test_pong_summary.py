@@ -21,8 +21,7 @@ DQN = "pong_dqn_16core_gpu_30min"
 
 
 def summary(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +34,7 @@ def runs(tmp_path_factory) -> Path:
 
 
 def test_figures_agree_with_the_recorder(runs, tmp_path):
-    r = summary("--ppo", *(str(runs / p) for p in PPO), "--dqn", str(runs / DQN),
-                "--out", str(tmp_path), "--run-pngs")
+    r = summary("--ppo", *(str(runs / p) for p in PPO), "--dqn", str(runs / DQN), "--out", str(tmp_path), "--run-pngs")
     assert r.returncode == 0, r.stderr
     out = json.loads((tmp_path / "pong_summary.json").read_text())
     by_dir = {s["dir"]: s for s in out["runs"]}
@@ -76,12 +74,15 @@ def test_the_budget_bounds_what_counts(runs, tmp_path):
     assert by_dir["pong_ppo_16core_gpu_seed2"]["time_to_target_s"] is not None
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "no runs: pass run directories with --ppo and/or --dqn"),
-    (["--dqn", str(RESULTS / PPO[0])], "is a ppo run, passed as --dqn; pass it with --ppo"),
-    (["--ppo", str(RESULTS / "no_such_run")], "no_such_run"),
-    (["--ppo", str(RESULTS / PPO[0]), "--budget", "0"], "--budget 0: must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "no runs: pass run directories with --ppo and/or --dqn"),
+        (["--dqn", str(RESULTS / PPO[0])], "is a ppo run, passed as --dqn; pass it with --ppo"),
+        (["--ppo", str(RESULTS / "no_such_run")], "no_such_run"),
+        (["--ppo", str(RESULTS / PPO[0]), "--budget", "0"], "--budget 0: must be positive"),
+    ],
+)
 def test_bad_input_is_refused_with_the_fix(tmp_path, args, message):
     r = summary(*args, "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and message in r.stderr, r.stderr

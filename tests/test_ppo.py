@@ -25,8 +25,9 @@ PPO_CONFIG = "configs/cartpole_ppo.yaml"
 # (pole angle > 12 degrees or cart off the track) within 5 steps, so every episode is truncated.
 SHORT_ENV = "TianjiTestCartPole5-v0"
 if SHORT_ENV not in gymnasium.registry:
-    gymnasium.register(SHORT_ENV, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
-                       max_episode_steps=5)
+    gymnasium.register(
+        SHORT_ENV, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=5
+    )
 
 
 # ------------------------------------------------------------------ GAE
@@ -92,13 +93,14 @@ def _net_and_batch(n: int, seed: int = 0):
 @pytest.mark.parametrize(
     "ratio, adv, expected_pg, clipped",
     [
-        (1.5, 2.0, -1.2 * 2.0, True),     # above 1+clip, A>0: the clipped term -A*(1+clip)
-        (0.5, -1.0, 0.8 * 1.0, True),     # below 1-clip, A<0: the clipped term -A*(1-clip)
-        (1.5, -1.0, 1.5 * 1.0, False),    # above 1+clip, A<0: pessimistic bound is the unclipped -A*r
-        (0.5, 2.0, -0.5 * 2.0, False),    # below 1-clip, A>0: unclipped -A*r
-        (1.1, 3.0, -1.1 * 3.0, False),    # inside the band: unclipped
+        (1.5, 2.0, -1.2 * 2.0, True),  # above 1+clip, A>0: the clipped term -A*(1+clip)
+        (0.5, -1.0, 0.8 * 1.0, True),  # below 1-clip, A<0: the clipped term -A*(1-clip)
+        (1.5, -1.0, 1.5 * 1.0, False),  # above 1+clip, A<0: pessimistic bound is the unclipped -A*r
+        (0.5, 2.0, -0.5 * 2.0, False),  # below 1-clip, A>0: unclipped -A*r
+        (1.1, 3.0, -1.1 * 3.0, False),  # inside the band: unclipped
     ],
-    ids=["high-pos", "low-neg", "high-neg", "low-pos", "inside"])
+    ids=["high-pos", "low-neg", "high-neg", "low-pos", "inside"],
+)
 def test_ppo_loss_clipping(ratio, adv, expected_pg, clipped):
     clip = 0.2
     net, obs, actions = _net_and_batch(4)
@@ -106,8 +108,9 @@ def test_ppo_loss_clipping(ratio, adv, expected_pg, clipped):
         logp, _, value = net.evaluate(obs, actions)
     old_logp = logp - math.log(ratio)  # so that exp(logp - old_logp) == ratio
     advs = torch.full((4,), adv)
-    loss, st = ppo_loss(net, obs, actions, old_logp, advs, value.clone(), clip, vf_coef=0.0,
-                        ent_coef=0.0, normalize=False)
+    loss, st = ppo_loss(
+        net, obs, actions, old_logp, advs, value.clone(), clip, vf_coef=0.0, ent_coef=0.0, normalize=False
+    )
     assert st["pg_loss"] == pytest.approx(expected_pg, abs=1e-5)
     assert loss.item() == pytest.approx(expected_pg, abs=1e-5)
     assert st["clipfrac"] == (1.0 if abs(ratio - 1) > clip else 0.0)
@@ -198,8 +201,9 @@ def test_policy_act_shapes_dtypes_and_logp_match_evaluate():
 
 # ------------------------------------------------------------------ learner
 def _ppo_cfg(**kw) -> PPOConfig:
-    base = dict(name="ppo", hidden_sizes=[16], lr=3e-3, epochs=3, minibatches=4, ent_coef=0.0,
-                normalize_advantages=False)
+    base = dict(
+        name="ppo", hidden_sizes=[16], lr=3e-3, epochs=3, minibatches=4, ent_coef=0.0, normalize_advantages=False
+    )
     return PPOConfig(**{**base, **kw})
 
 
@@ -209,16 +213,30 @@ def _train_batch(learner: PPOLearner, n: int, seed: int = 0) -> dict[str, np.nda
     actions = rng.integers(0, 2, n).astype(np.int64)
     with torch.no_grad():
         logp, _, _ = learner.net.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
-    return {"obs": obs, "actions": actions, "logp": logp.numpy(),
-            "advantages": rng.normal(size=n).astype(np.float32),
-            "returns": (obs[:, 0] * 2 + 1).astype(np.float32)}
+    return {
+        "obs": obs,
+        "actions": actions,
+        "logp": logp.numpy(),
+        "advantages": rng.normal(size=n).astype(np.float32),
+        "returns": (obs[:, 0] * 2 + 1).astype(np.float32),
+    }
 
 
 def _full_loss(learner: PPOLearner, batch, cfg) -> float:
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
     with torch.no_grad():
-        loss, _ = ppo_loss(learner.net, t["obs"], t["actions"], t["logp"], t["advantages"], t["returns"],
-                           cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.normalize_advantages)
+        loss, _ = ppo_loss(
+            learner.net,
+            t["obs"],
+            t["actions"],
+            t["logp"],
+            t["advantages"],
+            t["returns"],
+            cfg.clip_coef,
+            cfg.vf_coef,
+            cfg.ent_coef,
+            cfg.normalize_advantages,
+        )
     return loss.item()
 
 
@@ -285,9 +303,13 @@ def test_grad_hook_sees_gradients_before_the_step():
 
 # ------------------------------------------------------------------ rollout buffer
 def _rollout(version: int, T: int = 4, N: int = 2, tag: int = 0) -> dict:
-    return {"obs": np.zeros((T, N, 4), np.float32), "actions": np.full((T, N), tag, np.int64),
-            "rewards": np.zeros((T, N), np.float32), "version": np.array(version, np.int64),
-            "created": np.array(time.time(), np.float64)}
+    return {
+        "obs": np.zeros((T, N, 4), np.float32),
+        "actions": np.full((T, N), tag, np.int64),
+        "rewards": np.zeros((T, N), np.float32),
+        "version": np.array(version, np.int64),
+        "created": np.array(time.time(), np.float64),
+    }
 
 
 def _buffer(*overrides):
@@ -309,7 +331,7 @@ def test_buffer_drops_rollouts_beyond_max_policy_lag_and_counts_transitions():
     assert buf.ingest() == 3 * 8
     assert buf.stale_dropped == 0
     assert _tags(buf.take(2)) == [3]  # the newest first
-    assert buf.stale_dropped == 8     # 4 steps x 2 envs of the version-0 rollout
+    assert buf.stale_dropped == 8  # 4 steps x 2 envs of the version-0 rollout
     assert _tags(buf.take(2)) == [2]  # lag exactly max_policy_lag is kept
     assert buf.take(2) == []
     assert buf.stale_dropped == 8
@@ -380,12 +402,17 @@ def test_buffer_waits_for_a_full_batch_of_rollouts():
 # ------------------------------------------------------------------ PPO learner role
 def _full_rollout(version: int, T: int, N: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    return {"obs": rng.normal(size=(T, N, 4)).astype(np.float32),
-            "actions": rng.integers(0, 2, (T, N)).astype(np.int64),
-            "logp": np.full((T, N), math.log(0.5), np.float32), "values": np.zeros((T, N), np.float32),
-            "rewards": np.ones((T, N), np.float32), "dones": np.zeros((T, N), np.float32),
-            "last_values": np.zeros(N, np.float32), "version": np.array(version, np.int64),
-            "created": np.array(time.time(), np.float64)}
+    return {
+        "obs": rng.normal(size=(T, N, 4)).astype(np.float32),
+        "actions": rng.integers(0, 2, (T, N)).astype(np.int64),
+        "logp": np.full((T, N), math.log(0.5), np.float32),
+        "values": np.zeros((T, N), np.float32),
+        "rewards": np.ones((T, N), np.float32),
+        "dones": np.zeros((T, N), np.float32),
+        "last_values": np.zeros(N, np.float32),
+        "version": np.array(version, np.int64),
+        "created": np.array(time.time(), np.float64),
+    }
 
 
 @pytest.mark.timeout(30)
@@ -424,8 +451,7 @@ def _params(seed: int) -> tuple[ActorCritic, dict]:
 
 def _logp_under(net: ActorCritic, r: dict) -> np.ndarray:
     with torch.no_grad():
-        lp, _, _ = net.evaluate(torch.from_numpy(r["obs"].reshape(-1, 4)),
-                                torch.from_numpy(r["actions"].reshape(-1)))
+        lp, _, _ = net.evaluate(torch.from_numpy(r["obs"].reshape(-1, 4)), torch.from_numpy(r["actions"].reshape(-1)))
     return lp.numpy().reshape(r["actions"].shape)
 
 

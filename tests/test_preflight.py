@@ -7,10 +7,9 @@ import socket
 import time
 
 import pytest
+from conftest import CONFIG, ROOT, cli
 
 from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
-
-from conftest import CONFIG, ROOT, cli
 
 
 @pytest.fixture
@@ -52,10 +51,13 @@ def test_tls_without_certificates_in_the_config_is_refused(listening_port):
         check_scheduler_listens(f"tls://127.0.0.1:{listening_port}")
 
 
-@pytest.mark.parametrize("address, message", [
-    ("127.0.0.1", "missing port number"),
-    ("tcp://no-such-host.invalid:8786", "cannot connect"),
-])
+@pytest.mark.parametrize(
+    "address, message",
+    [
+        ("127.0.0.1", "missing port number"),
+        ("tcp://no-such-host.invalid:8786", "cannot connect"),
+    ],
+)
 def test_an_address_without_a_port_or_a_host_is_refused(address, message):
     with pytest.raises(SchedulerUnreachable, match=message):
         check_scheduler_listens(address)

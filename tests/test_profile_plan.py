@@ -12,17 +12,21 @@ from pathlib import Path
 import psutil
 import pytest
 import xarray as xr
+from conftest import CONFIG, SHORT
 
 from tianji_dask.planner import load_plan
-
-from conftest import CONFIG, SHORT
 
 pytestmark = pytest.mark.integration
 
 
 def cli(*args, timeout=300, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tianji_dask.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "tianji_dask.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +62,20 @@ def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
     assert "bottleneck" in r.stdout and "another core" in r.stdout
     plan = load_plan(tmp_path / "plan.yaml")
     assert plan.cores_used == 2 and plan.groups == 1 and plan.actors + plan.learner_threads == 2
-    run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "run",
-              "--set", "stop.target_return=null", "--set", "stop.max_seconds=6", "--set", "algo.learning_starts=500")
+    run = cli(
+        "train",
+        CONFIG,
+        "--plan",
+        tmp_path / "plan.yaml",
+        "--out",
+        tmp_path / "run",
+        "--set",
+        "stop.target_return=null",
+        "--set",
+        "stop.max_seconds=6",
+        "--set",
+        "algo.learning_starts=500",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "warning" not in run.stderr
     saved = (tmp_path / "run" / "config.yaml").read_text()
@@ -70,9 +86,13 @@ def test_plan_refusals(measured, tmp_path):
     path, _ = measured
     r = cli("plan", CONFIG, "--cores", "1", "--profile", path, "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "1 actor core + 1 learner core = 2 cores" in r.stderr
-    r = cli("plan", CONFIG, "--cores", "2", "--profile", path, "--memory-per-node", "1GiB", "--out", tmp_path / "p.yaml")
+    r = cli(
+        "plan", CONFIG, "--cores", "2", "--profile", path, "--memory-per-node", "1GiB", "--out", tmp_path / "p.yaml"
+    )
     assert r.returncode == 2 and "no allocation fits in memory" in r.stderr and "GiB" in r.stderr
-    r = cli("plan", CONFIG.parent / "cartpole_ppo.yaml", "--cores", "2", "--profile", path, "--out", tmp_path / "p.yaml")
+    r = cli(
+        "plan", CONFIG.parent / "cartpole_ppo.yaml", "--cores", "2", "--profile", path, "--out", tmp_path / "p.yaml"
+    )
     assert r.returncode == 2 and "measured dqn on CartPole-v1, the config is ppo" in r.stderr
     assert not (tmp_path / "p.yaml").exists()
     r = cli("train", CONFIG, "--plan", tmp_path / "missing.yaml")
@@ -83,9 +103,11 @@ def test_plan_refusals(measured, tmp_path):
     xr.Dataset({"x": ("t", [1.0])}).to_netcdf(tmp_path / "other.nc", engine="h5netcdf")
     r = cli("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "other.nc", "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "is not a tianji-dask profile (no actor_env_steps_per_s" in r.stderr
-    for bad, message in ((["--max-actors", "0"], "--max-actors must be at least 1"),
-                         (["--seconds", "0"], "--seconds must be positive"),
-                         (["--batch-sizes", "64,x"], "--batch-sizes takes comma-separated positive integers")):
+    for bad, message in (
+        (["--max-actors", "0"], "--max-actors must be at least 1"),
+        (["--seconds", "0"], "--seconds must be positive"),
+        (["--batch-sizes", "64,x"], "--batch-sizes takes comma-separated positive integers"),
+    ):
         r = cli("profile", CONFIG, *bad, "--out", tmp_path / "prof.nc")
         assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "prof.nc").exists()
@@ -109,11 +131,20 @@ def test_a_plan_for_more_cores_than_this_process_may_use_warns_and_runs(measured
     cores = len(os.sched_getaffinity(0))
     plan = make_plan_file(measured[0], tmp_path / "plan.yaml", cores + 1)
     assert plan.cores_used > cores
-    run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "run",
-              *[arg for o in (*SHORT, "stop.max_seconds=3") for arg in ("--set", o)])
+    run = cli(
+        "train",
+        CONFIG,
+        "--plan",
+        tmp_path / "plan.yaml",
+        "--out",
+        tmp_path / "run",
+        *[arg for o in (*SHORT, "stop.max_seconds=3") for arg in ("--set", o)],
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert (f"warning: the plan {tmp_path / 'plan.yaml'} uses {plan.cores_used} cores, more than the {cores} "
-            f"cores this process may use on this machine (os.sched_getaffinity)") in run.stderr, run.stderr
+    assert (
+        f"warning: the plan {tmp_path / 'plan.yaml'} uses {plan.cores_used} cores, more than the {cores} "
+        f"cores this process may use on this machine (os.sched_getaffinity)"
+    ) in run.stderr, run.stderr
     assert f"tianji-dask plan {CONFIG} --cores {cores}" in run.stderr
 
 
@@ -133,8 +164,15 @@ def test_a_plan_larger_than_the_schedulers_cluster_is_named_with_its_numbers(mea
     from distributed import LocalCluster
 
     make_plan_file(measured[0], tmp_path / "plan.yaml", 2)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1",
-                      memory_limit="1GiB", dashboard_address="127.0.0.1:0") as cluster:
+    with LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp://",
+        host="127.0.0.1",
+        memory_limit="1GiB",
+        dashboard_address="127.0.0.1:0",
+    ) as cluster:
         address = cluster.scheduler_address
         run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--scheduler", address, "--out", tmp_path / "run")
     assert run.returncode == 2, run.stderr[-3000:]

@@ -30,7 +30,7 @@ def readme_commands() -> list[list[str]]:
     """The commands of the first fenced block after the marker, comments stripped, split."""
     text = README.read_text(encoding="utf-8")
     assert MARKER in text, f"README.md lost the {MARKER!r} marker before the quick-start block"
-    block = re.search(r"```[a-z]*\n(.*?)```", text[text.index(MARKER):], re.S)
+    block = re.search(r"```[a-z]*\n(.*?)```", text[text.index(MARKER) :], re.S)
     assert block, "no fenced code block after the marker in README.md"
     commands = []
     for line in block.group(1).splitlines():
@@ -43,9 +43,10 @@ def readme_commands() -> list[list[str]]:
 def dev_subcommands() -> set[str]:
     """The case labels of ./dev's command dispatch, e.g. {'train', 'test', 'setup', ...}."""
     text = DEV.read_text(encoding="utf-8")
-    dispatch = text[text.index('case "$cmd" in'):]
-    return {name.strip() for label in re.findall(r"^\s{4}([\w| -]+)\)\s*$", dispatch, re.M)
-            for name in label.split("|")}
+    dispatch = text[text.index('case "$cmd" in') :]
+    return {
+        name.strip() for label in re.findall(r"^\s{4}([\w| -]+)\)\s*$", dispatch, re.M) for name in label.split("|")
+    }
 
 
 def ci_command_lines() -> list[list[str]]:
@@ -82,12 +83,11 @@ def test_dev_train_runs_the_reference_config_and_pins_torch():
     assert re.search(r'exec "\$VENV/bin/tianji-dask" train "\$config" "\$@"', text)
     # torch first, exactly pinned, and the pin satisfies pyproject's range
     pin = re.search(r'^TORCH_PIN="torch==([0-9.]+)"$', text, re.M)
-    assert pin, "./dev must pin torch exactly (TORCH_PIN=\"torch==X.Y.Z\")"
-    assert text.index('"$TORCH_PIN" ||') < text.index('"${pip[@]}" -e ".[test]"'), "torch must be installed first"
+    assert pin, './dev must pin torch exactly (TORCH_PIN="torch==X.Y.Z")'
+    assert text.index('"$TORCH_PIN" ||') < text.index('"${pip[@]}" -e ".[test,lint]"'), "torch must be installed first"
     from packaging.requirements import Requirement
 
-    torch_req = next(Requirement(r) for r in _pyproject()["project"]["dependencies"]
-                     if Requirement(r).name == "torch")
+    torch_req = next(Requirement(r) for r in _pyproject()["project"]["dependencies"] if Requirement(r).name == "torch")
     assert torch_req.specifier.contains(pin.group(1)), (pin.group(1), str(torch_req))
 
 
@@ -113,8 +113,9 @@ def test_dev_is_executable_in_git():
     """A lost exec bit in a commit would break CI's ./dev call: check the index mode if tracked."""
     if shutil.which("git") is None:
         pytest.skip("git is missing")
-    res = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--stage", "--", "dev", ".ci/run"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--stage", "--", "dev", ".ci/run"], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip("not a git checkout")
     modes = {line.split("\t")[1]: line.split()[0] for line in res.stdout.splitlines()}
@@ -136,7 +137,7 @@ def readme_python_api_block() -> str:
     """The first ```python block after the "Python API." paragraph of the README, as it stands."""
     text = README.read_text(encoding="utf-8")
     assert API_MARKER in text, f"README.md lost the {API_MARKER!r} paragraph"
-    block = re.search(r"```python\n(.*?)```", text[text.index(API_MARKER):], re.S)
+    block = re.search(r"```python\n(.*?)```", text[text.index(API_MARKER) :], re.S)
     assert block, f"no ```python block after {API_MARKER!r} in README.md"
     return block.group(1)
 
@@ -149,8 +150,14 @@ def test_readme_python_api_block_runs_as_a_script(tmp_path):
     script = tmp_path / "train_api.py"
     script.write_text(readme_python_api_block(), encoding="utf-8")
     (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
-    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=280, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     status, ok, run_dir = res.stdout.split()[:3]
     assert (status, ok) == ("target_reached", "True"), res.stdout

@@ -15,8 +15,13 @@ def batch(start: int, n: int) -> dict[str, np.ndarray]:
     so a sampled transition shows which insertion it came from and that its fields belong together."""
     k = np.arange(start, start + n)
     obs = np.repeat(k[:, None], OBS_SHAPE[0], axis=1).astype(np.float32)
-    return {"obs": obs, "next_obs": obs + 0.5, "actions": k.astype(np.int64),
-            "rewards": k.astype(np.float32) * 2, "discounts": (k % 2).astype(np.float32) * 0.99}
+    return {
+        "obs": obs,
+        "next_obs": obs + 0.5,
+        "actions": k.astype(np.int64),
+        "rewards": k.astype(np.float32) * 2,
+        "discounts": (k % 2).astype(np.float32) * 0.99,
+    }
 
 
 def consistent(s: dict[str, np.ndarray]) -> None:
@@ -69,8 +74,7 @@ def test_sampling_only_from_the_filled_part():
 def test_sample_shapes_and_dtypes():
     m = ReplayMemory(50, (4, 2), obs_dtype=np.uint8)
     obs = np.arange(30 * 8, dtype=np.uint8).reshape(30, 4, 2)
-    m.add({"obs": obs, "next_obs": obs, "actions": np.arange(30), "rewards": np.ones(30),
-           "discounts": np.zeros(30)})
+    m.add({"obs": obs, "next_obs": obs, "actions": np.arange(30), "rewards": np.ones(30), "discounts": np.zeros(30)})
     s = m.sample(17, np.random.default_rng(2))
     assert set(s) == set(FIELDS)
     assert s["obs"].shape == s["next_obs"].shape == (17, 4, 2)

@@ -22,28 +22,62 @@ T0 = 1_700_000_000.0
 
 
 def recorder(target=None, **kw) -> MetricsRecorder:
-    return MetricsRecorder(run_name="test-run", target_return=target,
-                           config_json=json.dumps({"algo": {"name": "dqn", "lr": 1e-3}}), t0=T0, **kw)
+    return MetricsRecorder(
+        run_name="test-run",
+        target_return=target,
+        config_json=json.dumps({"algo": {"name": "dqn", "lr": 1e-3}}),
+        t0=T0,
+        **kw,
+    )
 
 
 def actor(i, t, env_steps, *, version=0, episodes=(), **c):
-    counters = {"env_steps": env_steps, "chunks_sent": env_steps // 100, "bytes_sent": env_steps * 10,
-                "dropped": 0, "blocked_s": 0.0, "throttled_s": 0.0, "param_version": version,
-                "params_received": 1, "epsilon": 0.1, **c}
+    counters = {
+        "env_steps": env_steps,
+        "chunks_sent": env_steps // 100,
+        "bytes_sent": env_steps * 10,
+        "dropped": 0,
+        "blocked_s": 0.0,
+        "throttled_s": 0.0,
+        "param_version": version,
+        "params_received": 1,
+        "epsilon": 0.1,
+        **c,
+    }
     return {"role": "actor", "id": i, "t": T0 + t, "counters": counters, "episodes": list(episodes)}
 
 
 def buffer(t, received, size=None, capacity=10_000, seq_gaps=0):
-    return {"role": "buffer", "id": 0, "t": T0 + t, "episodes": [],
-            "counters": {"received": received, "received_bytes": received * 10,
-                         "size": received if size is None else size, "capacity": capacity,
-                         "seq_gaps": seq_gaps}}
+    return {
+        "role": "buffer",
+        "id": 0,
+        "t": T0 + t,
+        "episodes": [],
+        "counters": {
+            "received": received,
+            "received_bytes": received * 10,
+            "size": received if size is None else size,
+            "capacity": capacity,
+            "seq_gaps": seq_gaps,
+        },
+    }
 
 
 def learner(t, updates, batch=32, version=0, loss=float("nan"), q=float("nan"), throttled=0.0):
-    return {"role": "learner", "id": 0, "t": T0 + t, "episodes": [],
-            "counters": {"updates": updates, "samples": updates * batch, "param_version": version,
-                         "throttled_s": throttled, "loss": loss, "q_mean": q}}
+    return {
+        "role": "learner",
+        "id": 0,
+        "t": T0 + t,
+        "episodes": [],
+        "counters": {
+            "updates": updates,
+            "samples": updates * batch,
+            "param_version": version,
+            "throttled_s": throttled,
+            "loss": loss,
+            "q_mean": q,
+        },
+    }
 
 
 def feed_group(m: MetricsRecorder) -> None:
@@ -149,11 +183,15 @@ def test_policy_lag_compares_versions_at_the_same_time():
 
 
 def test_policy_lag_compares_each_actor_with_its_own_groups_learner():
-    m = MetricsRecorder(run_name="g", target_return=None, t0=T0, config_json=json.dumps(
-        {"algo": {"name": "ppo"}, "topology": {"groups": 2, "actors": 1, "learners": 1}}))
+    m = MetricsRecorder(
+        run_name="g",
+        target_return=None,
+        t0=T0,
+        config_json=json.dumps({"algo": {"name": "ppo"}, "topology": {"groups": 2, "actors": 1, "learners": 1}}),
+    )
     learner_of = lambda g, t, v: {**learner(t, v, version=v), "id": g}  # noqa: E731
     m.add(learner_of(0, 0.0, 10))
-    m.add(learner_of(1, 0.0, 500))   # group 1 counts its own versions
+    m.add(learner_of(1, 0.0, 500))  # group 1 counts its own versions
     m.add(actor(0, 0.1, 100, version=9))
     m.add(actor(1, 0.1, 100, version=498))
     assert m.row(0.2)["policy_lag"] == pytest.approx((1 + 2) / 2)
@@ -163,8 +201,17 @@ def test_empty_recorder_reports_nan_and_zero():
     m = recorder()
     r = m.row(0.0)
     assert r["env_steps"] == 0 and r["updates"] == 0
-    for k in ("sample_fps", "receive_fps", "train_fps", "return_mean_100", "replay_ratio",
-              "buffer_fill", "param_version", "policy_lag", "loss"):
+    for k in (
+        "sample_fps",
+        "receive_fps",
+        "train_fps",
+        "return_mean_100",
+        "replay_ratio",
+        "buffer_fill",
+        "param_version",
+        "policy_lag",
+        "loss",
+    ):
         assert math.isnan(r[k]), k
     assert math.isnan(m.return_mean_100) and m.episodes == 0
 
@@ -213,8 +260,12 @@ def test_time_to_target_needs_100_episodes_and_stays_nan_without_target():
 def test_last_seen_and_bad_heartbeat():
     m = recorder()
     feed_group(m)
-    assert m.last_seen() == {("actor", 0): T0 + 0.5, ("actor", 1): T0 + 0.5,
-                             ("buffer", 0): T0 + 0.5, ("learner", 0): T0 + 0.5}
+    assert m.last_seen() == {
+        ("actor", 0): T0 + 0.5,
+        ("actor", 1): T0 + 0.5,
+        ("buffer", 0): T0 + 0.5,
+        ("learner", 0): T0 + 0.5,
+    }
     with pytest.raises(ValueError, match="role"):
         m.add({"role": "planner", "id": 0, "t": T0, "counters": {}, "episodes": []})
 
@@ -231,11 +282,30 @@ def test_every_variable_has_long_name_and_units():
     feed_group(m)
     m.add(actor(0, 0.6, 1100, episodes=[[1.0, 3, T0 + 0.6]]))
     m.row(1.0)
-    required = {"env_steps", "sample_fps", "receive_fps", "train_fps", "updates", "return_mean_100",
-                "replay_ratio", "buffer_fill", "param_version", "policy_lag", "loss", "q_mean",
-                "blocked_s", "throttled_actor_s", "throttled_learner_s", "dropped", "seq_gaps",
-                "actor_sample_fps", "actor_env_steps", "actor_param_version", "learner_train_fps",
-                "buffer_receive_fps"}
+    required = {
+        "env_steps",
+        "sample_fps",
+        "receive_fps",
+        "train_fps",
+        "updates",
+        "return_mean_100",
+        "replay_ratio",
+        "buffer_fill",
+        "param_version",
+        "policy_lag",
+        "loss",
+        "q_mean",
+        "blocked_s",
+        "throttled_actor_s",
+        "throttled_learner_s",
+        "dropped",
+        "seq_gaps",
+        "actor_sample_fps",
+        "actor_env_steps",
+        "actor_param_version",
+        "learner_train_fps",
+        "buffer_receive_fps",
+    }
     ds, eps = m.dataset(), m.episodes_dataset()
     assert required <= set(ds.data_vars)
     assert {"return", "length", "actor", "wall_time"} <= set(eps.data_vars)
@@ -243,10 +313,24 @@ def test_every_variable_has_long_name_and_units():
     for d in (ds, eps):
         for name, var in d.variables.items():
             assert var.attrs.get("long_name") and "units" in var.attrs, name
-    for key in ("run_name", "target_return", "time_to_target_s", "config_json", "tianji_dask_version",
-                "torch_version", "dask_version", "distributed_version", "gymnasium_version",
-                "numpy_version", "xarray_version", "python_version", "git_commit", "created", "status",
-                "error"):
+    for key in (
+        "run_name",
+        "target_return",
+        "time_to_target_s",
+        "config_json",
+        "tianji_dask_version",
+        "torch_version",
+        "dask_version",
+        "distributed_version",
+        "gymnasium_version",
+        "numpy_version",
+        "xarray_version",
+        "python_version",
+        "git_commit",
+        "created",
+        "status",
+        "error",
+    ):
         assert key in ds.attrs and key in eps.attrs, key
     assert json.loads(ds.attrs["config_json"]) == {"algo": {"name": "dqn", "lr": 1e-3}}
 
@@ -286,8 +370,9 @@ def _assert_same(loaded: xr.Dataset, ds: xr.Dataset) -> None:
 
 
 def test_netcdf_round_trip(tmp_path):
-    m = recorder(target=1.0, attrs={"env_id": "CartPole-v1", "seed": 3, "note": None,
-                                     "plan": {"actors": 2}, "serial": False})
+    m = recorder(
+        target=1.0, attrs={"env_id": "CartPole-v1", "seed": 3, "note": None, "plan": {"actors": 2}, "serial": False}
+    )
     feed_group(m)
     m.add(actor(0, 0.7, 1200, episodes=[[1.5, 20, T0 + 0.7], [2.5, 30, T0 + 0.71]]))
     m.row(0.8)
@@ -351,9 +436,10 @@ def test_git_commit_format_and_missing_git(monkeypatch, tmp_path):
 # ---------------------------------------------------------------- checkpoints
 def _state(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"q_net": {"w": torch.randn(4, 3, generator=g, requires_grad=True), "b": torch.zeros(3)},
-            "optimizer": {"step": torch.tensor(7, dtype=torch.int64),
-                          "mask": torch.tensor([True, False])}}
+    return {
+        "q_net": {"w": torch.randn(4, 3, generator=g, requires_grad=True), "b": torch.zeros(3)},
+        "optimizer": {"step": torch.tensor(7, dtype=torch.int64), "mask": torch.tensor([True, False])},
+    }
 
 
 def _assert_state_equal(a, b):
@@ -460,9 +546,11 @@ def test_prepare_run_dir_default_suffixes(tmp_path):
     a = prepare_run_dir(None, root=root, name="CartPole-v1__dqn__0__20260102-030405")
     b = prepare_run_dir(None, root=root, name="CartPole-v1__dqn__0__20260102-030405")
     c = prepare_run_dir(None, root=root, name="CartPole-v1__dqn__0__20260102-030405")
-    assert [a.name, b.name, c.name] == ["CartPole-v1__dqn__0__20260102-030405",
-                                        "CartPole-v1__dqn__0__20260102-030405-2",
-                                        "CartPole-v1__dqn__0__20260102-030405-3"]
+    assert [a.name, b.name, c.name] == [
+        "CartPole-v1__dqn__0__20260102-030405",
+        "CartPole-v1__dqn__0__20260102-030405-2",
+        "CartPole-v1__dqn__0__20260102-030405-3",
+    ]
     assert all(p.is_dir() and p.is_absolute() for p in (a, b, c))
 
 
@@ -488,8 +576,7 @@ def test_write_config(tmp_path):
 def test_missing_or_none_counters_do_not_break_rows():
     m = recorder()
     m.add({"role": "actor", "id": 0, "t": T0, "counters": {"env_steps": 100}, "episodes": []})
-    m.add({"role": "actor", "id": 0, "t": T0 + 1, "counters": {"env_steps": 200, "dropped": None},
-           "episodes": []})
+    m.add({"role": "actor", "id": 0, "t": T0 + 1, "counters": {"env_steps": 200, "dropped": None}, "episodes": []})
     m.add({"role": "buffer", "id": 0, "t": T0 + 1, "counters": {}, "episodes": []})
     r = m.row(1.0)
     assert (r["env_steps"], r["dropped"], r["seq_gaps"]) == (200, 0, 0)

@@ -51,21 +51,25 @@ def tianji_leftovers(dask_worker) -> dict:
     from tianji_dask.channels import ChannelService
 
     svc = ChannelService.installed(dask_worker)
-    return {"actors": len(dask_worker.state.actors),
-            "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-")),
-            "local_buffers": sorted(hosts._LOCAL_BUFFERS),
-            "channels": sorted(svc._inboxes) if svc is not None else []}
+    return {
+        "actors": len(dask_worker.state.actors),
+        "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-")),
+        "local_buffers": sorted(hosts._LOCAL_BUFFERS),
+        "channels": sorted(svc._inboxes) if svc is not None else [],
+    }
 
 
 def scheduler_leftovers(dask_scheduler) -> dict:
     """The run's traces on the scheduler (run by ``client.run_on_scheduler``). The heartbeat
     topic's log (at most ``distributed.admin.low-level-log-length`` entries) is reported, not
     judged: Dask keeps every topic's recent events by design."""
-    return {"tasks": sorted(str(k) for k in dask_scheduler.tasks if "Host-" in str(k)),
-            "events": sorted(str(k) for k in dask_scheduler.extensions["events"]._events
-                             if str(k).startswith("tianji-")),
-            "topic_log": {t: len(dask_scheduler.get_events(t)) for t in dask_scheduler.get_events()
-                          if t.startswith("tianji-")}}
+    return {
+        "tasks": sorted(str(k) for k in dask_scheduler.tasks if "Host-" in str(k)),
+        "events": sorted(str(k) for k in dask_scheduler.extensions["events"]._events if str(k).startswith("tianji-")),
+        "topic_log": {
+            t: len(dask_scheduler.get_events(t)) for t in dask_scheduler.get_events() if t.startswith("tianji-")
+        },
+    }
 
 
 def clean(client) -> bool:
@@ -185,8 +189,10 @@ def test_a_dead_workers_cause_is_quoted():
 
     _watch_worker_deaths()
     t0 = time.time()
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         pid = client.run(os.getpid)
         (pid,) = pid.values()
         os.kill(pid, signal.SIGKILL)
@@ -199,13 +205,17 @@ def test_a_dead_workers_cause_is_quoted():
 
 # ------------------------------------------------------------------ bad input through the CLI
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("overrides, message", [
-    (["algo.lrr=1e-3"], "unknown key 'algo.lrr'"),
-    (["algo.lr"], "no '=' found"),
-    (["algo.lr=-1"], "algo.lr=-1: Input should be greater than 0"),
-    (["env.id=CartPol-v1"], "no such gymnasium environment; did you mean CartPole-v1"),
-    (["algo.buffer_size=100000000000"], "GiB this machine has available; lower algo.buffer_size to at most"),
-], ids=["unknown-key", "no-equals", "bad-value", "unknown-env", "replay-too-big"])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algo.lrr=1e-3"], "unknown key 'algo.lrr'"),
+        (["algo.lr"], "no '=' found"),
+        (["algo.lr=-1"], "algo.lr=-1: Input should be greater than 0"),
+        (["env.id=CartPol-v1"], "no such gymnasium environment; did you mean CartPole-v1"),
+        (["algo.buffer_size=100000000000"], "GiB this machine has available; lower algo.buffer_size to at most"),
+    ],
+    ids=["unknown-key", "no-equals", "bad-value", "unknown-env", "replay-too-big"],
+)
 def test_cli_bad_input_exits_2_and_writes_nothing(h, tmp_path, overrides, message):
     out = tmp_path / "out"
     args = ["train", str(h.CONFIG), *(a for o in overrides for a in ("--set", o)), "--out", str(out)]
@@ -236,8 +246,10 @@ def test_cli_refuses_a_non_empty_out_dir(h, tmp_path):
 @pytest.fixture(scope="module")
 def given_client():
     """The caller's cluster: 2 single-threaded worker processes (the lead's machine has 2 cores)."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 
@@ -271,8 +283,10 @@ def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_p
     print(f"\ngiven client: {n}; scheduler: {on_scheduler}")
     # The actors' parameter inboxes and the run's stop Event must go too (the inboxes stayed
     # open, each holding the last parameters, until ActorHost closed them on the way out).
-    leaks = {"channels": {w: what["channels"] for w, what in left.items() if what["channels"]},
-             "events": on_scheduler["events"]}
+    leaks = {
+        "channels": {w: what["channels"] for w, what in left.items() if what["channels"]},
+        "events": on_scheduler["events"],
+    }
     assert leaks == {"channels": {}, "events": []}, leaks
 
 

@@ -8,6 +8,7 @@ process behind.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -44,24 +45,45 @@ class CliRun:
     a shell would: :meth:`type_ctrl_c` then makes the terminal signal the whole foreground
     process group, workers included. Otherwise stderr is a pipe and stdin is closed."""
 
-    def __init__(self, h, tmp_path: Path, *overrides: str, config: Path | None = None,
-                 terminal: bool = False):
+    def __init__(self, h, tmp_path: Path, *overrides: str, config: Path | None = None, terminal: bool = False):
         self.out = tmp_path / "run"
         sets = ["stop.max_seconds=120", "stop.target_return=null", "stop.max_env_steps=null", *overrides]
-        cmd = [sys.executable, "-m", "tianji_dask.cli", "train", str(config or h.CONFIG),
-               *(a for s in sets for a in ("--set", s)), "--out", str(self.out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tianji_dask.cli",
+            "train",
+            str(config or h.CONFIG),
+            *(a for s in sets for a in ("--set", s)),
+            "--out",
+            str(self.out),
+        ]
         self.t0 = time.monotonic()
         self.lines: list[tuple[float, str]] = []
         self._master = None
         if terminal:
             self._master, tty = pty.openpty()
-            self.proc = subprocess.Popen(cmd, cwd=tmp_path, stdin=tty, stdout=tty, stderr=tty,
-                                         start_new_session=True, preexec_fn=_take_controlling_terminal)
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=tmp_path,
+                stdin=tty,
+                stdout=tty,
+                stderr=tty,
+                start_new_session=True,
+                preexec_fn=_take_controlling_terminal,
+            )
             os.close(tty)
             reader = self._read_terminal
         else:
-            self.proc = subprocess.Popen(cmd, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             reader = self._read
         self._reader = threading.Thread(target=reader, daemon=True)
         self._reader.start()
@@ -141,10 +163,8 @@ class CliRun:
 
     def kill_session(self) -> None:
         for p in self.session():
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
 
 
 @pytest.fixture
@@ -212,8 +232,9 @@ def started(cli_run, algo: str, actors: int, *, terminal: bool) -> tuple[CliRun,
     return run, psutil.Process(run.proc.pid).children(recursive=True)
 
 
-def assert_stopped_cleanly(h, run: CliRun, family: list[psutil.Process], code: int | None, expected: int,
-                           *, learner_built: bool = True) -> dict:
+def assert_stopped_cleanly(
+    h, run: CliRun, family: list[psutil.Process], code: int | None, expected: int, *, learner_built: bool = True
+) -> dict:
     assert code == expected, f"exit {code}, expected {expected}:\n{run.timeline()}"
     for crash in ("Traceback", "terminate called", "Worker holding"):
         assert crash not in run.stderr, run.stderr
@@ -227,8 +248,7 @@ def assert_stopped_cleanly(h, run: CliRun, family: list[psutil.Process], code: i
         assert json.loads(saved.read_text())["final"] is True
     else:
         assert "no final checkpoint: the run stopped before its learner was built" in run.stderr, run.stderr
-    assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \
-        [p.pid for p in family if alive(p)]
+    assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), [p.pid for p in family if alive(p)]
     assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
     return sizes
 
@@ -276,8 +296,9 @@ def _python_running(p: psutil.Process) -> bool:
 def test_ctrl_c_while_the_run_starts_stops_it(h, cli_run, moment):
     run = cli_run("topology.actors=2", terminal=True)
     if moment == "worker starting":  # a worker process runs Python, Dask is not loaded in it yet
-        assert h.wait_until(lambda: any(_python_running(p) for p in run.workers()), timeout=60,
-                            interval=0.01), run.timeline()
+        assert h.wait_until(lambda: any(_python_running(p) for p in run.workers()), timeout=60, interval=0.01), (
+            run.timeline()
+        )
     else:  # the workers are up, the hosts are being created
         run.wait_for_line(re.compile(r"dashboard: "), timeout=60)
     family = psutil.Process(run.proc.pid).children(recursive=True)
@@ -327,8 +348,7 @@ def test_killed_worker_is_reported_as_lost_and_fails_the_run(h, cli_run):
         assert "Dask's nanny: Worker process" in flat and "killed by signal 9" in flat, run.stderr
     sizes = assert_results_open(run.out, "failed")
     assert sizes["metrics.nc"]["time"] >= 1 and address in sizes["error"], sizes["error"]
-    assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), \
-        [p.pid for p in family if alive(p)]
+    assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), [p.pid for p in family if alive(p)]
     # the nanny restarted the killed worker: that new process must be gone too
     assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
     print(f"\nSIGKILL: lost host reported {t_report:.1f} s after the kill, exit 1 after {exit_s:.1f} s, {sizes}")

@@ -10,15 +10,13 @@ import time
 
 import cloudpickle
 import pytest
-
+from conftest import CONFIG, SHORT, check_run_dir
 from slurm_support import jobqueue_defaults, slurm_conf  # noqa: F401
 
 from tianji_dask.config import load_config
 from tianji_dask.planner import Job, PlanError, Profile, Resources, make_plan
 from tianji_dask.slurm import check_fits, job_scripts, planned_processes, slurm_cluster
 from tianji_dask.workers import scheduler_workers
-
-from conftest import CONFIG, SHORT, check_run_dir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -39,22 +37,38 @@ def wait_empty(timeout=30.0):
 
 def two_core_plan(cfg):
     """The planner's answer for this 2-core node on a profile where one actor outruns the learner."""
-    prof = Profile(actors=(1, 2), actor_env_steps_per_s=(20_000.0, 40_000.0), threads=(1,), batch_sizes=(64,),
-                   learner_samples_per_s=((50_000.0,),), replay_bytes_per_transition=48.0)
+    prof = Profile(
+        actors=(1, 2),
+        actor_env_steps_per_s=(20_000.0, 40_000.0),
+        threads=(1,),
+        batch_sizes=(64,),
+        learner_samples_per_s=((50_000.0,),),
+        replay_bytes_per_transition=48.0,
+    )
     return make_plan(cfg, prof, Resources(cores=2))
 
 
 def site(tmp_path):
-    return dict(walltime="00:10:00", interface="lo", log_directory=str(tmp_path / "logs"),
-                local_directory=str(tmp_path / "scratch"), death_timeout=30,
-                scheduler_options={"dashboard_address": "127.0.0.1:0"})
+    return dict(
+        walltime="00:10:00",
+        interface="lo",
+        log_directory=str(tmp_path / "logs"),
+        local_directory=str(tmp_path / "scratch"),
+        death_timeout=30,
+        scheduler_options={"dashboard_address": "127.0.0.1:0"},
+    )
 
 
 def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):  # noqa: F811
     cfg = load_config(CONFIG, [*SHORT])
-    prof = Profile(actors=(1, 2, 4), actor_env_steps_per_s=(1_000.0, 2_000.0, 4_000.0), threads=(1, 2, 4),
-                   batch_sizes=(64,), learner_samples_per_s=((16_000.0,), (64_000.0,), (64_000.0,)),
-                   replay_bytes_per_transition=48.0)
+    prof = Profile(
+        actors=(1, 2, 4),
+        actor_env_steps_per_s=(1_000.0, 2_000.0, 4_000.0),
+        threads=(1, 2, 4),
+        batch_sizes=(64,),
+        learner_samples_per_s=((16_000.0,), (64_000.0,), (64_000.0,)),
+        replay_bytes_per_transition=48.0,
+    )
     plan = make_plan(cfg, prof, Resources(cores=6))
     assert (plan.groups, plan.actors, plan.learner_threads) == (1, 4, 2)
     scripts = dict(job_scripts(plan, walltime="00:07:00"))
@@ -71,8 +85,12 @@ def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):  # noq
     assert "--resources tianji_learner=1,tianji_group_0=1" in learner
     assert "#SBATCH -t 00:07:00" in learner
     # the CLI shows the same scripts
-    out = subprocess.run([sys.executable, "-m", "tianji_dask.cli", "job-script", str(CONFIG), "--walltime", "00:07:00"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tianji_dask.cli", "job-script", str(CONFIG), "--walltime", "00:07:00"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("#!/usr/bin/env bash") == 2 and "--cpus-per-task=1" in out.stdout
 
@@ -82,8 +100,11 @@ def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_def
     plan = two_core_plan(cfg)
     plan.jobs[0] = Job("learner", 0, 64, 1, 2**30, 0)
     before = squeue()
-    with pytest.raises(PlanError, match=r"learner job needs 64 cores.*largest node of the default partition has "
-                                        r"\d+ CPUs.*nothing was submitted"):
+    with pytest.raises(
+        PlanError,
+        match=r"learner job needs 64 cores.*largest node of the default partition has "
+        r"\d+ CPUs.*nothing was submitted",
+    ):
         slurm_cluster(plan, **site(tmp_path))
     assert squeue() == before
     with pytest.raises(PlanError, match="nothing was submitted"):
@@ -121,7 +142,8 @@ def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_def
 
     assert wait_empty() == [], "jobs left over from an earlier test"
     cfg = two_core_plan(load_config(CONFIG, [*SHORT, "stop.max_seconds=6"])).apply(
-        load_config(CONFIG, [*SHORT, "stop.max_seconds=6"]))
+        load_config(CONFIG, [*SHORT, "stop.max_seconds=6"])
+    )
     plan = two_core_plan(cfg)
     cluster = slurm_cluster(plan, run_tag="t1", **site(tmp_path))
     try:
@@ -130,17 +152,25 @@ def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_def
             names = sorted(name for _, name in squeue())
             assert names == ["tianji-t1-g0-actors", "tianji-t1-g0-learner"]
             resources = {w["name"]: w["resources"] for w in scheduler_workers(client).values()}
-            assert resources == {"tianji-t1-g0-learner": {"tianji_learner": 1, "tianji_group_0": 1},
-                                 "tianji-t1-g0-actors": {"tianji_actor": 1, "tianji_group_0": 1}}
+            assert resources == {
+                "tianji-t1-g0-learner": {"tianji_learner": 1, "tianji_group_0": 1},
+                "tianji-t1-g0-actors": {"tianji_actor": 1, "tianji_group_0": 1},
+            }
             run = train(cfg, client, out=tmp_path / "run")
             deadline = time.monotonic() + 60
             while run.metrics().sizes.get("time", 0) < 1 and time.monotonic() < deadline:
                 time.sleep(0.2)
             # the hosts went where the resources said
-            held = client.run(lambda dask_worker: (dask_worker.name, sorted(
-                type(a).__name__ for a in dask_worker.state.actors.values())))
-            assert sorted(held.values()) == [("tianji-t1-g0-actors", ["ActorHost"]),
-                                             ("tianji-t1-g0-learner", ["BufferHost", "LearnerHost"])]
+            held = client.run(
+                lambda dask_worker: (
+                    dask_worker.name,
+                    sorted(type(a).__name__ for a in dask_worker.state.actors.values()),
+                )
+            )
+            assert sorted(held.values()) == [
+                ("tianji-t1-g0-actors", ["ActorHost"]),
+                ("tianji-t1-g0-learner", ["BufferHost", "LearnerHost"]),
+            ]
             result = run.wait()
             assert result.ok, result.error
         check_run_dir(tmp_path / "run", cfg, mode="distributed")
@@ -196,18 +226,46 @@ def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):  # noqa: F811
 
     site_dir = tmp_path / "dask"
     site_dir.mkdir()
-    (site_dir / "jobqueue.yaml").write_text(yaml.safe_dump({"jobqueue": {"slurm": {
-        "interface": "lo", "walltime": "00:06:00", "log-directory": str(tmp_path / "logs"),
-        "local-directory": str(tmp_path / "scratch"), "death-timeout": 30}}}))
+    (site_dir / "jobqueue.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "jobqueue": {
+                    "slurm": {
+                        "interface": "lo",
+                        "walltime": "00:06:00",
+                        "log-directory": str(tmp_path / "logs"),
+                        "local-directory": str(tmp_path / "scratch"),
+                        "death-timeout": 30,
+                    }
+                }
+            }
+        )
+    )
     cfg = load_config(CONFIG, [*SHORT])
     from tianji_dask.planner import save_plan
 
     save_plan(two_core_plan(cfg), tmp_path / "plan.yaml")
     env = dict(os.environ, DASK_CONFIG=str(site_dir))
-    out = subprocess.run([sys.executable, "-m", "tianji_dask.cli", "train", str(CONFIG), "--slurm",
-                          "--plan", str(tmp_path / "plan.yaml"), "--out", str(tmp_path / "run"),
-                          *[a for s in [*SHORT, "stop.max_seconds=8"] for a in ("--set", s)]],
-                         capture_output=True, text=True, timeout=200, env=env, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tianji_dask.cli",
+            "train",
+            str(CONFIG),
+            "--slurm",
+            "--plan",
+            str(tmp_path / "plan.yaml"),
+            "--out",
+            str(tmp_path / "run"),
+            *[a for s in [*SHORT, "stop.max_seconds=8"] for a in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "submitted 2 Slurm jobs" in out.stderr
     assert (tmp_path / "run" / "metrics.nc").exists()

@@ -15,9 +15,11 @@ from tianji_dask.roles.learner import LearnerRole
 
 
 def run_pair(mode: str, updates: int = 150):
-    cfg = load_config("configs/cartpole_dqn.yaml",
-                      [f"topology.mode={mode}", "algo.learning_starts=256", "channel.chunk_steps=4"],
-                      check_env=False)
+    cfg = load_config(
+        "configs/cartpole_dqn.yaml",
+        [f"topology.mode={mode}", "algo.learning_starts=256", "channel.chunk_steps=4"],
+        check_env=False,
+    )
     queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
     actor = ActorRole(cfg, 0, 1, queue, topic.subscribe())
     buffer = BufferRole(cfg, queue, actor.obs_shape, actor.obs_dtype, seed=2)

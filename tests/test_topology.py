@@ -11,8 +11,10 @@ from tianji_dask.driver import train
 
 def ppo_to_150(tmp_path, *topology: str):
     """Train PPO CartPole with the given topology overrides to a mean return of 150; its result and metrics."""
-    cfg = load_config("configs/cartpole_ppo.yaml",
-                      [*topology, "stop.target_return=150", "stop.max_env_steps=1000000", "stop.max_seconds=180"])
+    cfg = load_config(
+        "configs/cartpole_ppo.yaml",
+        [*topology, "stop.target_return=150", "stop.max_env_steps=1000000", "stop.max_seconds=180"],
+    )
     run = train(cfg, out=tmp_path / "run")
     result = run.wait()
     assert result.error is None, result.error
@@ -44,7 +46,7 @@ def test_two_groups_stay_close_and_reach_the_target(tmp_path):
     # averaging keeps the groups close: bounded throughout, and over the second half of the
     # rounds below the distance of the first (groups start from different random parameters)
     assert np.all(rounds < 100), rounds
-    assert rounds[max(1, len(rounds) // 2):].max() < rounds[0], rounds
+    assert rounds[max(1, len(rounds) // 2) :].max() < rounds[0], rounds
     assert ds.sizes["learner"] == 2 and ds.sizes["actor"] == 2
     assert not math.isnan(result.time_to_target_s)
 
@@ -54,9 +56,10 @@ def test_two_groups_stay_close_and_reach_the_target(tmp_path):
 def test_dqn_with_two_learners_fills_both_buffers_and_learns(tmp_path):
     # regression: the actors' balance allowance once covered one buffer's warm-up only, so with
     # two learners neither buffer reached learning_starts and the whole group waited forever
-    cfg = load_config("configs/cartpole_dqn.yaml",
-                      ["topology.learners=2", "topology.actors=2", "stop.target_return=100",
-                       "stop.max_seconds=150"])
+    cfg = load_config(
+        "configs/cartpole_dqn.yaml",
+        ["topology.learners=2", "topology.actors=2", "stop.target_return=100", "stop.max_seconds=150"],
+    )
     run = train(cfg, out=tmp_path / "run")
     result = run.wait()
     assert result.error is None, result.error

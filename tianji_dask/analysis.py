@@ -39,8 +39,10 @@ MAX_LABEL_SETTINGS = 4  # more differing settings than this: runs are labelled b
 _SETTING_ATTRS = ("mode",)  # file attrs that describe how a run was made, like config fields
 _CONFIG_ATTRS = ("config_json", "env_id", "seed")  # file attrs that config coordinates stand for
 # file attrs that are run coordinates even where all runs agree: runs are selected by them
-_OUTCOME_ATTRS = {"status": "how the run ended (running while it goes on)",
-                  "error": "why the run failed (empty if it did not)"}
+_OUTCOME_ATTRS = {
+    "status": "how the run ended (running while it goes on)",
+    "error": "why the run failed (empty if it did not)",
+}
 UNKNOWN_STATUS = "unknown"  # the status of runs written before the files recorded it
 
 
@@ -98,10 +100,10 @@ def open_runs(paths: str | Path | Iterable[str | Path]) -> xr.Dataset:
     names = [d.name for d in dirs]
     ids = names if len(set(names)) == len(names) else [str(d) for d in dirs]
 
-    stacked = [r.assign_coords(row=("time", np.arange(r.sizes["time"]))).swap_dims(time="row")
-               for r in runs]
-    ds = xr.concat(stacked, dim="run", data_vars="all", coords="all", join="outer",
-                   compat="equals", combine_attrs="override").drop_encoding()  # ints may hold NaN now
+    stacked = [r.assign_coords(row=("time", np.arange(r.sizes["time"]))).swap_dims(time="row") for r in runs]
+    ds = xr.concat(
+        stacked, dim="run", data_vars="all", coords="all", join="outer", compat="equals", combine_attrs="override"
+    ).drop_encoding()  # ints may hold NaN now
     ds["row"].attrs.update(long_name="metrics row index", units="1")
     ds = ds.assign_coords(run=("run", ids, {"long_name": "run directory"}))
 
@@ -113,13 +115,19 @@ def open_runs(paths: str | Path | Iterable[str | Path]) -> xr.Dataset:
     diff_attrs = [k for k in diff_attrs if k not in _CONFIG_ATTRS and k not in _OUTCOME_ATTRS]
     coords = {}
     for key in diff_config:
-        coords[key] = ("run", _column([c.get(key) for c in configs]),
-                       {"long_name": _describe(key, configs) or key, "source": "config"})
+        coords[key] = (
+            "run",
+            _column([c.get(key) for c in configs]),
+            {"long_name": _describe(key, configs) or key, "source": "config"},
+        )
     for key in [*_OUTCOME_ATTRS, *diff_attrs]:
         if key not in coords:
             long_name = _OUTCOME_ATTRS.get(key, f"{key} (file attribute)")
-            coords[key] = ("run", _column([a.get(key) for a in file_attrs]),
-                           {"long_name": long_name, "source": "file attribute"})
+            coords[key] = (
+                "run",
+                _column([a.get(key) for a in file_attrs]),
+                {"long_name": long_name, "source": "file attribute"},
+            )
     ds = ds.assign_coords(coords)
     ds.attrs = {**same_attrs, "config": json.dumps(same_config)}
     return ds
@@ -141,12 +149,14 @@ def _check_run_dir(path: Path) -> Path:
     if not path.exists():
         raise RunNotFound(f"{path}: no such run directory; {fix}")
     if path.is_file():
-        raise RunNotFound(f"{path} is a file, not a run directory; pass the directory that holds it "
-                          f"({path.parent})")
+        raise RunNotFound(f"{path} is a file, not a run directory; pass the directory that holds it ({path.parent})")
     if not (path / "metrics.nc").is_file():
         inner = sorted(p for p in path.iterdir() if (p / "metrics.nc").is_file())
-        hint = (f"; it holds {len(inner)} run directories: open them all with "
-                f"open_runs('{path / '*'}')" if inner else f"; {fix}")
+        hint = (
+            f"; it holds {len(inner)} run directories: open them all with open_runs('{path / '*'}')"
+            if inner
+            else f"; {fix}"
+        )
         raise RunNotFound(f"{path} is not a tianji-dask run directory: it has no metrics.nc{hint}")
     return path.absolute()
 
@@ -160,8 +170,10 @@ def _expand(paths: str | Path | Iterable[str | Path]) -> list[Path]:
         if glob.has_magic(str(item)):
             matches = sorted(Path(m) for m in glob.glob(str(item)))
             if not matches:
-                raise RunNotFound(f"the glob {str(item)!r} matches nothing (relative to {Path.cwd()}); "
-                                  "check the pattern, e.g. 'runs/CartPole-v1__dqn__*'")
+                raise RunNotFound(
+                    f"the glob {str(item)!r} matches nothing (relative to {Path.cwd()}); "
+                    "check the pattern, e.g. 'runs/CartPole-v1__dqn__*'"
+                )
             dirs.extend(matches)
         else:
             dirs.append(Path(item))
@@ -240,9 +252,13 @@ class TianjiAccessor:
         """Run coordinates that tell the runs apart: config fields (and ``mode``) whose values
         differ between the runs of this Dataset (a selection of runs may make some equal)."""
         ds = self._ds
-        return [str(c) for c, v in ds.coords.items()
-                if v.dims == ("run",) and (v.attrs.get("source") == "config" or c in _SETTING_ATTRS)
-                and len({_key(x) for x in v.values}) > 1]
+        return [
+            str(c)
+            for c, v in ds.coords.items()
+            if v.dims == ("run",)
+            and (v.attrs.get("source") == "config" or c in _SETTING_ATTRS)
+            and len({_key(x) for x in v.values}) > 1
+        ]
 
     def labels(self, compact: bool = False) -> list[str]:
         """One label per run from its settings: ``"seed=1, topology.actors=2"``, or with
@@ -254,8 +270,10 @@ class TianjiAccessor:
         settings = self._label_settings()
         if not settings:
             return [str(r) for r in ds["run"].values]
-        return [", ".join(_fmt(ds[s].values[i]) if compact else f"{s}={_fmt(ds[s].values[i])}"
-                          for s in settings) for i in range(ds.sizes["run"])]
+        return [
+            ", ".join(_fmt(ds[s].values[i]) if compact else f"{s}={_fmt(ds[s].values[i])}" for s in settings)
+            for i in range(ds.sizes["run"])
+        ]
 
     def _label_settings(self) -> list[str]:
         settings = self.settings
@@ -272,8 +290,10 @@ class TianjiAccessor:
         """
         ds = self._ds
         if EPISODE_PREFIX + "return" not in ds:
-            raise ValueError("time_to_target needs the episodes (episode_return); this Dataset has none: "
-                             "open the run directory with open_run/open_runs, whose episodes.nc holds them")
+            raise ValueError(
+                "time_to_target needs the episodes (episode_return); this Dataset has none: "
+                "open the run directory with open_run/open_runs, whose episodes.nc holds them"
+            )
         if target is None:  # the recorded target: a run coordinate where it differs, else an attr
             target = ds.coords.get("target_return", ds.attrs.get("target_return", math.nan))
         returns, finished = ds[EPISODE_PREFIX + "return"], ds[EPISODE_PREFIX + "wall_time"]
@@ -286,8 +306,10 @@ class TianjiAccessor:
             result = finished.isel(episode=first).where(reached.any("episode")).drop_vars("episode")
         result = result.reset_coords(drop=True) if "run" not in result.dims else result
         result.name = "time_to_target_s"
-        result.attrs = {"long_name": f"time until the mean return of the last {WINDOW} episodes "
-                                     "reached the target", "units": "s"}
+        result.attrs = {
+            "long_name": f"time until the mean return of the last {WINDOW} episodes reached the target",
+            "units": "s",
+        }
         return result
 
     def summary(self, target: float | None = None) -> pd.DataFrame:
@@ -297,14 +319,18 @@ class TianjiAccessor:
         if "run" not in ttt.dims:
             ttt = ttt.expand_dims("run")
         groups = [s for s in self.settings if s != "seed"]
-        df = pd.DataFrame({"time_to_target_s": ttt.values,
-                           **{g: self._ds[g].values for g in groups}})
+        df = pd.DataFrame({"time_to_target_s": ttt.values, **{g: self._ds[g].values for g in groups}})
         by = groups or np.zeros(len(df), dtype=int)
         s = "time_to_target_s"
         table = df.groupby(by, dropna=False).agg(
-            runs=(s, "size"), reached=(s, "count"), median_s=(s, "median"),
-            q25_s=(s, lambda x: x.quantile(0.25)), q75_s=(s, lambda x: x.quantile(0.75)),
-            min_s=(s, "min"), max_s=(s, "max"))
+            runs=(s, "size"),
+            reached=(s, "count"),
+            median_s=(s, "median"),
+            q25_s=(s, lambda x: x.quantile(0.25)),
+            q75_s=(s, lambda x: x.quantile(0.75)),
+            min_s=(s, "min"),
+            max_s=(s, "max"),
+        )
         return table if groups else table.reset_index(drop=True)
 
     # --- plots
@@ -343,8 +369,13 @@ class TianjiAccessor:
             self._lines(ds["sample_age_s"], "time", twin, color="C3", what="sample_age_s")
             twin.set_title("")  # xarray labelled the twin's y axis from long_name and units
             handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-            ax.legend(handles, [h.get_label() for h in handles], fontsize="small",
-                      title=_legend_title(self), title_fontsize="small")
+            ax.legend(
+                handles,
+                [h.get_label() for h in handles],
+                fontsize="small",
+                title=_legend_title(self),
+                title_fontsize="small",
+            )
         if not lags and not _has_data(ds, "sample_age_s"):
             ax.text(0.5, 0.5, "no staleness recorded", transform=ax.transAxes, ha="center")
         return _finish(ax, self, "staleness", legend=not _has_data(ds, "sample_age_s"))

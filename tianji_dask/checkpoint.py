@@ -44,7 +44,7 @@ def save_checkpoint(directory: Path, state: dict[str, dict[str, torch.Tensor]], 
         raise ValueError(f"checkpoint metadata may not set the reserved keys {clash}; rename them")
     meta = {
         "format_version": FORMAT_VERSION,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "tianji_dask_version": _package_version("tianji-dask"),
         "torch_version": torch.__version__,
         **metadata,
@@ -89,8 +89,11 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, dict[str, torch.Tensor]]
     directory = Path(directory)
     if not directory.is_dir():
         left = sorted(directory.parent.glob(f".{directory.name}.old-*")) if directory.parent.is_dir() else []
-        hint = (f"; an interrupted save left the previous checkpoint in {left[-1]}: rename it to "
-                f"{directory} to use it" if left else "")
+        hint = (
+            f"; an interrupted save left the previous checkpoint in {left[-1]}: rename it to {directory} to use it"
+            if left
+            else ""
+        )
         raise CheckpointError(f"no checkpoint directory at {directory}{hint}")
     meta_path, tensors_path = directory / METADATA_FILE, directory / TENSORS_FILE
     for p in (meta_path, tensors_path):
@@ -106,14 +109,16 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, dict[str, torch.Tensor]]
         raise CheckpointError(
             f"checkpoint {directory} has format_version {version!r} (written by tianji_dask {by}); "
             f"this tianji_dask {_package_version('tianji-dask')} reads format_version {FORMAT_VERSION}. "
-            "Load it with the tianji_dask version that wrote it.")
+            "Load it with the tianji_dask version that wrote it."
+        )
     try:
         state = torch.load(tensors_path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError... on bad files
         raise CheckpointError(f"cannot load tensors from {tensors_path}: {e}") from e
-    if not (isinstance(state, dict) and all(
-            isinstance(c, dict) and all(isinstance(t, torch.Tensor) for t in c.values())
-            for c in state.values())):
+    if not (
+        isinstance(state, dict)
+        and all(isinstance(c, dict) and all(isinstance(t, torch.Tensor) for t in c.values()) for c in state.values())
+    ):
         raise CheckpointError(f"{tensors_path} does not hold {{component: {{name: tensor}}}}")
     return state, meta
 
@@ -124,13 +129,16 @@ def _plain_state(state: dict) -> dict[str, dict[str, torch.Tensor]]:
     out: dict[str, dict[str, torch.Tensor]] = {}
     for comp, tensors in state.items():
         if not isinstance(comp, str) or not isinstance(tensors, dict):
-            raise TypeError(f"checkpoint state[{comp!r}] must be a dict of tensors keyed by str, "
-                            f"got {type(tensors).__name__}")
+            raise TypeError(
+                f"checkpoint state[{comp!r}] must be a dict of tensors keyed by str, got {type(tensors).__name__}"
+            )
         out[comp] = {}
         for name, t in tensors.items():
             if not isinstance(name, str) or not isinstance(t, torch.Tensor):
-                raise TypeError(f"checkpoint state[{comp!r}][{name!r}] must be a torch.Tensor keyed "
-                                f"by str, got {type(t).__name__}; put non-tensor values in metadata")
+                raise TypeError(
+                    f"checkpoint state[{comp!r}][{name!r}] must be a torch.Tensor keyed "
+                    f"by str, got {type(t).__name__}; put non-tensor values in metadata"
+                )
             out[comp][name] = t.detach().cpu()
     return out
 

@@ -25,50 +25,92 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tianji-dask", description="TianJi-style distributed deep RL on Dask.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    t = sub.add_parser("train", help="train an agent from a config file",
-                       description="Train an agent. With no --scheduler, starts a LocalCluster on 127.0.0.1.")
+    t = sub.add_parser(
+        "train",
+        help="train an agent from a config file",
+        description="Train an agent. With no --scheduler, starts a LocalCluster on 127.0.0.1.",
+    )
     t.add_argument("config", help="experiment YAML file, e.g. configs/cartpole_dqn.yaml")
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="override a config value (repeatable), e.g. --set algo.lr=1e-3")
-    t.add_argument("--out", type=Path, default=None,
-                   help="run directory (must be new or empty); default runs/<env>__<algo>__<seed>__<time>")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (repeatable), e.g. --set algo.lr=1e-3",
+    )
+    t.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory (must be new or empty); default runs/<env>__<algo>__<seed>__<time>",
+    )
     g = t.add_mutually_exclusive_group()
-    g.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                   help="use the Dask cluster at this scheduler address instead of a LocalCluster")
-    g.add_argument("--serial", action="store_true",
-                   help="run the serial reference in this process (no Dask)")
-    g.add_argument("--slurm", action="store_true",
-                   help="submit Slurm jobs through dask-jobqueue, sized by --plan (or by the config's "
-                        "topology); site settings come from your jobqueue.yaml (see jobqueue/)")
-    t.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml",
-                   help="apply a plan from tianji-dask plan (topology, learner threads, batch); warns when it "
-                        "uses more cores than the run has, refuses one that needs more memory")
+    g.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="use the Dask cluster at this scheduler address instead of a LocalCluster",
+    )
+    g.add_argument("--serial", action="store_true", help="run the serial reference in this process (no Dask)")
+    g.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit Slurm jobs through dask-jobqueue, sized by --plan (or by the config's "
+        "topology); site settings come from your jobqueue.yaml (see jobqueue/)",
+    )
+    t.add_argument(
+        "--plan",
+        type=Path,
+        default=None,
+        metavar="PLAN.yaml",
+        help="apply a plan from tianji-dask plan (topology, learner threads, batch); warns when it "
+        "uses more cores than the run has, refuses one that needs more memory",
+    )
     t.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
 
-    pr = sub.add_parser("profile", help="measure TR_A and TR_L of a config on a cluster (the planner's input)",
-                        description="Measure production (TR_A, k actors at once) and consumption (TR_L, learner "
-                                    "threads x batch size) of a config; writes a NetCDF profile for tianji-dask plan.")
+    pr = sub.add_parser(
+        "profile",
+        help="measure TR_A and TR_L of a config on a cluster (the planner's input)",
+        description="Measure production (TR_A, k actors at once) and consumption (TR_L, learner "
+        "threads x batch size) of a config; writes a NetCDF profile for tianji-dask plan.",
+    )
     pr.add_argument("config")
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    pr.add_argument("--out", type=Path, default=None,
-                    help="profile file to write; must not exist (default runs/profiles/<config>-<N>cores.nc, N: "
-                         "this machine's cores; with --scheduler runs/profiles/<config>-<host>-<port>.nc)")
+    pr.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="profile file to write; must not exist (default runs/profiles/<config>-<N>cores.nc, N: "
+        "this machine's cores; with --scheduler runs/profiles/<config>-<host>-<port>.nc)",
+    )
     _add_profile_arguments(pr)
 
-    pl = sub.add_parser("plan", help="size groups, actors and learner threads for M cores (TianJi's strategy)",
-                        description="Compute the core allocation that maximises min(TR_A, TR_L) at the serial "
-                                    "replay ratio; prints it and writes it as YAML for train --plan.")
+    pl = sub.add_parser(
+        "plan",
+        help="size groups, actors and learner threads for M cores (TianJi's strategy)",
+        description="Compute the core allocation that maximises min(TR_A, TR_L) at the serial "
+        "replay ratio; prints it and writes it as YAML for train --plan.",
+    )
     pl.add_argument("config")
     pl.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     pl.add_argument("--cores", type=int, required=True, help="cores to plan for (M)")
     pl.add_argument("--nodes", type=int, default=1, help="nodes the cores are spread over (default 1)")
     pl.add_argument("--cores-per-node", type=int, default=None, help="cores of one node (groups never straddle nodes)")
     pl.add_argument("--memory-per-node", default=None, help="memory of one node, e.g. 64GiB (checked against replay)")
-    pl.add_argument("--profile", type=Path, default=None,
-                    help="profile to plan from; measured on a LocalCluster of this machine (and saved "
-                         "there) when the file does not exist (default: beside the plan, <plan>.profile.nc)")
-    pl.add_argument("--out", type=Path, default=None,
-                    help="plan file to write; must not exist (default runs/plans/<config>-<cores>cores.yaml)")
+    pl.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="profile to plan from; measured on a LocalCluster of this machine (and saved "
+        "there) when the file does not exist (default: beside the plan, <plan>.profile.nc)",
+    )
+    pl.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="plan file to write; must not exist (default runs/plans/<config>-<cores>cores.yaml)",
+    )
     _add_profile_arguments(pl)
 
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
@@ -76,25 +118,39 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     js.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml")
     js.add_argument("--walltime", default=None)
-    b = sub.add_parser("bench", help="run a benchmark (docs/benchmarks.md)",
-                       description="Benchmarks of the system itself; each writes NetCDF, JSON and PNG results.")
+    b = sub.add_parser(
+        "bench",
+        help="run a benchmark (docs/benchmarks.md)",
+        description="Benchmarks of the system itself; each writes NetCDF, JSON and PNG results.",
+    )
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     from tianji_dask.bench.comm import add_arguments as add_comm_arguments
 
-    c = bsub.add_parser("comm", help="the paper's virtual communication experiment (Fig. 5, equation 1)",
-                        description="Actors push messages through the trajectory channel into one inbox until N "
-                                    "arrived; raw TCP between plain processes is the anchor. Sweeps message size, "
-                                    "actors x sample time, alternative transports and 100-byte messages.")
+    c = bsub.add_parser(
+        "comm",
+        help="the paper's virtual communication experiment (Fig. 5, equation 1)",
+        description="Actors push messages through the trajectory channel into one inbox until N "
+        "arrived; raw TCP between plain processes is the anchor. Sweeps message size, "
+        "actors x sample time, alternative transports and 100-byte messages.",
+    )
     add_comm_arguments(c)
     return p
 
 
 def _add_profile_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement (default 3)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                   help="profile on this Dask cluster (default: a LocalCluster with one worker per core)")
-    p.add_argument("--batch-sizes", default=None, metavar="LIST",
-                   help="DQN: comma-separated batch sizes to measure (default: the config's)")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="profile on this Dask cluster (default: a LocalCluster with one worker per core)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=None,
+        metavar="LIST",
+        help="DQN: comma-separated batch sizes to measure (default: the config's)",
+    )
     p.add_argument("--max-actors", type=int, default=None, help="largest actor count measured (default: workers)")
     p.add_argument("--max-threads", type=int, default=None, help="largest learner thread count (default: cores - 1)")
 
@@ -119,17 +175,17 @@ def _stop_at_once(run, progress, signum: int) -> None:
     """A second signal while the run stops: no more waiting for the hosts, a few seconds for the
     final checkpoint; the results are still written and the workers still ended."""
     _on_driver_signals(signal.SIG_IGN)  # a third changes nothing more
-    progress.event(f"{signal.Signals(signum).name} again: no more waiting for the hosts, "
-                   "a few seconds for the final checkpoint...")
+    progress.event(
+        f"{signal.Signals(signum).name} again: no more waiting for the hosts, a few seconds for the final checkpoint..."
+    )
     run.stop("stopped", now=True)
 
 
 def cmd_train(args) -> int:
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.rundir import RunDirExists
-
     from tianji_dask.planner import PlanError, load_plan
     from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
+    from tianji_dask.rundir import RunDirExists
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -142,8 +198,9 @@ def cmd_train(args) -> int:
     except (ConfigError, PlanError, SchedulerUnreachable) as exc:
         return _bad_input(str(exc))
     if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        return _bad_input(f"--out {args.out} exists and is not an empty directory; "
-                          f"choose a new directory (nothing was written)")
+        return _bad_input(
+            f"--out {args.out} exists and is not an empty directory; choose a new directory (nothing was written)"
+        )
 
     import torch  # noqa: F401 - the driver saves the checkpoint with it; importing it at the end would delay shutdown by seconds
 
@@ -175,8 +232,7 @@ def cmd_train(args) -> int:
 
     progress = Progress(cfg.stop.target_return)
     try:
-        run = train(cfg, client, out=args.out, serial=args.serial, on_row=progress.update,
-                    on_event=progress.event)
+        run = train(cfg, client, out=args.out, serial=args.serial, on_row=progress.update, on_event=progress.event)
     except (RunDirExists, ConfigError) as exc:
         progress.close()
         return _bad_input(str(exc))
@@ -186,8 +242,9 @@ def cmd_train(args) -> int:
         result = run.wait()
     except KeyboardInterrupt as exc:
         interrupted = exc.args[0] if exc.args else signal.SIGINT
-        progress.event(f"{signal.Signals(interrupted).name}: stopping all hosts and writing results "
-                       "(again to stop at once)...")
+        progress.event(
+            f"{signal.Signals(interrupted).name}: stopping all hosts and writing results (again to stop at once)..."
+        )
         _on_driver_signals(lambda signum, frame: _stop_at_once(run, progress, signum))
         run.stop("stopped")
         result = run.wait()
@@ -228,8 +285,11 @@ def _slurm_client(cfg, plan, args):
     cluster = slurm_cluster(plan, run_tag=f"{int(time.time()) % 100000}", **kw)
     client = Client(cluster)
     n = planned_processes(plan)
-    print(f"tianji-dask: submitted {len(plan.jobs)} Slurm jobs; waiting for {n} workers "
-          f"(dashboard {client.dashboard_link})", file=sys.stderr)
+    print(
+        f"tianji-dask: submitted {len(plan.jobs)} Slurm jobs; waiting for {n} workers "
+        f"(dashboard {client.dashboard_link})",
+        file=sys.stderr,
+    )
     try:
         client.wait_for_workers(n, timeout=600)
     except BaseException:
@@ -247,8 +307,14 @@ def _profile_client(args, cfg):
     import os
 
     n = max(2, len(os.sched_getaffinity(0)))
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                           dashboard_address="127.0.0.1:0", preload=["tianji_dask.worker_preload"])
+    cluster = LocalCluster(
+        n_workers=n,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+        preload=["tianji_dask.worker_preload"],
+    )
     return Client(cluster), cluster
 
 
@@ -283,9 +349,15 @@ def _measure(cfg, args, path: Path) -> None:
 
     client, cluster = _profile_client(args, cfg)
     try:
-        ds = profiling.profile(cfg, client, seconds=args.seconds, max_actors=args.max_actors,
-                               max_threads=args.max_threads, batch_sizes=_batch_sizes(args.batch_sizes),
-                               log=lambda s: print(s, file=sys.stderr, flush=True))
+        ds = profiling.profile(
+            cfg,
+            client,
+            seconds=args.seconds,
+            max_actors=args.max_actors,
+            max_threads=args.max_threads,
+            batch_sizes=_batch_sizes(args.batch_sizes),
+            log=lambda s: print(s, file=sys.stderr, flush=True),
+        )
     finally:
         client.close()
         if cluster is not None:
@@ -313,17 +385,27 @@ def cmd_profile(args) -> int:
 def _refuse_existing(path: Path, what: str) -> None:
     """Measurements and plans already written are never replaced."""
     if path.exists():
-        raise ValueError(f"{path} exists; it holds {what} already written. Give another --out, "
-                         f"or delete it first (nothing was measured or written)")
+        raise ValueError(
+            f"{path} exists; it holds {what} already written. Give another --out, "
+            f"or delete it first (nothing was measured or written)"
+        )
 
 
 def cmd_plan(args) -> int:
-    from rich.console import Console
     from dask.utils import parse_bytes
+    from rich.console import Console
 
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.planner import (PlanError, Profile, Resources, default_plan_path, make_plan, plan_table,
-                                     profile_beside, save_plan)
+    from tianji_dask.planner import (
+        PlanError,
+        Profile,
+        Resources,
+        default_plan_path,
+        make_plan,
+        plan_table,
+        profile_beside,
+        save_plan,
+    )
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -376,8 +458,11 @@ def cmd_job_script(args) -> int:
 def _report(result) -> None:
     ttt = result.time_to_target_s
     ttt_text = "not reached" if math.isnan(ttt) else f"{ttt:.1f} s"
-    print(f"{result.status}: {result.env_steps:,} env steps in {result.wall_s:.1f} s, "
-          f"return(100) {result.return_mean_100:.1f}, time to target {ttt_text}", file=sys.stderr)
+    print(
+        f"{result.status}: {result.env_steps:,} env steps in {result.wall_s:.1f} s, "
+        f"return(100) {result.return_mean_100:.1f}, time to target {ttt_text}",
+        file=sys.stderr,
+    )
     print(f"results: {result.run_dir}", file=sys.stderr)
     if result.error:
         print(f"error: {result.error}", file=sys.stderr)

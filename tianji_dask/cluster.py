@@ -74,9 +74,15 @@ def local_cluster(n_workers: int):
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
     # (tianji_dask.worker_signals).
     with spawned_ignoring_driver_signals():
-        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                            host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_limit=MEMORY_LIMIT,
-                            preload=["tianji_dask.worker_signals", "tianji_dask.worker_preload"])
+        return LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            memory_limit=MEMORY_LIMIT,
+            preload=["tianji_dask.worker_signals", "tianji_dask.worker_preload"],
+        )
 
 
 def close_local_cluster(cluster) -> None:
@@ -102,8 +108,7 @@ def kill_and_reap(pid: int) -> None:
 
 
 class RunCluster:
-    def __init__(self, cfg, client, run_id: str, on_event=lambda text: None, *,
-                 hurry: threading.Event | None = None):
+    def __init__(self, cfg, client, run_id: str, on_event=lambda text: None, *, hurry: threading.Event | None = None):
         self.cfg = cfg
         self._hurry = hurry or threading.Event()  # set: stop without waiting for the hosts
         self.run_id = run_id
@@ -124,7 +129,7 @@ class RunCluster:
         self._next_worker_check = 0.0
 
     # --- lifecycle ----------------------------------------------------------------------
-    def __enter__(self) -> "RunCluster":
+    def __enter__(self) -> RunCluster:
         _watch_worker_deaths()
         if self.client is None:
             from distributed import Client
@@ -161,8 +166,11 @@ class RunCluster:
             events = self.client.get_events(where)
         except Exception:  # noqa: BLE001 - the report must not fail for want of detail
             return ""
-        why = [msg.get("stimulus_id", "?") for _, msg in events
-               if isinstance(msg, dict) and msg.get("action") == "remove-worker"]
+        why = [
+            msg.get("stimulus_id", "?")
+            for _, msg in events
+            if isinstance(msg, dict) and msg.get("action") == "remove-worker"
+        ]
         return f"; the scheduler removed it ({why[-1]})" if why else ""
 
     def _death_reasons(self) -> str:
@@ -197,19 +205,25 @@ class RunCluster:
             present = set(scheduler_workers(self.client))
             for key, where in self._expected.items():
                 if where not in present:  # no need to wait for heartbeats (nor the start-up grace)
-                    raise HostLost(f"{key[0]} {key[1]} on {where}: its worker left the cluster "
-                                   "(the process died, or its batch job ended or was cancelled)"
-                                   + self._removal_reason(where) + self._death_reasons())
+                    raise HostLost(
+                        f"{key[0]} {key[1]} on {where}: its worker left the cluster "
+                        "(the process died, or its batch job ended or was cancelled)"
+                        + self._removal_reason(where)
+                        + self._death_reasons()
+                    )
         timeout = self.cfg.run.heartbeat_timeout
         for key, where in self._expected.items():
             last = self._last_rx.get(key)
             if last is None:
                 if now - self._started_at > STARTUP_GRACE_S:
-                    raise HostLost(f"{key[0]} {key[1]} on {where}: no heartbeat within "
-                                   f"{STARTUP_GRACE_S:.0f} s of starting")
+                    raise HostLost(
+                        f"{key[0]} {key[1]} on {where}: no heartbeat within {STARTUP_GRACE_S:.0f} s of starting"
+                    )
             elif now - last > timeout:
-                raise HostLost(f"{key[0]} {key[1]} on {where}: no heartbeat for {now - last:.1f} s "
-                               f"(run.heartbeat_timeout={timeout} s): its worker process died or its loop is stuck")
+                raise HostLost(
+                    f"{key[0]} {key[1]} on {where}: no heartbeat for {now - last:.1f} s "
+                    f"(run.heartbeat_timeout={timeout} s): its worker process died or its loop is stuck"
+                )
 
     # --- hosts ----------------------------------------------------------------------------
     def _workers(self, needed: int) -> list[str]:
@@ -227,8 +241,11 @@ class RunCluster:
         ``tianji_group_<g>``, as :mod:`tianji_dask.slurm` starts them) take exactly the hosts
         they were sized for; untagged workers are used in order (learners first in each group)."""
         info = scheduler_workers(self.client)
-        tagged = {a: w.get("resources") or {} for a, w in info.items()
-                  if any(k.startswith("tianji_") for k in (w.get("resources") or {}))}
+        tagged = {
+            a: w.get("resources") or {}
+            for a, w in info.items()
+            if any(k.startswith("tianji_") for k in (w.get("resources") or {}))
+        }
         if not tagged:
             slots = iter(self._workers(G * (L + A)))
             learner_w, actor_w = {}, {}
@@ -240,21 +257,28 @@ class RunCluster:
             return learner_w, actor_w
         learner_w, actor_w = {}, {}
         for g in range(G):
+
             def having(role, g=g):
-                return sorted((a for a, r in tagged.items() if role in r and f"tianji_group_{g}" in r),
-                              key=lambda a: info[a].get("name", a))
+                return sorted(
+                    (a for a, r in tagged.items() if role in r and f"tianji_group_{g}" in r),
+                    key=lambda a: info[a].get("name", a),
+                )
+
             learners, actors = having("tianji_learner"), having("tianji_actor")
             if len(learners) < L or len(actors) < A:
-                raise RuntimeError(f"group {g} needs {L} learner and {A} actor workers, the cluster has "
-                                   f"{len(learners)} and {len(actors)} tagged for it: the cluster was "
-                                   "started for another plan")
+                raise RuntimeError(
+                    f"group {g} needs {L} learner and {A} actor workers, the cluster has "
+                    f"{len(learners)} and {len(actors)} tagged for it: the cluster was "
+                    "started for another plan"
+                )
             learner_w.update({g * L + j: learners[j] for j in range(L)})
             actor_w.update({g * A + i: actors[i] for i in range(A)})
         return learner_w, actor_w
 
     def _submit(self, cls, *args, worker: str, **kwargs):
-        fut = self.client.submit(cls, *args, **kwargs, actor=True, workers=[worker],
-                                 allow_other_workers=False, pure=False)
+        fut = self.client.submit(
+            cls, *args, **kwargs, actor=True, workers=[worker], allow_other_workers=False, pure=False
+        )
         self._futures.append(fut)
         return fut
 
@@ -281,13 +305,36 @@ class RunCluster:
             for j in range(L):
                 b = g * L + j
                 feeders = [i for i in range(A) if i % L == j]
-                futures.append(self._submit(BufferHost, rid, cfg_json, b, seeds.buffer + j, traj[b],
-                                            tuple(obs.shape), "float32", len(feeders), worker=learner_w[b]))
+                futures.append(
+                    self._submit(
+                        BufferHost,
+                        rid,
+                        cfg_json,
+                        b,
+                        seeds.buffer + j,
+                        traj[b],
+                        tuple(obs.shape),
+                        "float32",
+                        len(feeders),
+                        worker=learner_w[b],
+                    )
+                )
             for i in range(A):
                 a = g * A + i
                 b = g * L + i % L
-                futures.append(self._submit(ActorHost, rid, cfg_json, a, seeds.actors[i], learner_w[b],
-                                            traj[b], params[a], worker=actor_w[a]))
+                futures.append(
+                    self._submit(
+                        ActorHost,
+                        rid,
+                        cfg_json,
+                        a,
+                        seeds.actors[i],
+                        learner_w[b],
+                        traj[b],
+                        params[a],
+                        worker=actor_w[a],
+                    )
+                )
         hosts = [f.result() for f in futures]
         self.buffers = [hosts[k] for k in range(len(hosts)) if k % (L + A) < L]
         self.actors = [hosts[k] for k in range(len(hosts)) if k % (L + A) >= L]
@@ -298,15 +345,30 @@ class RunCluster:
             gossip = None
             if G > 1:
                 lead = {h: learner_w[h * L] for h in range(G)}
-                gossip = {"group": g,
-                          "inboxes": {h: f"gossip-{rid}-{g}-from-{h}" for h in range(G) if h != g},
-                          "publish_to": [(lead[h], f"gossip-{rid}-{h}-from-{g}") for h in range(G) if h != g]}
+                gossip = {
+                    "group": g,
+                    "inboxes": {h: f"gossip-{rid}-{g}-from-{h}" for h in range(G) if h != g},
+                    "publish_to": [(lead[h], f"gossip-{rid}-{h}-from-{g}") for h in range(G) if h != g],
+                }
             port = None
             for j in range(L):
                 b = g * L + j
-                lead_host = self._submit(LearnerHost, rid, cfg_json, b, seeds.learner, subscribers, obs_dim,
-                                         n_actions, buffer_id=b, rank=j, world_size=L, store_port=port,
-                                         gossip_peers=gossip if j == 0 else None, worker=learner_w[b]).result()
+                lead_host = self._submit(
+                    LearnerHost,
+                    rid,
+                    cfg_json,
+                    b,
+                    seeds.learner,
+                    subscribers,
+                    obs_dim,
+                    n_actions,
+                    buffer_id=b,
+                    rank=j,
+                    world_size=L,
+                    store_port=port,
+                    gossip_peers=gossip if j == 0 else None,
+                    worker=learner_w[b],
+                ).result()
                 if j == 0 and L > 1:
                     port = lead_host.rendezvous_port().result()
                 self.learners.append(lead_host)

@@ -72,9 +72,7 @@ class ConfigError(ValueError):
     def __init__(self, problems: str | Sequence[str], header: str | None = None) -> None:
         self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
         self.header = header
-        lines = ([header] if header else []) + [
-            f"  {p}" if header else p for p in self.problems
-        ]
+        lines = ([header] if header else []) + [f"  {p}" if header else p for p in self.problems]
         super().__init__("\n".join(lines))
 
 
@@ -139,9 +137,7 @@ class EnvConfig(_Section):
 
                 atari_rom(self.id)
             except ImportError as exc:
-                raise _problem(
-                    f"env.kind=atari needs ale-py ({exc}); pip install 'ale-py>=0.12'"
-                ) from None
+                raise _problem(f"env.kind=atari needs ale-py ({exc}); pip install 'ale-py>=0.12'") from None
             except ValueError as exc:
                 raise _problem(f"env.id={self.id!r} (env.kind=atari): {exc}") from None
         return self
@@ -156,31 +152,17 @@ class DQNConfig(_Section):
 
     name: Literal["dqn"] = Field(description="algorithm name; selects this section's schema")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
-    n_step: int = Field(
-        3, ge=1, le=20, description="n-step returns computed by the actors (1 = plain one-step DQN)"
-    )
+    n_step: int = Field(3, ge=1, le=20, description="n-step returns computed by the actors (1 = plain one-step DQN)")
     lr: float = Field(0.001, gt=0, description="optimizer learning rate")
     batch_size: int = Field(64, ge=1, description="transitions per update")
     buffer_size: int = Field(100_000, ge=1, description="replay capacity in transitions")
-    learning_starts: int = Field(
-        1000, ge=0, description="transitions in replay memory before updates start"
-    )
-    train_freq: int = Field(
-        64, ge=1, description="serial reference: env steps (transitions) between training rounds"
-    )
-    gradient_steps: int = Field(
-        8, ge=1, description="serial reference: updates per training round"
-    )
-    target_update_interval: int = Field(
-        250, ge=1, description="learner updates between target-network syncs"
-    )
+    learning_starts: int = Field(1000, ge=0, description="transitions in replay memory before updates start")
+    train_freq: int = Field(64, ge=1, description="serial reference: env steps (transitions) between training rounds")
+    gradient_steps: int = Field(8, ge=1, description="serial reference: updates per training round")
+    target_update_interval: int = Field(250, ge=1, description="learner updates between target-network syncs")
     exploration_initial_eps: float = Field(1.0, ge=0, le=1, description="epsilon at step 0")
-    exploration_final_eps: float = Field(
-        0.02, ge=0, le=1, description="epsilon after exploration_steps"
-    )
-    exploration_steps: int = Field(
-        8000, ge=1, description="env steps (all actors together) of linear epsilon decay"
-    )
+    exploration_final_eps: float = Field(0.02, ge=0, le=1, description="epsilon after exploration_steps")
+    exploration_steps: int = Field(8000, ge=1, description="env steps (all actors together) of linear epsilon decay")
     hidden_sizes: list[PositiveInt] = Field(
         default_factory=lambda: [64, 64],
         min_length=1,
@@ -258,9 +240,7 @@ class PPOConfig(_Section):
         "not what the actors produced); null = constant",
     )
     rollout_steps: int = Field(32, ge=1, description="env steps per env in one rollout (one push)")
-    rollouts_per_update: int = Field(
-        1, ge=1, description="rollouts in one learner iteration's batch"
-    )
+    rollouts_per_update: int = Field(1, ge=1, description="rollouts in one learner iteration's batch")
     epochs: int = Field(20, ge=1, description="passes over the batch per learner iteration")
     minibatches: int = Field(1, ge=1, description="minibatches per epoch")
     clip_coef: float = Field(0.2, gt=0, description="PPO ratio clip")
@@ -314,17 +294,17 @@ class TopologyConfig(_Section):
         "and the learner waits for fresh data before each update",
     )
     actors: int = Field(1, ge=1, description="actor hosts per group")
-    learners: int = Field(
-        1, ge=1, description="data-parallel learners per group (gradients averaged every update)"
-    )
+    learners: int = Field(1, ge=1, description="data-parallel learners per group (gradients averaged every update)")
     groups: int = Field(1, ge=1, description="replicated training groups")
     sync_interval_s: float = Field(
         1.0, gt=0, description="seconds between a group's parameter-averaging (gossip) rounds"
     )
     torch_threads: int = Field(1, ge=1, description="torch/OpenMP threads per host")
     learner_threads: int | None = Field(
-        None, ge=1, description="torch threads of each learner's process (it hosts the buffer "
-        "too); null = torch_threads. The planner sizes it"
+        None,
+        ge=1,
+        description="torch threads of each learner's process (it hosts the buffer "
+        "too); null = torch_threads. The planner sizes it",
     )
 
     @property
@@ -345,12 +325,8 @@ class TopologyConfig(_Section):
 class ChannelConfig(_Section):
     """The trajectory channel from actors to the buffer (credit flow control)."""
 
-    chunk_steps: int = Field(
-        32, ge=1, description="vector-env steps per trajectory chunk an actor pushes"
-    )
-    capacity_mb: float = Field(
-        16.0, gt=0, description="credit window per sender, in MB (10^6 bytes)"
-    )
+    chunk_steps: int = Field(32, ge=1, description="vector-env steps per trajectory chunk an actor pushes")
+    capacity_mb: float = Field(16.0, gt=0, description="credit window per sender, in MB (10^6 bytes)")
     full_policy: Literal["wait", "drop_oldest"] = Field(
         "wait", description="what a sender does when its credit is used up"
     )
@@ -376,9 +352,7 @@ _DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
 class LearnerConfig(_Section):
     """The learner host: where it computes and how often it publishes parameters."""
 
-    publish_interval: int = Field(
-        50, ge=1, description="learner updates between parameter publications"
-    )
+    publish_interval: int = Field(50, ge=1, description="learner updates between parameter publications")
     device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
 
     @field_validator("device")
@@ -392,12 +366,8 @@ class LearnerConfig(_Section):
 class StopConfig(_Section):
     """When the run stops: the first criterion reached wins; at least one must be set."""
 
-    target_return: float | None = Field(
-        None, description="mean return over the last 100 episodes; null = no target"
-    )
-    max_env_steps: int | None = Field(
-        None, ge=1, description="env steps (all actors together); null = no limit"
-    )
+    target_return: float | None = Field(None, description="mean return over the last 100 episodes; null = no target")
+    max_env_steps: int | None = Field(None, ge=1, description="env steps (all actors together); null = no limit")
     max_seconds: float | None = Field(None, gt=0, description="wall-clock seconds; null = no limit")
 
     @model_validator(mode="after")
@@ -413,20 +383,22 @@ class StopConfig(_Section):
 class RunConfig(_Section):
     """Run supervision: metric cadence, liveness and checkpoints."""
 
-    metrics_interval: float = Field(
-        0.5, gt=0, description="seconds between metric rows / heartbeats"
-    )
+    metrics_interval: float = Field(0.5, gt=0, description="seconds between metric rows / heartbeats")
     heartbeat_timeout: float = Field(
         5.0, gt=0, description="seconds without a heartbeat before a host is declared lost"
     )
     checkpoint: bool = Field(True, description="write checkpoints into the run directory")
     checkpoint_interval: float = Field(
-        600.0, ge=0, description="seconds between checkpoints while the run goes on (0: only at "
-        "its end); each replaces the last only once it is whole, so a crash keeps the newest"
+        600.0,
+        ge=0,
+        description="seconds between checkpoints while the run goes on (0: only at "
+        "its end); each replaces the last only once it is whole, so a crash keeps the newest",
     )
     save_interval: float = Field(
-        60.0, ge=0, description="seconds between writes of metrics.nc and episodes.nc while the "
-        "run goes on (0: only at its end); a crash or a lost machine keeps what was written"
+        60.0,
+        ge=0,
+        description="seconds between writes of metrics.nc and episodes.nc while the "
+        "run goes on (0: only at its end); a crash or a lost machine keeps what was written",
     )
 
     @model_validator(mode="after")
@@ -471,9 +443,7 @@ class ExperimentConfig(_Section):
                 raise _problem(f"algo.name is missing; allowed names: {allowed}")
             name = value["name"]
             if not isinstance(name, str) or name not in ALGO_CONFIGS:
-                raise _problem(
-                    f"algo.name={name!r} is not a known algorithm; allowed names: {allowed}"
-                )
+                raise _problem(f"algo.name={name!r} is not a known algorithm; allowed names: {allowed}")
         return value
 
     @model_validator(mode="after")
@@ -617,7 +587,9 @@ class _YamlLoader(yaml.SafeLoader):
                 continue
             if duplicate:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key]})",
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {seen[key]})",
                     key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line + 1
@@ -632,7 +604,7 @@ _YamlLoader.add_implicit_resolver(
 
 
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_YamlLoader)
 
 
 def _yaml_error_text(exc: yaml.YAMLError) -> str:
@@ -662,13 +634,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     path = key.split(".")
     for part in path:
         if not part:
-            raise ConfigError(
-                f"--set {text!r}: empty component in key {key!r}; expected {OVERRIDE_FORM}"
-            )
+            raise ConfigError(f"--set {text!r}: empty component in key {key!r}; expected {OVERRIDE_FORM}")
         if not _KEY_RE.fullmatch(part):
             raise ConfigError(
-                f"--set {text!r}: {part!r} is not a valid key name (letters, digits, _); "
-                f"expected {OVERRIDE_FORM}"
+                f"--set {text!r}: {part!r} is not a valid key name (letters, digits, _); expected {OVERRIDE_FORM}"
             )
     try:
         value = _yaml_load(raw)
@@ -680,9 +649,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def apply_overrides(
-    data: Mapping[str, Any], overrides: Iterable[str | tuple[Sequence[str], Any]]
-) -> dict[str, Any]:
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str | tuple[Sequence[str], Any]]) -> dict[str, Any]:
     """Return a copy of ``data`` with each override set, in order (later ones win).
 
     Each override is a ``"key.path=value"`` string (see :func:`parse_override`) or a parsed
@@ -706,9 +673,7 @@ def apply_overrides(
             parent, here = path[:depth], ".".join(path[: depth + 1])
             model = _section_model(parent, result)
             if model is not None and key not in model.model_fields:
-                raise ConfigError(
-                    f"{shown}: unknown key {here!r}{_unknown_key_text(parent, key, result)}"
-                )
+                raise ConfigError(f"{shown}: unknown key {here!r}{_unknown_key_text(parent, key, result)}")
             if depth == len(path) - 1:
                 node[key] = copy.deepcopy(value)
                 break
@@ -716,10 +681,7 @@ def apply_overrides(
             # reports the name); "algo" itself is a section whatever its name.
             leaf = _section_model(path[: depth + 1], result) is None
             if model is not None and here != "algo" and leaf:
-                raise ConfigError(
-                    f"{shown}: {here} is a value, not a section; set it whole, "
-                    f"e.g. --set {here}=<value>"
-                )
+                raise ConfigError(f"{shown}: {here} is a value, not a section; set it whole, e.g. --set {here}=<value>")
             if node.get(key) is None:  # an absent or empty (``stop:``) section
                 node[key] = {}
             if not isinstance(node[key], dict):
@@ -759,10 +721,9 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
 
         try:
             return EnvSpaces(*atari_spaces(config.env))
-        except Exception as exc:  # noqa: BLE001 - any failure to build is a config problem to show
+        except Exception as exc:
             raise ConfigError(
-                f"env.id={env_id!r} (env.kind=atari, env.atari_backend="
-                f"{config.env.atari_backend!r}): {exc}"
+                f"env.id={env_id!r} (env.kind=atari, env.atari_backend={config.env.atari_backend!r}): {exc}"
             ) from exc
     try:
         env = gymnasium.make(env_id)
@@ -772,10 +733,8 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
         # gymnasium's own text helps when nothing is close (e.g. "install the package for ale_py")
         hint = f"did you mean {', '.join(close)}?" if close else f"{exc} (gymnasium.envs.registry)"
         raise ConfigError(f"env.id={env_id!r}: no such gymnasium environment; {hint}") from None
-    except Exception as exc:  # noqa: BLE001 - any failure to build is a config problem to show
-        raise ConfigError(
-            f"env.id={env_id!r}: gymnasium.make failed: {type(exc).__name__}: {exc}"
-        ) from exc
+    except Exception as exc:
+        raise ConfigError(f"env.id={env_id!r}: gymnasium.make failed: {type(exc).__name__}: {exc}") from exc
     try:
         action_space, observation_space = env.action_space, env.observation_space
     finally:
@@ -788,8 +747,7 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
         )
     if not isinstance(observation_space, spaces.Box):
         problems.append(
-            f"env.id={env_id!r}: observation space is {observation_space}, but a Box "
-            f"observation space is needed"
+            f"env.id={env_id!r}: observation space is {observation_space}, but a Box observation space is needed"
         )
     if problems:
         raise ConfigError(problems)
@@ -809,9 +767,7 @@ def check_device(config: ExperimentConfig) -> None:
     try:
         import torch
     except ImportError as exc:
-        raise ConfigError(
-            f"learner.device={device!r}: torch cannot be imported ({exc})"
-        ) from None
+        raise ConfigError(f"learner.device={device!r}: torch cannot be imported ({exc})") from None
     if not torch.cuda.is_available():
         raise ConfigError(
             f"learner.device={device!r}: torch.cuda.is_available() is False on this machine "
@@ -822,8 +778,7 @@ def check_device(config: ExperimentConfig) -> None:
         index, count = int(device.split(":")[1]), torch.cuda.device_count()
         if index >= count:
             raise ConfigError(
-                f"learner.device={device!r}: this machine has {count} CUDA device(s), "
-                f"cuda:0 to cuda:{count - 1}"
+                f"learner.device={device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
             )
 
 
@@ -854,11 +809,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML at {_yaml_error_text(exc)}") from None
     if not isinstance(data, dict):
-        got = (
-            "an empty file" if data is None
-            else "a list" if isinstance(data, list)
-            else f"the single value {data!r}"
-        )
+        got = "an empty file" if data is None else "a list" if isinstance(data, list) else f"the single value {data!r}"
         raise ConfigError(
             f"{path}: the top level must be a mapping of sections "
             f"({', '.join(ExperimentConfig.model_fields)}), got {got}"

@@ -17,14 +17,14 @@ import time
 import torch
 import torch.distributed as dist
 
-
 CLOSE_TIMEOUT_S = 10.0
 
 
 def open_store(host: str, world_size: int, timeout_s: float) -> torch.distributed.TCPStore:
     """Rank 0's rendezvous store on ``host``, port chosen by the OS (``store.port``)."""
-    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.TCPStore(
+        host, 0, world_size, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
 
 
 class DataParallel:
@@ -34,8 +34,17 @@ class DataParallel:
     ``average_gradients(params)`` between backward and step; ``close()`` at the end.
     """
 
-    def __init__(self, rank: int, world_size: int, host: str, port: int, *, backend: str = "gloo",
-                 timeout_s: float = 60.0, store=None):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        host: str,
+        port: int,
+        *,
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+        store=None,
+    ):
         self.rank, self.world_size = rank, world_size
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:
@@ -59,7 +68,7 @@ class DataParallel:
         offset = 0
         for g in grads:
             n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
+            g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
     def broadcast(self, module: torch.nn.Module) -> None:

@@ -21,8 +21,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from tianji_dask.cluster import HostLost
 from tianji_dask.config import ConfigError, ExperimentConfig, check_env
 from tianji_dask.results import MetricsRecorder
@@ -89,8 +87,17 @@ def check_replay_fits(cfg: ExperimentConfig, spaces, *, serial: bool, available:
 class Run:
     """Handle to a running training job (see the module docstring for the protocol)."""
 
-    def __init__(self, cfg: ExperimentConfig, *, client=None, out: Path | None = None,
-                 serial: bool = False, on_row=None, on_event=None, runs_root: Path = Path("runs")):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        client=None,
+        out: Path | None = None,
+        serial: bool = False,
+        on_row=None,
+        on_event=None,
+        runs_root: Path = Path("runs"),
+    ):
         self.cfg = cfg
         self.serial = serial
         self.spaces = check_env(cfg)
@@ -112,10 +119,13 @@ class Run:
         self._next_save = self.t0 + cfg.run.save_interval
         self._next_checkpoint = self.t0 + cfg.run.checkpoint_interval
         self._snapshot = None  # () -> (state, metadata) of the running learner, set by each mode
-        self.recorder = MetricsRecorder(run_name=self.name, target_return=cfg.stop.target_return,
-                                        config_json=cfg.to_json(), t0=self.t0,
-                                        attrs={"mode": "serial" if serial else "distributed",
-                                               "env_id": cfg.env.id, "seed": cfg.seed})
+        self.recorder = MetricsRecorder(
+            run_name=self.name,
+            target_return=cfg.stop.target_return,
+            config_json=cfg.to_json(),
+            t0=self.t0,
+            attrs={"mode": "serial" if serial else "distributed", "env_id": cfg.env.id, "seed": cfg.seed},
+        )
         self.dashboard_link: str | None = None
         self._thread = threading.Thread(target=self._main, name=f"tianji-driver-{self.id}", daemon=True)
         self._thread.start()
@@ -193,11 +203,16 @@ class Run:
         row = self.recorder.row(time.time() - self.t0)
         status = "failed" if error else (self._stop_reason or "stopped")
         status, error = self._write_results(status, error)
-        self.result = RunResult(status=status, run_dir=self.run_dir, wall_s=time.time() - self.t0,
-                                env_steps=self.recorder.env_steps,
-                                return_mean_100=self.recorder.return_mean_100,
-                                time_to_target_s=self.recorder.time_to_target_s, error=error,
-                                final_row=row)
+        self.result = RunResult(
+            status=status,
+            run_dir=self.run_dir,
+            wall_s=time.time() - self.t0,
+            env_steps=self.recorder.env_steps,
+            return_mean_100=self.recorder.return_mean_100,
+            time_to_target_s=self.recorder.time_to_target_s,
+            error=error,
+            final_row=row,
+        )
         self._done.set()
 
     def _write_results(self, status: str, error: str | None) -> tuple[str, str | None]:
@@ -221,8 +236,12 @@ class Run:
         if self.cfg.run.save_interval and now >= self._next_save:
             self._next_save = now + self.cfg.run.save_interval
             self._save_partial()
-        if (self._snapshot is not None and self.cfg.run.checkpoint and self.cfg.run.checkpoint_interval
-                and now >= self._next_checkpoint):
+        if (
+            self._snapshot is not None
+            and self.cfg.run.checkpoint
+            and self.cfg.run.checkpoint_interval
+            and now >= self._next_checkpoint
+        ):
             self._save_periodic_checkpoint()
             self._next_checkpoint = time.time() + self.cfg.run.checkpoint_interval
         if now >= next_row:
@@ -242,8 +261,7 @@ class Run:
             state, meta = self._snapshot()
             self._save_checkpoint(state, meta, final=False)
         except Exception as exc:  # noqa: BLE001 - a full disk or a slow learner must not end the run
-            self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; "
-                           f"the run goes on")
+            self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; the run goes on")
 
     def _run_serial(self) -> None:
         from tianji_dask.serial import SerialRun
@@ -265,8 +283,12 @@ class Run:
         self._save_checkpoint(run.learner.core.state(), self._checkpoint_meta(run.learner), final=True)
 
     def _checkpoint_meta(self, learner) -> dict:
-        return {"updates": learner.counters["updates"], "samples": learner.counters["samples"],
-                "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
+        return {
+            "updates": learner.counters["updates"],
+            "samples": learner.counters["samples"],
+            "algo": self.cfg.algo.name,
+            "env_id": self.cfg.env.id,
+        }
 
     def _save_checkpoint(self, state, meta, *, final: bool) -> None:
         """``final``: written at the run's end; else a periodic one of a run still going."""
@@ -274,8 +296,13 @@ class Run:
             return
         from tianji_dask.checkpoint import save_checkpoint
 
-        meta = {**meta, "run_name": self.name, "final": final, "env_steps": self.recorder.env_steps,
-                "wall_s": round(time.time() - self.t0, 3)}
+        meta = {
+            **meta,
+            "run_name": self.name,
+            "final": final,
+            "env_steps": self.recorder.env_steps,
+            "wall_s": round(time.time() - self.t0, 3),
+        }
         save_checkpoint(self.run_dir / "checkpoint", state, meta)
 
     def _run_distributed(self) -> None:
@@ -324,8 +351,15 @@ def _append(error: str | None, line: str) -> str:
     return f"{error}\n{line}" if error else line
 
 
-def train(config: ExperimentConfig, client=None, *, out: str | Path | None = None, serial: bool = False,
-          on_row=None, on_event=None) -> Run:
+def train(
+    config: ExperimentConfig,
+    client=None,
+    *,
+    out: str | Path | None = None,
+    serial: bool = False,
+    on_row=None,
+    on_event=None,
+) -> Run:
     """Start a training run and return its :class:`Run` handle at once.
 
     ``client``: a ``distributed.Client`` of any cluster (LocalCluster, SLURMCluster,
@@ -333,5 +367,4 @@ def train(config: ExperimentConfig, client=None, *, out: str | Path | None = Non
     it afterwards. ``on_row(row)`` is called with every metrics row (progress
     display), ``on_event(text)`` with notable events (dashboard link, lost hosts).
     """
-    return Run(config, client=client, out=Path(out) if out else None, serial=serial,
-               on_row=on_row, on_event=on_event)
+    return Run(config, client=client, out=Path(out) if out else None, serial=serial, on_row=on_row, on_event=on_event)

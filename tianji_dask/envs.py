@@ -19,8 +19,8 @@ from __future__ import annotations
 import difflib
 import re
 
-import numpy as np
 import gymnasium as gym
+import numpy as np
 
 
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
@@ -117,16 +117,21 @@ def atari_rom(env_id: str) -> str:
     if close:
         hint = f"did you mean {' or '.join(f'ALE/{c}-v5' for c in close)}?"
     else:
-        hint = (f"ale_py.roms.get_all_rom_ids() lists its {len(games)} games (ids as ALE/Pong-v5, "
-                f"ALE/Breakout-v5, ...); a non-Atari gymnasium env needs env.kind=gym")
+        hint = (
+            f"ale_py.roms.get_all_rom_ids() lists its {len(games)} games (ids as ALE/Pong-v5, "
+            f"ALE/Breakout-v5, ...); a non-Atari gymnasium env needs env.kind=gym"
+        )
     if _ATARI_ID.fullmatch(env_id) is None:
-        hint += (" (Atari ids have the form ALE/<Game>-v5: frame skip, sticky actions and the rest "
-                 "of the preprocessing come from env.kind=atari, not from the id)")
+        hint += (
+            " (Atari ids have the form ALE/<Game>-v5: frame skip, sticky actions and the rest "
+            "of the preprocessing come from env.kind=atari, not from the id)"
+        )
     raise ValueError(f"not an Atari game id of ale-py; {hint}")
 
 
-def make_atari_vector_env(env_id: str, num_envs: int, seed: int, backend: str = "ale_vector",
-                          threads: int = 1) -> gym.vector.VectorEnv:
+def make_atari_vector_env(
+    env_id: str, num_envs: int, seed: int, backend: str = "ale_vector", threads: int = 1
+) -> gym.vector.VectorEnv:
     """``num_envs`` copies of an Atari game with the DeepMind preprocessing.
 
     No-op reset (1 to 30 no-ops), frame skip 4 with max-pooling over the last 2 frames, 84x84
@@ -144,15 +149,30 @@ def make_atari_vector_env(env_id: str, num_envs: int, seed: int, backend: str = 
     rom = atari_rom(env_id)
     if backend == "ale_vector":
         env = _native_atari_class()(
-            rom, num_envs, num_threads=threads, max_num_frames_per_episode=ATARI_MAX_FRAMES,
-            repeat_action_probability=0.0, full_action_space=False,
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, img_height=ATARI_SCREEN,
-            img_width=ATARI_SCREEN, grayscale=True, stack_num=ATARI_FRAME_STACK,
-            frameskip=ATARI_FRAME_SKIP, maxpool=True, noop_max=ATARI_NOOP_MAX, episodic_life=False,
-            life_loss_info=False, reward_clipping=False, use_fire_reset=False)
+            rom,
+            num_envs,
+            num_threads=threads,
+            max_num_frames_per_episode=ATARI_MAX_FRAMES,
+            repeat_action_probability=0.0,
+            full_action_space=False,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+            img_height=ATARI_SCREEN,
+            img_width=ATARI_SCREEN,
+            grayscale=True,
+            stack_num=ATARI_FRAME_STACK,
+            frameskip=ATARI_FRAME_SKIP,
+            maxpool=True,
+            noop_max=ATARI_NOOP_MAX,
+            episodic_life=False,
+            life_loss_info=False,
+            reward_clipping=False,
+            use_fire_reset=False,
+        )
     elif backend == "gymnasium":
-        env = gym.vector.SyncVectorEnv([lambda: _gymnasium_atari(env_id) for _ in range(num_envs)],
-                                       autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        env = gym.vector.SyncVectorEnv(
+            [lambda: _gymnasium_atari(env_id) for _ in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
     else:
         raise ValueError(f"unknown Atari backend {backend!r}; expected one of {ATARI_BACKENDS}")
     env.reset(seed=seed)
@@ -178,19 +198,29 @@ def _gymnasium_atari(env_id: str) -> gym.Env:
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
     gym.register_envs(ale_py)
-    env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, full_action_space=False,
-                   max_num_frames_per_episode=ATARI_MAX_FRAMES)
-    env = AtariPreprocessing(env, noop_max=ATARI_NOOP_MAX, frame_skip=ATARI_FRAME_SKIP,
-                             screen_size=ATARI_SCREEN, terminal_on_life_loss=False, grayscale_obs=True,
-                             scale_obs=False)
+    env = gym.make(
+        env_id,
+        frameskip=1,
+        repeat_action_probability=0.0,
+        full_action_space=False,
+        max_num_frames_per_episode=ATARI_MAX_FRAMES,
+    )
+    env = AtariPreprocessing(
+        env,
+        noop_max=ATARI_NOOP_MAX,
+        frame_skip=ATARI_FRAME_SKIP,
+        screen_size=ATARI_SCREEN,
+        terminal_on_life_loss=False,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
     return FrameStackObservation(env, ATARI_FRAME_STACK, padding_type="zero")
 
 
 def make_env(env_cfg, seed: int) -> gym.vector.VectorEnv:
     """The vector env an actor steps, as ``env_cfg`` (the config's ``env`` section) says."""
     if getattr(env_cfg, "kind", "gym") == "atari":
-        return make_atari_vector_env(env_cfg.id, env_cfg.num_envs, seed, env_cfg.atari_backend,
-                                     env_cfg.atari_threads)
+        return make_atari_vector_env(env_cfg.id, env_cfg.num_envs, seed, env_cfg.atari_backend, env_cfg.atari_threads)
     return make_vector_env(env_cfg.id, env_cfg.num_envs, seed)
 
 

@@ -55,8 +55,10 @@ class FrameStreams:
 
     def __init__(self, actor_id: int, num_envs: int, stack: int = 4):
         if not 0 <= actor_id < MAX_ACTORS or not 1 <= num_envs <= MAX_ENVS:
-            raise ValueError(f"frame streams support actor ids < {MAX_ACTORS} and up to {MAX_ENVS} "
-                             f"envs per actor, got actor {actor_id} with {num_envs} envs")
+            raise ValueError(
+                f"frame streams support actor ids < {MAX_ACTORS} and up to {MAX_ENVS} "
+                f"envs per actor, got actor {actor_id} with {num_envs} envs"
+            )
         self.num_envs, self.stack = num_envs, stack
         self._base = (np.int64(actor_id) * MAX_ENVS + np.arange(num_envs, dtype=np.int64)) << SEQ_BITS
         self._next_seq = np.zeros(num_envs, np.int64)
@@ -130,8 +132,9 @@ class FrameReplay:
     ``(n, stack, H, W)`` stacks plus ``actions, rewards, discounts``. Not thread-safe.
     """
 
-    def __init__(self, capacity: int, frame_shape: tuple[int, int] = (84, 84), stack: int = 4,
-                 frame_capacity: int | None = None):
+    def __init__(
+        self, capacity: int, frame_shape: tuple[int, int] = (84, 84), stack: int = 4, frame_capacity: int | None = None
+    ):
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
@@ -164,16 +167,14 @@ class FrameReplay:
     @classmethod
     def nbytes_for(cls, capacity: int, frame_shape: tuple[int, int] = (84, 84)) -> int:
         """Bytes of a replay of ``capacity`` transitions (without the per-stream windows)."""
-        return (cls.default_frame_capacity(capacity) * int(np.prod(frame_shape))
-                + capacity * TRANSITION_BYTES)
+        return cls.default_frame_capacity(capacity) * int(np.prod(frame_shape)) + capacity * TRANSITION_BYTES
 
     def __len__(self) -> int:
         return self._size
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._frames, self._obs, self._next, self._oldest, self._actions, self._rewards,
-                  self._discounts)
+        arrays = (self._frames, self._obs, self._next, self._oldest, self._actions, self._rewards, self._discounts)
         return sum(a.nbytes for a in arrays)
 
     # --- adding ---------------------------------------------------------------------------
@@ -189,15 +190,14 @@ class FrameReplay:
                     row = self._rows[s] = len(self._rows)
                     if row >= len(self._win_seq):
                         grow = max(8, len(self._win_seq))
-                        self._win_seq = np.concatenate(
-                            [self._win_seq, np.full((grow, WINDOW), -1, np.int64)])
-                        self._win_count = np.concatenate(
-                            [self._win_count, np.zeros((grow, WINDOW), np.int64)])
+                        self._win_seq = np.concatenate([self._win_seq, np.full((grow, WINDOW), -1, np.int64)])
+                        self._win_count = np.concatenate([self._win_count, np.zeros((grow, WINDOW), np.int64)])
             rows[j] = row
         return rows[inverse].reshape(streams.shape)
 
-    def _resolve(self, ids: np.ndarray, local_ids: np.ndarray, local_order: np.ndarray,
-                 local_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _resolve(
+        self, ids: np.ndarray, local_ids: np.ndarray, local_order: np.ndarray, local_counts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Frame counts of ``ids`` and whether each was found (this chunk's frames first)."""
         counts = np.zeros(ids.shape, np.int64)
         found = np.zeros(ids.shape, bool)
@@ -239,7 +239,7 @@ class FrameReplay:
             frames, fids = np.zeros((0, *self.frame_shape), np.uint8), np.zeros(0, np.int64)
         fids = np.asarray(fids, np.int64)
         if len(fids) > self.frame_capacity:  # only the newest frames can be kept
-            frames, fids = frames[-self.frame_capacity:], fids[-self.frame_capacity:]
+            frames, fids = frames[-self.frame_capacity :], fids[-self.frame_capacity :]
         counts = self.frames_written + np.arange(len(fids), dtype=np.int64)
         order = np.argsort(fids, kind="stable")
         obs_c, obs_ok = self._resolve(np.asarray(batch["obs"], np.int64), fids, order, counts)
@@ -252,12 +252,13 @@ class FrameReplay:
         n = len(batch["actions"])
         self.added += n
         ok = obs_ok.all(axis=1) & nxt_ok.all(axis=1)
-        oldest = np.minimum(obs_c.min(axis=1, initial=np.iinfo(np.int64).max),
-                            nxt_c.min(axis=1, initial=np.iinfo(np.int64).max))
+        oldest = np.minimum(
+            obs_c.min(axis=1, initial=np.iinfo(np.int64).max), nxt_c.min(axis=1, initial=np.iinfo(np.int64).max)
+        )
         ok &= oldest >= self.frames_written - self.frame_capacity
         keep = np.flatnonzero(ok)
         self.unresolved += n - len(keep)
-        keep = keep[-self.capacity:]
+        keep = keep[-self.capacity :]
         m = len(keep)
         if m == 0:
             return
@@ -281,10 +282,13 @@ class FrameReplay:
         """The transitions at ring indices ``idx`` (0 .. len-1), stacks rebuilt from frames."""
         idx = np.asarray(idx)
         n, k = len(idx), self.stack
-        return {"obs": self._frames[self._obs[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
-                "next_obs": self._frames[self._next[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
-                "actions": self._actions[idx], "rewards": self._rewards[idx],
-                "discounts": self._discounts[idx]}
+        return {
+            "obs": self._frames[self._obs[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
+            "next_obs": self._frames[self._next[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
+            "actions": self._actions[idx],
+            "rewards": self._rewards[idx],
+            "discounts": self._discounts[idx],
+        }
 
     def oldest_index(self) -> int:
         """Ring index of the oldest stored transition."""
@@ -299,8 +303,10 @@ class FrameReplay:
         while bad.any():  # only the oldest few transitions can have lost a frame
             tries += 1
             if tries > 64:
-                raise RuntimeError("replay memory: no transition with all its frames found; "
-                                   "the frame ring is too small for these episodes")
+                raise RuntimeError(
+                    "replay memory: no transition with all its frames found; "
+                    "the frame ring is too small for these episodes"
+                )
             idx[bad] = rng.integers(0, self._size, size=int(bad.sum()))
             bad = ~self.valid(idx)
         return self.get(idx)

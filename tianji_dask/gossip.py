@@ -20,8 +20,15 @@ from tianji_dask.channels import ChannelError
 class GroupGossip:
     """Protocol: ``due()`` cheap check; ``exchange(own_params)`` -> ``(averaged, distance, n_peers)``."""
 
-    def __init__(self, group: int, publisher, inboxes: dict[int, object], interval_s: float,
-                 max_age_s: float | None = None, clock=time.monotonic):
+    def __init__(
+        self,
+        group: int,
+        publisher,
+        inboxes: dict[int, object],
+        interval_s: float,
+        max_age_s: float | None = None,
+        clock=time.monotonic,
+    ):
         self.group = group
         self.publisher = publisher
         self.inboxes = inboxes  # peer group id -> inbox with probe()
@@ -41,8 +48,9 @@ class GroupGossip:
         self._next = now + self.interval_s
         self.rounds += 1
         try:  # a peer group that is gone must not stop this one
-            self.publisher.publish(self.rounds, {"params": {k: v.copy() for k, v in own.items()},
-                                                 "group": np.array(self.group)})
+            self.publisher.publish(
+                self.rounds, {"params": {k: v.copy() for k, v in own.items()}, "group": np.array(self.group)}
+            )
         except ChannelError:
             self.send_errors += 1
         for peer, inbox in self.inboxes.items():
@@ -53,8 +61,7 @@ class GroupGossip:
         if not peers:
             return own, float("nan"), 0
         distance = float(np.mean([parameter_distance(own, p) for p in peers]))
-        averaged = {k: np.mean([own[k], *(p[k] for p in peers)], axis=0).astype(own[k].dtype)
-                    for k in own}
+        averaged = {k: np.mean([own[k], *(p[k] for p in peers)], axis=0).astype(own[k].dtype) for k in own}
         return averaged, distance, len(peers)
 
 

@@ -71,15 +71,16 @@ class _LoopHost:
 
     def _comm_kwargs(self) -> dict:
         """Where channel I/O runs (this worker's event loop) and how it connects (its security)."""
-        return {"loop": self.worker.loop.asyncio_loop,
-                "connection_args": self.worker.security.get_connection_args("worker")}
+        return {
+            "loop": self.worker.loop.asyncio_loop,
+            "connection_args": self.worker.security.get_connection_args("worker"),
+        }
 
     # --- control plane (event loop) -------------------------------------------------
     async def start(self) -> str:
         """Start the loop thread; returns the worker address hosting this role."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._main, name=f"tianji-{self.role_name}-{self.id}",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._main, name=f"tianji-{self.role_name}-{self.id}", daemon=True)
             self._thread.start()
             self._watcher = asyncio.ensure_future(self._watch_global_stop())
         return self.worker.address
@@ -167,8 +168,17 @@ class BufferHost(_LoopHost):
 
     role_name = "buffer"
 
-    def __init__(self, run_id: str, config_json: str, host_id: int, seed: int, channel: str,
-                 obs_shape: tuple, obs_dtype: str, n_senders: int = 1):
+    def __init__(
+        self,
+        run_id: str,
+        config_json: str,
+        host_id: int,
+        seed: int,
+        channel: str,
+        obs_shape: tuple,
+        obs_dtype: str,
+        n_senders: int = 1,
+    ):
         super().__init__(run_id, config_json, host_id)
         from tianji_dask.roles import make_buffer_role
 
@@ -206,16 +216,30 @@ class LearnerHost(_LoopHost):
     def _torch_threads(self) -> int:
         return self.cfg.topology.learner_torch_threads
 
-    def __init__(self, run_id: str, config_json: str, host_id: int, seed: int,
-                 subscribers: list, obs_dim: int, n_actions: int, *, buffer_id: int | None = None,
-                 rank: int = 0, world_size: int = 1, store_port: int | None = None,
-                 gossip_peers: dict | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        config_json: str,
+        host_id: int,
+        seed: int,
+        subscribers: list,
+        obs_dim: int,
+        n_actions: int,
+        *,
+        buffer_id: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        store_port: int | None = None,
+        gossip_peers: dict | None = None,
+    ):
         super().__init__(run_id, config_json, host_id)
         self.buffer_id = host_id if buffer_id is None else buffer_id
         self._args = (seed, [tuple(s) for s in subscribers], obs_dim, n_actions)
         if buffer_key(run_id, self.buffer_id) not in _LOCAL_BUFFERS:
-            raise RuntimeError(f"LearnerHost {host_id} of run {run_id} must be placed on the worker of "
-                               f"its BufferHost {self.buffer_id} ({self.worker.address} has none)")
+            raise RuntimeError(
+                f"LearnerHost {host_id} of run {run_id} must be placed on the worker of "
+                f"its BufferHost {self.buffer_id} ({self.worker.address} has none)"
+            )
         self.rank, self.world_size = rank, world_size
         self.dp = None
         self._dp_stopped = False
@@ -245,16 +269,29 @@ class LearnerHost(_LoopHost):
 
         seed, subscribers, obs_dim, n_actions = self._args
         self.publisher = TopicPublisher(subscribers, **self._comm_kwargs()) if self.rank == 0 else None
-        grad_hook = None
         if self.world_size > 1:
             from tianji_dask.dataparallel import DataParallel
 
             backend = "nccl" if self.cfg.learner.device.startswith("cuda") else "gloo"
-            self.dp = DataParallel(self.rank, self.world_size, self._host, self._store_port,
-                                   backend=backend, timeout_s=DP_TIMEOUT_S, store=self._store)
-        role = learner_role_class(self.cfg)(self.cfg, _LOCAL_BUFFERS[buffer_key(self.run_id, self.buffer_id)],
-                                            self.publisher, obs_dim, n_actions, seed,
-                                            learner_id=self.id, world_size=self.world_size)
+            self.dp = DataParallel(
+                self.rank,
+                self.world_size,
+                self._host,
+                self._store_port,
+                backend=backend,
+                timeout_s=DP_TIMEOUT_S,
+                store=self._store,
+            )
+        role = learner_role_class(self.cfg)(
+            self.cfg,
+            _LOCAL_BUFFERS[buffer_key(self.run_id, self.buffer_id)],
+            self.publisher,
+            obs_dim,
+            n_actions,
+            seed,
+            learner_id=self.id,
+            world_size=self.world_size,
+        )
         if self.dp is not None:
             params = list(role.core.module.parameters())
             role.grad_hook = lambda: self.dp.average_gradients(params)
@@ -262,8 +299,9 @@ class LearnerHost(_LoopHost):
             from tianji_dask.gossip import GroupGossip
 
             pub = TopicPublisher([tuple(x) for x in self._gossip_spec["publish_to"]], **self._comm_kwargs())
-            self.gossip = GroupGossip(int(self._gossip_spec["group"]), pub, self._gossip_inboxes,
-                                      self.cfg.topology.sync_interval_s)
+            self.gossip = GroupGossip(
+                int(self._gossip_spec["group"]), pub, self._gossip_inboxes, self.cfg.topology.sync_interval_s
+            )
             role.counters.update(gossip_rounds=0, group_distance=float("nan"))
         return role
 
@@ -347,15 +385,26 @@ class LearnerHost(_LoopHost):
             return
         try:
             state, meta = self._state()
-            want.set_result(({part: {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
-                              for part, tensors in state.items()}, meta))
+            want.set_result(
+                (
+                    {
+                        part: {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
+                        for part, tensors in state.items()
+                    },
+                    meta,
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - the caller reports it; the loop goes on
             want.set_exception(exc)
 
     def _state(self) -> tuple[dict, dict]:
         core = self.role.core
-        return core.state(), {"updates": core.updates, "samples": self.role.counters["samples"],
-                              "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
+        return core.state(), {
+            "updates": core.updates,
+            "samples": self.role.counters["samples"],
+            "algo": self.cfg.algo.name,
+            "env_id": self.cfg.env.id,
+        }
 
 
 class ActorHost(_LoopHost):
@@ -363,8 +412,16 @@ class ActorHost(_LoopHost):
 
     role_name = "actor"
 
-    def __init__(self, run_id: str, config_json: str, host_id: int, seed: int,
-                 buffer_address: str, traj_channel: str, params_channel: str):
+    def __init__(
+        self,
+        run_id: str,
+        config_json: str,
+        host_id: int,
+        seed: int,
+        buffer_address: str,
+        traj_channel: str,
+        params_channel: str,
+    ):
         super().__init__(run_id, config_json, host_id)
         self.params_channel = params_channel
         self.params = ChannelService.current().open_latest(params_channel)
@@ -375,8 +432,14 @@ class ActorHost(_LoopHost):
 
         seed, buffer_address, traj_channel = self._args
         c = self.cfg.channel
-        self.sender = QueueSender(buffer_address, traj_channel, f"actor-{self.id}", c.capacity_bytes,
-                                  full_policy=c.full_policy, **self._comm_kwargs())
+        self.sender = QueueSender(
+            buffer_address,
+            traj_channel,
+            f"actor-{self.id}",
+            c.capacity_bytes,
+            full_policy=c.full_policy,
+            **self._comm_kwargs(),
+        )
         role = actor_role_class(self.cfg)(self.cfg, self.id, seed, self.sender, self.params)
         role.should_stop = self._stop.is_set
         return role
@@ -391,8 +454,9 @@ class ActorHost(_LoopHost):
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"actor {self.id}: no parameters from the learner after "
-                                       f"{FIRST_PARAMS_TIMEOUT_S:.0f} s") from None
+                    raise TimeoutError(
+                        f"actor {self.id}: no parameters from the learner after {FIRST_PARAMS_TIMEOUT_S:.0f} s"
+                    ) from None
                 self._beat()
 
     def _after_loop(self) -> None:

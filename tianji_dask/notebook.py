@@ -21,6 +21,7 @@ progress line on stderr.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -47,8 +48,16 @@ class Results(NamedTuple):
     ds: Any
 
 
-def start(config: ExperimentConfig | str | Path, client, *, overrides=(), plan=None,
-          out: str | Path | None = None, display: bool = True, refresh_s: float = 1.0) -> NotebookRun:
+def start(
+    config: ExperimentConfig | str | Path,
+    client,
+    *,
+    overrides=(),
+    plan=None,
+    out: str | Path | None = None,
+    display: bool = True,
+    refresh_s: float = 1.0,
+) -> NotebookRun:
     """Start a run on ``client``'s cluster and return its :class:`NotebookRun` handle at once.
 
     ``config``: an ``ExperimentConfig`` or the path of a YAML config. ``overrides``: ``--set``
@@ -66,7 +75,8 @@ def start(config: ExperimentConfig | str | Path, client, *, overrides=(), plan=N
             f"start() needs a distributed.Client of a cluster you started, got {what}; e.g.\n"
             "    cluster = LocalCluster(n_workers=2, threads_per_worker=1)\n"
             "    client = Client(cluster)\n"
-            "    run = tianji_dask.start(config, client)")
+            "    run = tianji_dask.start(config, client)"
+        )
     cfg = _resolve_config(config, overrides)
     if plan is not None:
         cfg = plan.apply(cfg)
@@ -81,8 +91,10 @@ def start(config: ExperimentConfig | str | Path, client, *, overrides=(), plan=N
 
 def _resolve_config(config, overrides) -> ExperimentConfig:
     if isinstance(overrides, str):
-        raise TypeError(f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}; "
-                        f"write overrides=[{overrides!r}]")
+        raise TypeError(
+            f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}; "
+            f"write overrides=[{overrides!r}]"
+        )
     items = [(k.split("."), v) for k, v in overrides.items()] if isinstance(overrides, dict) else list(overrides)
     if isinstance(config, ExperimentConfig):
         if not items:
@@ -160,8 +172,10 @@ class NotebookRun:
         """``Results(result, ds)`` of the finished run; ``ds = open_run(run_dir)``. Raises
         RuntimeError while it runs (``wait()`` first, or ``metrics()`` for the rows so far)."""
         if not self.run.done:
-            raise RuntimeError(f"run {self.name} is still running: call .wait() (or .stop()) first, "
-                               "or .metrics() for what has been recorded so far")
+            raise RuntimeError(
+                f"run {self.name} is still running: call .wait() (or .stop()) first, "
+                "or .metrics() for what has been recorded so far"
+            )
         if self._results is None:
             from tianji_dask.analysis import open_run
 
@@ -268,9 +282,14 @@ class _KernelView(_View):
         self._dashboard = getattr(client, "dashboard_link", None)
         self._last = 0.0
         self._refresh_s = refresh_s
-        self._handle = display({"text/plain": "tianji-dask: starting the run...",
-                                "text/html": "<code>tianji-dask: starting the run...</code>"},
-                               raw=True, display_id=True)
+        self._handle = display(
+            {
+                "text/plain": "tianji-dask: starting the run...",
+                "text/html": "<code>tianji-dask: starting the run...</code>",
+            },
+            raw=True,
+            display_id=True,
+        )
 
     def attach(self, run: Run) -> None:
         super().attach(run)
@@ -286,10 +305,8 @@ class _KernelView(_View):
                 return
             self._last = now
             bundle = _render(self.run, self.last_row, self.run.dashboard_link or self._dashboard, list(self.events))
-            try:
+            with contextlib.suppress(Exception):  # a closed kernel channel must not break the run
                 self._handle.update(bundle, raw=True)
-            except Exception:  # noqa: BLE001 - a closed kernel channel must not break the run
-                pass
 
     def _finish(self):
         self.run.wait()
@@ -322,9 +339,11 @@ def _fraction(run: Run, row: dict) -> tuple[float, str]:
 
 
 def _summary(result: RunResult) -> str:
-    ttt = ("not reached" if math.isnan(result.time_to_target_s) else f"{result.time_to_target_s:.1f} s")
-    text = (f"{result.status}: {result.env_steps:,} env steps in {result.wall_s:.1f} s, "
-            f"return(100) {result.return_mean_100:.1f}, time to target {ttt}")
+    ttt = "not reached" if math.isnan(result.time_to_target_s) else f"{result.time_to_target_s:.1f} s"
+    text = (
+        f"{result.status}: {result.env_steps:,} env steps in {result.wall_s:.1f} s, "
+        f"return(100) {result.return_mean_100:.1f}, time to target {ttt}"
+    )
     if result.error:
         text += f"\nerror: {result.error.strip().splitlines()[0]}"
     return text
@@ -337,8 +356,12 @@ def _render(run: Run, last_row: dict, dashboard: str | None, events: list[str]) 
     state = result.status if result is not None else "running"
     head = f"tianji-dask {run.name}: {state}"
     bar = "#" * round(frac * 30) + "-" * (30 - round(frac * 30))
-    lines = [head, f"dashboard: {dashboard or '-'}", f"[{bar}] {frac:4.0%}  {label}",
-             progress_line(row, run.cfg.stop.target_return)]
+    lines = [
+        head,
+        f"dashboard: {dashboard or '-'}",
+        f"[{bar}] {frac:4.0%}  {label}",
+        progress_line(row, run.cfg.stop.target_return),
+    ]
     if result is not None:
         lines.append(_summary(result))
     lines.append(f"run directory: {run.run_dir}")
@@ -347,12 +370,13 @@ def _render(run: Run, last_row: dict, dashboard: str | None, events: list[str]) 
 
     esc = html.escape
     colour = {"running": "#1f77b4", "failed": "#d62728", "stopped": "#ff7f0e"}.get(state, "#2ca02c")
-    link = (f'<a href="{esc(dashboard)}" target="_blank">{esc(dashboard)}</a>' if dashboard else "-")
-    rows = [f'<b>tianji-dask</b> <code>{esc(run.name)}</code>: <b style="color:{colour}">{esc(state)}</b>',
-            f"dashboard: {link}",
-            f'<progress value="{frac:.3f}" max="1" style="width:20em"></progress> {frac:.0%} '
-            f"<small>{esc(label)}</small>",
-            f"<code>{esc(progress_line(row, run.cfg.stop.target_return))}</code>"]
+    link = f'<a href="{esc(dashboard)}" target="_blank">{esc(dashboard)}</a>' if dashboard else "-"
+    rows = [
+        f'<b>tianji-dask</b> <code>{esc(run.name)}</code>: <b style="color:{colour}">{esc(state)}</b>',
+        f"dashboard: {link}",
+        f'<progress value="{frac:.3f}" max="1" style="width:20em"></progress> {frac:.0%} <small>{esc(label)}</small>',
+        f"<code>{esc(progress_line(row, run.cfg.stop.target_return))}</code>",
+    ]
     if result is not None:
         rows.append(f"<code>{esc(_summary(result))}</code>".replace("\n", "<br>"))
     rows.append(f"<small>run directory: <code>{esc(str(run.run_dir))}</code></small>")
@@ -377,8 +401,13 @@ def slurm_status(timeout: float = 15.0) -> tuple[bool, str]:
         return False, "sinfo is not installed (no Slurm client on this machine)"
     where = f"SLURM_CONF={conf}" if conf else "the system's slurm.conf (SLURM_CONF is not set)"
     try:
-        r = subprocess.run(["sinfo", "-h", "-o", "%P %D %t %c %m"], capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %D %t %c %m"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return False, f"sinfo ({where}) did not answer within {timeout:g} s"
     except OSError as exc:
@@ -387,8 +416,12 @@ def slurm_status(timeout: float = 15.0) -> tuple[bool, str]:
         err = (r.stderr or r.stdout).strip().splitlines()
         return False, f"sinfo ({where}) failed: {err[-1] if err else f'exit {r.returncode}'}"
     lines = r.stdout.strip().splitlines()
-    usable = [ln for ln in lines if len(ln.split()) >= 3
-              and ln.split()[2].rstrip("*~#!%$@^-") in {"idle", "mix", "mixed", "alloc", "allocated", "comp"}]
+    usable = [
+        ln
+        for ln in lines
+        if len(ln.split()) >= 3
+        and ln.split()[2].rstrip("*~#!%$@^-") in {"idle", "mix", "mixed", "alloc", "allocated", "comp"}
+    ]
     if not usable:
         return False, f"no usable partition in sinfo ({where}): {lines or 'no nodes'}"
     return True, f"{where}: partition nodes state cpus memory(MB): " + "; ".join(usable)

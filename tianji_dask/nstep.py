@@ -48,6 +48,10 @@ class NStepWindow:
         last = order[k]
         discount = self._powers[k + 1] * (1.0 - self._term[last, self._envs])
         first = order[0]
-        return {"obs": self._obs[first].copy(), "actions": self._act[first].copy(),
-                "rewards": ret.astype(np.float32), "next_obs": self._next[last, self._envs],
-                "discounts": discount.astype(np.float32)}
+        return {
+            "obs": self._obs[first].copy(),
+            "actions": self._act[first].copy(),
+            "rewards": ret.astype(np.float32),
+            "next_obs": self._next[last, self._envs],
+            "discounts": discount.astype(np.float32),
+        }

@@ -54,8 +54,10 @@ class Profile:
             raise PlanError("profile: actors and actor_env_steps_per_s must be non-empty and of equal length")
         shape = np.shape(self.learner_samples_per_s)
         if shape != (len(self.threads), len(self.batch_sizes)):
-            raise PlanError(f"profile: learner_samples_per_s has shape {shape}, expected "
-                            f"(threads={len(self.threads)}, batch_sizes={len(self.batch_sizes)})")
+            raise PlanError(
+                f"profile: learner_samples_per_s has shape {shape}, expected "
+                f"(threads={len(self.threads)}, batch_sizes={len(self.batch_sizes)})"
+            )
 
     @classmethod
     def load(cls, path, cfg=None) -> Profile:
@@ -74,13 +76,17 @@ class Profile:
                 ds.load()
         except Exception as exc:  # noqa: BLE001 - h5py/xarray raise many kinds for a non-netCDF file
             raise PlanError(f"--profile {path} is not a NetCDF file ({type(exc).__name__}); {make}") from None
-        missing = sorted({"actor_env_steps_per_s", "learner_samples_per_s", "message_bytes",
-                          "replay_bytes_per_transition"} - set(ds.data_vars))
+        missing = sorted(
+            {"actor_env_steps_per_s", "learner_samples_per_s", "message_bytes", "replay_bytes_per_transition"}
+            - set(ds.data_vars)
+        )
         if missing:
             raise PlanError(f"--profile {path} is not a tianji-dask profile (no {', '.join(missing)}); {make}")
         if cfg is not None and (ds.attrs.get("algo"), ds.attrs.get("env_id")) != (cfg.algo.name, cfg.env.id):
-            raise PlanError(f"--profile {path} measured {ds.attrs.get('algo')} on {ds.attrs.get('env_id')}, "
-                            f"the config is {cfg.algo.name} on {cfg.env.id}: profile this config")
+            raise PlanError(
+                f"--profile {path} measured {ds.attrs.get('algo')} on {ds.attrs.get('env_id')}, "
+                f"the config is {cfg.algo.name} on {cfg.env.id}: profile this config"
+            )
         return cls.from_dataset(ds)
 
     @classmethod
@@ -125,8 +131,10 @@ class Resources:
         if self.cores < 1 or self.nodes < 1:
             raise PlanError(f"resources: cores ({self.cores}) and nodes ({self.nodes}) must be at least 1")
         if self.cores_per_node is not None and self.cores_per_node * self.nodes < self.cores:
-            raise PlanError(f"resources: --cores {self.cores} exceeds --nodes {self.nodes} x --cores-per-node "
-                            f"{self.cores_per_node} = {self.nodes * self.cores_per_node}")
+            raise PlanError(
+                f"resources: --cores {self.cores} exceeds --nodes {self.nodes} x --cores-per-node "
+                f"{self.cores_per_node} = {self.nodes * self.cores_per_node}"
+            )
 
     @property
     def group_core_limit(self) -> int:
@@ -172,11 +180,20 @@ class Plan:
 
     def overrides(self) -> dict[str, object]:
         """The config fields the plan sets (dotted names, as ``--set`` takes them)."""
-        out: dict[str, object] = {"topology.groups": self.groups, "topology.actors": self.actors,
-                                  "topology.learners": self.learners, "topology.learner_threads": self.learner_threads}
+        out: dict[str, object] = {
+            "topology.groups": self.groups,
+            "topology.actors": self.actors,
+            "topology.learners": self.learners,
+            "topology.learner_threads": self.learner_threads,
+        }
         if self.algo == "dqn":
-            out.update({"algo.batch_size": self.batch_size, "algo.buffer_size": self.buffer_size,
-                        "algo.train_freq": self.train_freq})
+            out.update(
+                {
+                    "algo.batch_size": self.batch_size,
+                    "algo.buffer_size": self.buffer_size,
+                    "algo.train_freq": self.train_freq,
+                }
+            )
         return out
 
     def apply(self, cfg):
@@ -184,9 +201,11 @@ class Plan:
         from tianji_dask.config import ConfigError, apply_overrides, validate_config
 
         if (cfg.algo.name, cfg.env.id) != (self.algo, self.env_id):
-            raise ConfigError(f"the plan was made for {self.algo} on {self.env_id}, the config is "
-                              f"{cfg.algo.name} on {cfg.env.id}; make a plan for this config with "
-                              "tianji-dask plan CONFIG --cores M")
+            raise ConfigError(
+                f"the plan was made for {self.algo} on {self.env_id}, the config is "
+                f"{cfg.algo.name} on {cfg.env.id}; make a plan for this config with "
+                "tianji-dask plan CONFIG --cores M"
+            )
         data = apply_overrides(cfg.model_dump(mode="json"), [f"{k}={v}" for k, v in self.overrides().items()])
         return validate_config(data)
 
@@ -232,8 +251,10 @@ def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
     M = resources.cores
     m_max = resources.group_core_limit
     if M < 2 or m_max < 2:
-        raise PlanError(f"{M} core(s) (at most {m_max} per node) cannot hold a training group: it needs "
-                        "1 actor core + 1 learner core = 2 cores. Give --cores 2 or more.")
+        raise PlanError(
+            f"{M} core(s) (at most {m_max} per node) cannot hold a training group: it needs "
+            "1 actor core + 1 learner core = 2 cores. Give --cores 2 or more."
+        )
     R = cfg.algo.target_replay_ratio
     best = None
     refused_memory: list[str] = []
@@ -243,7 +264,7 @@ def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
         for G in range(1, M // 2 + 1):
             m = min(M // G, m_max)
             per_node = resources.cores_per_node or M
-            if G > resources.nodes * (per_node // m):
+            if resources.nodes * (per_node // m) < G:
                 continue  # groups never straddle nodes
             for T in range(1, m):
                 A = m - T
@@ -254,7 +275,8 @@ def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
                         f"{G} group(s) x ({A} actors x {ACTOR_PROCESS_BYTES / 2**30:.2f} GiB + learner "
                         f"{learner_mem / 2**30:.2f} GiB incl. replay {buffer_size or 0:,} x "
                         f"{profile.replay_bytes_per_transition:,.0f} B) = {node_mem / 2**30:.2f} GiB on a node "
-                        f"> {resources.memory_per_node / 2**30:.2f} GiB")
+                        f"> {resources.memory_per_node / 2**30:.2f} GiB"
+                    )
                     continue
                 prod = profile.tr_a(A)
                 cons = profile.tr_l(T, b) / R  # env steps/s the learner can consume at ratio R
@@ -262,11 +284,27 @@ def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
                 # simpler wins a tie: fewer cores, the config's own batch, fewer groups
                 key = (G * group, -(G * m), b == _config_batch(cfg), -G)
                 if best is None or _better(key, best[0]):
-                    best = (key, dict(G=G, m=m, T=T, A=A, b=b, prod=prod, cons=cons, train_freq=train_freq,
-                                      buffer_size=buffer_size, learner_mem=learner_mem))
+                    best = (
+                        key,
+                        dict(
+                            G=G,
+                            m=m,
+                            T=T,
+                            A=A,
+                            b=b,
+                            prod=prod,
+                            cons=cons,
+                            train_freq=train_freq,
+                            buffer_size=buffer_size,
+                            learner_mem=learner_mem,
+                        ),
+                    )
     if best is None:
-        raise PlanError("no allocation fits in memory:\n  " + "\n  ".join(sorted(set(refused_memory))[:5])
-                        + "\nGive more memory per node, or a smaller algo.buffer_size.")
+        raise PlanError(
+            "no allocation fits in memory:\n  "
+            + "\n  ".join(sorted(set(refused_memory))[:5])
+            + "\nGive more memory per node, or a smaller algo.buffer_size."
+        )
     c = best[1]
     return _build(cfg, profile, resources, R, **c)
 
@@ -295,25 +333,35 @@ def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq,
     ]
     if bottleneck == "learner":
         more = profile.tr_l(T + 1, b) / R
-        seen = "" if T + 1 <= max(profile.threads) else f" (not measured beyond {max(profile.threads)}: assumed flat)"
-        text = (f"another core: {T + 1} learner threads would consume {more:,.0f} env steps/s "
-                f"({_pct(more, cons)}{seen})")
-        why.append(text + (f"; moving a core from the actors would drop production to {profile.tr_a(A - 1):,.0f}"
-                           if A > 1 else "; more actors add nothing while the learner is the bottleneck"))
+        seen = "" if max(profile.threads) >= T + 1 else f" (not measured beyond {max(profile.threads)}: assumed flat)"
+        text = f"another core: {T + 1} learner threads would consume {more:,.0f} env steps/s ({_pct(more, cons)}{seen})"
+        why.append(
+            text
+            + (
+                f"; moving a core from the actors would drop production to {profile.tr_a(A - 1):,.0f}"
+                if A > 1
+                else "; more actors add nothing while the learner is the bottleneck"
+            )
+        )
     else:
         more = profile.tr_a(A + 1)
-        why.append(f"another core: {A + 1} actors would produce {more:,.0f} env steps/s ({_pct(more, prod)})"
-                   + (f", but one learner thread fewer would consume only {profile.tr_l(T - 1, b) / R:,.0f}"
-                      if T > 1 else ""))
+        why.append(
+            f"another core: {A + 1} actors would produce {more:,.0f} env steps/s ({_pct(more, prod)})"
+            + (f", but one learner thread fewer would consume only {profile.tr_l(T - 1, b) / R:,.0f}" if T > 1 else "")
+        )
     if G > 1:
-        why.append(f"replicated groups: {G} x {group:,.0f} = {G * group:,.0f} env steps/s; "
-                   f"groups average parameters every topology.sync_interval_s")
+        why.append(
+            f"replicated groups: {G} x {group:,.0f} = {G * group:,.0f} env steps/s; "
+            f"groups average parameters every topology.sync_interval_s"
+        )
     spare = resources.cores - G * m
     if spare:
         why.append(f"{spare} core(s) left idle: a group of {m} cores does not fit in them")
     if cfg.algo.name == "dqn" and b != cfg.algo.batch_size:
-        why.append(f"batch {cfg.algo.batch_size} -> {b}: train_freq {cfg.algo.train_freq} -> {train_freq} and "
-                   f"buffer_size {cfg.algo.buffer_size:,} -> {buffer_size:,} keep R and P = B/N_s of serial training")
+        why.append(
+            f"batch {cfg.algo.batch_size} -> {b}: train_freq {cfg.algo.train_freq} -> {train_freq} and "
+            f"buffer_size {cfg.algo.buffer_size:,} -> {buffer_size:,} keep R and P = B/N_s of serial training"
+        )
     per_node = resources.cores_per_node or resources.cores
     groups_per_node = max(1, per_node // m)
     jobs: list[Job] = []
@@ -322,12 +370,27 @@ def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq,
         jobs.append(Job("learner", g, T, 1, learner_mem, node))
         jobs.append(Job("actors", g, A, A, A * ACTOR_PROCESS_BYTES, node))
     return Plan(
-        algo=cfg.algo.name, env_id=cfg.env.id, groups=G, actors=A, learner_threads=T, batch_size=b,
-        buffer_size=buffer_size, train_freq=train_freq, cores_total=resources.cores, cores_used=G * m,
+        algo=cfg.algo.name,
+        env_id=cfg.env.id,
+        groups=G,
+        actors=A,
+        learner_threads=T,
+        batch_size=b,
+        buffer_size=buffer_size,
+        train_freq=train_freq,
+        cores_total=resources.cores,
+        cores_used=G * m,
         replay_ratio=R,
-        predicted={"actor_env_steps_per_s": G * prod, "learner_env_steps_per_s": G * cons,
-                   "train_env_steps_per_s": G * group, "train_samples_per_s": G * group * R},
-        bottleneck=bottleneck, explanation=why, jobs=jobs)
+        predicted={
+            "actor_env_steps_per_s": G * prod,
+            "learner_env_steps_per_s": G * cons,
+            "train_env_steps_per_s": G * group,
+            "train_samples_per_s": G * group * R,
+        },
+        bottleneck=bottleneck,
+        explanation=why,
+        jobs=jobs,
+    )
 
 
 def _pct(new: float, old: float) -> str:
@@ -354,8 +417,13 @@ def save_plan(plan: Plan, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("# tianji-dask plan: tianji-dask train CONFIG --plan " + path.name + "\n"
-                   + yaml.safe_dump(plan.to_dict(), sort_keys=False), encoding="utf-8")
+    tmp.write_text(
+        "# tianji-dask plan: tianji-dask train CONFIG --plan "
+        + path.name
+        + "\n"
+        + yaml.safe_dump(plan.to_dict(), sort_keys=False),
+        encoding="utf-8",
+    )
     os.replace(tmp, path)
 
 
@@ -371,8 +439,9 @@ def load_plan(path) -> Plan:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         return Plan.from_dict(data)
     except (yaml.YAMLError, TypeError, AttributeError) as exc:
-        raise PlanError(f"--plan {path} is not a tianji-dask plan ({exc}); make one with "
-                        "tianji-dask plan CONFIG --cores M") from None
+        raise PlanError(
+            f"--plan {path} is not a tianji-dask plan ({exc}); make one with tianji-dask plan CONFIG --cores M"
+        ) from None
 
 
 def plan_table(plan: Plan):
@@ -383,7 +452,10 @@ def plan_table(plan: Plan):
     for col in ("group", "job", "processes", "cores", "memory", "hosts"):
         t.add_column(col, justify="right" if col in ("group", "processes", "cores", "memory") else "left")
     for j in plan.jobs:
-        hosts = (f"buffer + learner ({plan.learner_threads} torch threads)" if j.kind == "learner"
-                 else f"{j.processes} actor(s)")
+        hosts = (
+            f"buffer + learner ({plan.learner_threads} torch threads)"
+            if j.kind == "learner"
+            else f"{j.processes} actor(s)"
+        )
         t.add_row(str(j.group), j.kind, str(j.processes), str(j.cores), f"{j.memory_bytes / 2**30:.2f} GiB", hosts)
     return t

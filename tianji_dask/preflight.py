@@ -9,9 +9,11 @@ import socket
 from dataclasses import dataclass
 
 CONNECT_TIMEOUT_S = 10.0  # the same as the Client's own timeout in tianji-dask train
-WHAT_TO_CHECK = ("Check that the scheduler is started (`dask scheduler` prints the address it listens at, "
-                 "e.g. tcp://10.0.0.5:8786) and that --scheduler gives that host and port. "
-                 "Nothing was started or written.")
+WHAT_TO_CHECK = (
+    "Check that the scheduler is started (`dask scheduler` prints the address it listens at, "
+    "e.g. tcp://10.0.0.5:8786) and that --scheduler gives that host and port. "
+    "Nothing was started or written."
+)
 
 
 class SchedulerUnreachable(ValueError):
@@ -33,11 +35,14 @@ def check_scheduler_listens(address: str, timeout: float = CONNECT_TIMEOUT_S) ->
             if scheme == "tls":
                 _tls_handshake(sock, host, address)
     except ConnectionRefusedError:
-        raise SchedulerUnreachable(f"--scheduler {address}: nothing listens there (connection refused). "
-                                   f"{WHAT_TO_CHECK}") from None
+        raise SchedulerUnreachable(
+            f"--scheduler {address}: nothing listens there (connection refused). {WHAT_TO_CHECK}"
+        ) from None
     except TimeoutError:
-        raise SchedulerUnreachable(f"--scheduler {address}: no answer within {timeout:g} s. {WHAT_TO_CHECK} "
-                                   "A firewall between here and there may drop the connection.") from None
+        raise SchedulerUnreachable(
+            f"--scheduler {address}: no answer within {timeout:g} s. {WHAT_TO_CHECK} "
+            "A firewall between here and there may drop the connection."
+        ) from None
     except OSError as exc:  # the host's name does not resolve, no route to it, a failed TLS handshake
         raise SchedulerUnreachable(f"--scheduler {address}: cannot connect ({exc}). {WHAT_TO_CHECK}") from None
 
@@ -48,8 +53,10 @@ def _host_port(address: str, location: str) -> tuple[str, int]:
     try:
         return parse_host_port(location)
     except ValueError as exc:
-        raise SchedulerUnreachable(f"--scheduler {address}: {exc}; give HOST:PORT, e.g. tcp://127.0.0.1:8786 "
-                                   "(`dask scheduler` prints its address)") from None
+        raise SchedulerUnreachable(
+            f"--scheduler {address}: {exc}; give HOST:PORT, e.g. tcp://127.0.0.1:8786 "
+            "(`dask scheduler` prints its address)"
+        ) from None
 
 
 def _tls_handshake(sock: socket.socket, host: str, address: str) -> None:
@@ -62,7 +69,8 @@ def _tls_handshake(sock: socket.socket, host: str, address: str) -> None:
         raise SchedulerUnreachable(
             f"--scheduler {address}: tls:// needs certificates in Dask's config (distributed.comm.tls.ca-file, "
             "distributed.comm.tls.client.cert and distributed.comm.tls.client.key); none are set. "
-            "Nothing was started or written.")
+            "Nothing was started or written."
+        )
     with context.wrap_socket(sock, server_hostname=host):
         pass
 
@@ -83,9 +91,13 @@ def this_machine() -> Capacity:
     every worker all of it."""
     import psutil
 
-    return Capacity(cores=len(os.sched_getaffinity(0)),
-                    cores_text="cores this process may use on this machine (os.sched_getaffinity)",
-                    memory_bytes=psutil.virtual_memory().total, where="this machine", single_node=True)
+    return Capacity(
+        cores=len(os.sched_getaffinity(0)),
+        cores_text="cores this process may use on this machine (os.sched_getaffinity)",
+        memory_bytes=psutil.virtual_memory().total,
+        where="this machine",
+        single_node=True,
+    )
 
 
 def cluster_capacity(client, address: str) -> Capacity:
@@ -94,10 +106,13 @@ def cluster_capacity(client, address: str) -> Capacity:
 
     workers = list(scheduler_workers(client).values())
     limits = [w.get("memory_limit") or 0 for w in workers]
-    return Capacity(cores=sum(w["nthreads"] for w in workers),
-                    cores_text=f"worker threads of the cluster at {address}",
-                    memory_bytes=sum(limits) if workers and all(limits) else None,
-                    where=f"the cluster at {address}", single_node=False)
+    return Capacity(
+        cores=sum(w["nthreads"] for w in workers),
+        cores_text=f"worker threads of the cluster at {address}",
+        memory_bytes=sum(limits) if workers and all(limits) else None,
+        where=f"the cluster at {address}",
+        single_node=False,
+    )
 
 
 def plan_fit_problems(plan, capacity: Capacity, *, plan_path, config_path) -> tuple[str | None, str | None]:
@@ -106,15 +121,19 @@ def plan_fit_problems(plan, capacity: Capacity, *, plan_path, config_path) -> tu
     gib = 2**30
     warning = refusal = None
     if plan.cores_used > capacity.cores:
-        warning = (f"the plan {plan_path} uses {plan.cores_used} cores, more than the {capacity.cores} "
-                   f"{capacity.cores_text}: its processes will share cores and will not "
-                   f"reach its predicted {plan.predicted.get('train_env_steps_per_s', 0):,.0f} env steps/s. "
-                   f"Make a plan for what is there: tianji-dask plan {config_path} --cores {capacity.cores}")
+        warning = (
+            f"the plan {plan_path} uses {plan.cores_used} cores, more than the {capacity.cores} "
+            f"{capacity.cores_text}: its processes will share cores and will not "
+            f"reach its predicted {plan.predicted.get('train_env_steps_per_s', 0):,.0f} env steps/s. "
+            f"Make a plan for what is there: tianji-dask plan {config_path} --cores {capacity.cores}"
+        )
     needed = sum(job.memory_bytes for job in plan.jobs)
     if capacity.memory_bytes is not None and needed > capacity.memory_bytes:
         per_node = f"{int(capacity.memory_bytes // gib)}GiB" if capacity.single_node else "SIZE (one node's memory)"
-        refusal = (f"the plan {plan_path} needs {needed / gib:.2f} GiB ({len(plan.jobs)} jobs: processes and "
-                   f"replay), more than the {capacity.memory_bytes / gib:.2f} GiB of {capacity.where}. Make a "
-                   f"plan that fits: tianji-dask plan {config_path} --cores {min(plan.cores_used, capacity.cores)} "
-                   f"--memory-per-node {per_node}. Nothing was started or written.")
+        refusal = (
+            f"the plan {plan_path} needs {needed / gib:.2f} GiB ({len(plan.jobs)} jobs: processes and "
+            f"replay), more than the {capacity.memory_bytes / gib:.2f} GiB of {capacity.where}. Make a "
+            f"plan that fits: tianji-dask plan {config_path} --cores {min(plan.cores_used, capacity.cores)} "
+            f"--memory-per-node {per_node}. Nothing was started or written."
+        )
     return warning, refusal

@@ -83,8 +83,13 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
     t = time.perf_counter()
     loads(frames)
     t_rv = time.perf_counter() - t
-    return {"env_steps_per_s": steps / busy, "message_bytes": int(sum(len(memoryview(f)) for f in frames)),
-            "steps_per_message": _steps_per_message(cfg), "serialize_s": t_sd, "deserialize_s": t_rv}
+    return {
+        "env_steps_per_s": steps / busy,
+        "message_bytes": int(sum(len(memoryview(f)) for f in frames)),
+        "steps_per_message": _steps_per_message(cfg),
+        "serialize_s": t_sd,
+        "deserialize_s": t_rv,
+    }
 
 
 def _steps_per_message(cfg: ExperimentConfig) -> int:
@@ -137,8 +142,11 @@ def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds
     if torch.device(cfg.learner.device).type == "cuda":  # updates still queued count once done
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
-    return {"samples_per_s": samples / elapsed, "replay_bytes_per_transition": per_transition,
-            "batch_size": cfg.algo.batch_size if cfg.algo.name == "dqn" else samples}
+    return {
+        "samples_per_s": samples / elapsed,
+        "replay_bytes_per_transition": per_transition,
+        "batch_size": cfg.algo.batch_size if cfg.algo.name == "dqn" else samples,
+    }
 
 
 def doubling(limit: int) -> list[int]:
@@ -150,8 +158,16 @@ def doubling(limit: int) -> list[int]:
     return out + [limit] if limit >= 1 else []
 
 
-def profile(cfg: ExperimentConfig, client, *, seconds: float = DEFAULT_SECONDS, max_actors: int | None = None,
-            max_threads: int | None = None, batch_sizes: list[int] | None = None, log=lambda s: None):
+def profile(
+    cfg: ExperimentConfig,
+    client,
+    *,
+    seconds: float = DEFAULT_SECONDS,
+    max_actors: int | None = None,
+    max_threads: int | None = None,
+    batch_sizes: list[int] | None = None,
+    log=lambda s: None,
+):
     """Measure TR_A and TR_L on ``client``'s cluster; returns the profile Dataset.
 
     Actors: k single-threaded actor processes at once on k different workers. Learner: one at a
@@ -175,8 +191,18 @@ def profile(cfg: ExperimentConfig, client, *, seconds: float = DEFAULT_SECONDS, 
     tr_a, per_msg = [], None
     for k in actor_counts:
         start_at = time.time() + 2.0  # every actor builds its env and policy first
-        futs = [client.submit(measure_actor, cfg_json, seconds, start_at, workers=[addresses[i]],
-                              pure=False, allow_other_workers=False) for i in range(k)]
+        futs = [
+            client.submit(
+                measure_actor,
+                cfg_json,
+                seconds,
+                start_at,
+                workers=[addresses[i]],
+                pure=False,
+                allow_other_workers=False,
+            )
+            for i in range(k)
+        ]
         results = client.gather(futs)
         tr_a.append(sum(r["env_steps_per_s"] for r in results))
         per_msg = per_msg or results[0]
@@ -187,30 +213,56 @@ def profile(cfg: ExperimentConfig, client, *, seconds: float = DEFAULT_SECONDS, 
     bytes_per_transition = 0.0
     for i, t in enumerate(thread_counts):
         for j, b in enumerate(batch_sizes):
-            r = client.submit(measure_learner, cfg_json, t, b if cfg.algo.name == "dqn" else None, seconds,
-                              workers=[addresses[0]], pure=False).result()
+            r = client.submit(
+                measure_learner,
+                cfg_json,
+                t,
+                b if cfg.algo.name == "dqn" else None,
+                seconds,
+                workers=[addresses[0]],
+                pure=False,
+            ).result()
             tr_l[i, j] = r["samples_per_s"]
             bytes_per_transition = r["replay_bytes_per_transition"]
             log(f"learner threads {t:3d} batch {b:6d}: TR_L {tr_l[i, j]:10.0f} samples/s")
 
     ds = xr.Dataset(
         {
-            "actor_env_steps_per_s": ("actors", np.asarray(tr_a),
-                                      {"long_name": "production throughput TR_A of k actors at once",
-                                       "units": "env steps/s"}),
-            "learner_samples_per_s": (("threads", "batch_size"), tr_l,
-                                      {"long_name": "consumption throughput TR_L of one learner",
-                                       "units": "samples/s"}),
-            "message_bytes": ((), per_msg["message_bytes"],
-                              {"long_name": "serialized trajectory message", "units": "B"}),
-            "steps_per_message": ((), per_msg["steps_per_message"],
-                                  {"long_name": "env steps per trajectory message", "units": "1"}),
-            "serialize_s": ((), per_msg["serialize_s"],
-                            {"long_name": "time to serialize one message (T_sd)", "units": "s"}),
-            "deserialize_s": ((), per_msg["deserialize_s"],
-                              {"long_name": "time to deserialize one message (T_rv)", "units": "s"}),
-            "replay_bytes_per_transition": ((), bytes_per_transition,
-                                            {"long_name": "replay memory per transition", "units": "B"}),
+            "actor_env_steps_per_s": (
+                "actors",
+                np.asarray(tr_a),
+                {"long_name": "production throughput TR_A of k actors at once", "units": "env steps/s"},
+            ),
+            "learner_samples_per_s": (
+                ("threads", "batch_size"),
+                tr_l,
+                {"long_name": "consumption throughput TR_L of one learner", "units": "samples/s"},
+            ),
+            "message_bytes": (
+                (),
+                per_msg["message_bytes"],
+                {"long_name": "serialized trajectory message", "units": "B"},
+            ),
+            "steps_per_message": (
+                (),
+                per_msg["steps_per_message"],
+                {"long_name": "env steps per trajectory message", "units": "1"},
+            ),
+            "serialize_s": (
+                (),
+                per_msg["serialize_s"],
+                {"long_name": "time to serialize one message (T_sd)", "units": "s"},
+            ),
+            "deserialize_s": (
+                (),
+                per_msg["deserialize_s"],
+                {"long_name": "time to deserialize one message (T_rv)", "units": "s"},
+            ),
+            "replay_bytes_per_transition": (
+                (),
+                bytes_per_transition,
+                {"long_name": "replay memory per transition", "units": "B"},
+            ),
         },
         coords={
             "actors": ("actors", actor_counts, {"long_name": "actor processes stepping at once", "units": "1"}),
@@ -281,8 +333,8 @@ def describe(ds) -> str:
         for b in ds.batch_size.values:
             v = float(ds.learner_samples_per_s.sel(threads=t, batch_size=b))
             lines.append(f"  TR_L({int(t)} threads, batch {int(b)}) = {v:,.0f} samples/s")
-    lines.append(f"  message {int(ds.message_bytes):,} B per {int(ds.steps_per_message)} env steps; "
-                 f"T_sd {float(ds.serialize_s) * 1e3:.2f} ms, T_rv {float(ds.deserialize_s) * 1e3:.2f} ms")
+    lines.append(
+        f"  message {int(ds.message_bytes):,} B per {int(ds.steps_per_message)} env steps; "
+        f"T_sd {float(ds.serialize_s) * 1e3:.2f} ms, T_rv {float(ds.deserialize_s) * 1e3:.2f} ms"
+    )
     return "\n".join(lines)
-
-

@@ -19,10 +19,12 @@ def _fmt(x: float, spec: str = ".0f") -> str:
 def progress_line(row: dict, target: float | None) -> str:
     ret = _fmt(row.get("return_mean_100"), ".1f")
     goal = f"/{target:g}" if target is not None else ""
-    return (f"{row.get('time', 0.0):6.1f}s  steps {int(row.get('env_steps', 0)):>9,}  "
-            f"{_fmt(row.get('sample_fps'))} steps/s  train {_fmt(row.get('train_fps'))} samples/s  "
-            f"return(100) {ret}{goal}  replay ratio {_fmt(row.get('replay_ratio'), '.1f')}  "
-            f"updates {int(row.get('updates', 0) or 0):,}")
+    return (
+        f"{row.get('time', 0.0):6.1f}s  steps {int(row.get('env_steps', 0)):>9,}  "
+        f"{_fmt(row.get('sample_fps'))} steps/s  train {_fmt(row.get('train_fps'))} samples/s  "
+        f"return(100) {ret}{goal}  replay ratio {_fmt(row.get('replay_ratio'), '.1f')}  "
+        f"updates {int(row.get('updates', 0) or 0):,}"
+    )
 
 
 class Progress:
@@ -35,8 +37,7 @@ class Progress:
         self._last_print = 0.0
         self._live = None
         if self.console.is_terminal:
-            self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4,
-                              transient=False)
+            self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4, transient=False)
             self._live.start()
 
     def update(self, row: dict) -> None:

@@ -55,7 +55,7 @@ class ReplayMemory:
         n = len(batch["actions"])
         self.added += n
         if n > self.capacity:  # keep only the newest transitions
-            batch = {k: v[-self.capacity:] for k, v in batch.items()}
+            batch = {k: v[-self.capacity :] for k, v in batch.items()}
             n = self.capacity
         idx = (self._pos + np.arange(n)) % self.capacity
         for k in FIELDS:

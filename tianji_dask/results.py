@@ -33,8 +33,7 @@ ROLES = ("actor", "buffer", "learner")
 # its counters began again at zero; the recorder then adds the old totals as an offset so sums
 # over hosts and rates stay monotone.
 _MONOTONE = {
-    "actor": ("env_steps", "chunks_sent", "bytes_sent", "dropped", "blocked_s", "throttled_s",
-              "params_received"),
+    "actor": ("env_steps", "chunks_sent", "bytes_sent", "dropped", "blocked_s", "throttled_s", "params_received"),
     "buffer": ("received", "received_bytes", "seq_gaps", "stale_dropped"),
     "learner": ("updates", "samples", "throttled_s"),
 }
@@ -64,39 +63,51 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
     "loss": ("learner loss (mean since the learner's previous heartbeat)", "1", "float64"),
     "q_mean": ("mean Q value (mean since the learner's previous heartbeat)", "1", "float64"),
     "blocked_s": ("actor time blocked on channel credit (cumulative, all actors)", "s", "float64"),
-    "throttled_actor_s": ("actor time paused by the balance controller (cumulative, all actors)",
-                          "s", "float64"),
-    "throttled_learner_s": ("learner time paused by the balance controller (cumulative, all learners)",
-                            "s", "float64"),
+    "throttled_actor_s": ("actor time paused by the balance controller (cumulative, all actors)", "s", "float64"),
+    "throttled_learner_s": ("learner time paused by the balance controller (cumulative, all learners)", "s", "float64"),
     "dropped": ("trajectory chunks dropped by the channel (cumulative, all actors)", "1", "int64"),
     "seq_gaps": ("sequence gaps seen by the buffers (cumulative)", "1", "int64"),
-    "stale_dropped": ("transitions dropped unused for exceeding max_policy_lag or buffer room "
-                      "(cumulative, all buffers)", "1", "int64"),
-    "policy_lag_mean": ("mean policy lag of the rollouts trained on since the previous row "
-                        "(learner version minus the rollout's version)", "1", "float64"),
-    "policy_lag_max": ("largest policy lag of the rollouts trained on since the previous row",
-                       "1", "float64"),
-    "sample_age_s": ("mean age of the rollouts trained on since the previous row (training time "
-                     "minus creation time)", "s", "float64"),
-    "group_param_distance": ("largest L2 distance between a group's parameters and the other "
-                             "groups' latest snapshots, at the last gossip round", "1", "float64"),
+    "stale_dropped": (
+        "transitions dropped unused for exceeding max_policy_lag or buffer room (cumulative, all buffers)",
+        "1",
+        "int64",
+    ),
+    "policy_lag_mean": (
+        "mean policy lag of the rollouts trained on since the previous row "
+        "(learner version minus the rollout's version)",
+        "1",
+        "float64",
+    ),
+    "policy_lag_max": ("largest policy lag of the rollouts trained on since the previous row", "1", "float64"),
+    "sample_age_s": (
+        "mean age of the rollouts trained on since the previous row (training time minus creation time)",
+        "s",
+        "float64",
+    ),
+    "group_param_distance": (
+        "largest L2 distance between a group's parameters and the other "
+        "groups' latest snapshots, at the last gossip round",
+        "1",
+        "float64",
+    ),
 }
 # name -> (dim, long_name, units, source) with source the per-host value stored each row.
 _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
     "actor_sample_fps": ("actor", "env steps per second of one actor", "s-1", "sample_fps"),
     "actor_env_steps": ("actor", "env steps of one actor", "1", "env_steps"),
     "actor_param_version": ("actor", "parameter version in use by one actor", "1", "param_version"),
-    "actor_blocked_s": ("actor", "time one actor was blocked on channel credit (cumulative)", "s",
-                        "blocked_s"),
-    "buffer_receive_fps": ("buffer", "transitions received per second by one buffer", "s-1",
-                           "receive_fps"),
+    "actor_blocked_s": ("actor", "time one actor was blocked on channel credit (cumulative)", "s", "blocked_s"),
+    "buffer_receive_fps": ("buffer", "transitions received per second by one buffer", "s-1", "receive_fps"),
     "learner_train_fps": ("learner", "samples consumed per second by one learner", "s-1", "train_fps"),
     "actor_rss_mb": ("actor", "resident memory of one actor's worker process", "MB", "rss_mb"),
     "buffer_rss_mb": ("buffer", "resident memory of one buffer's worker process", "MB", "rss_mb"),
     "learner_rss_mb": ("learner", "resident memory of one learner's worker process", "MB", "rss_mb"),
 }
-_HOST_KEYS = {"actor": ("sample_fps", "env_steps", "param_version", "blocked_s", "rss_mb"),
-              "buffer": ("receive_fps", "rss_mb"), "learner": ("train_fps", "rss_mb")}
+_HOST_KEYS = {
+    "actor": ("sample_fps", "env_steps", "param_version", "blocked_s", "rss_mb"),
+    "buffer": ("receive_fps", "rss_mb"),
+    "learner": ("train_fps", "rss_mb"),
+}
 
 _EPISODE_VARS: dict[str, tuple[str, str, str]] = {
     "return": ("episode return (undiscounted)", "1", "float64"),
@@ -143,11 +154,14 @@ class MetricsRecorder:
     first rate needs two heartbeats (NaN before). Sums over hosts skip hosts whose rate is NaN.
     """
 
-    def __init__(self, *, run_name: str, target_return: float | None, config_json: str, t0: float,
-                 attrs: dict | None = None):
+    def __init__(
+        self, *, run_name: str, target_return: float | None, config_json: str, t0: float, attrs: dict | None = None
+    ):
         if not isinstance(config_json, str):
-            raise TypeError(f"config_json must be a JSON string, got {type(config_json).__name__}; "
-                            "pass e.g. config.model_dump_json()")
+            raise TypeError(
+                f"config_json must be a JSON string, got {type(config_json).__name__}; "
+                "pass e.g. config.model_dump_json()"
+            )
         try:
             json.loads(config_json)
         except ValueError as e:
@@ -179,8 +193,7 @@ class MetricsRecorder:
         """
         role = heartbeat.get("role")
         if role not in ROLES:
-            raise ValueError(f"heartbeat role must be one of {ROLES}, got {role!r} "
-                             f"(keys: {sorted(heartbeat)})")
+            raise ValueError(f"heartbeat role must be one of {ROLES}, got {role!r} (keys: {sorted(heartbeat)})")
         key = (role, int(heartbeat["id"]))
         t = float(heartbeat["t"])
         counters = {k: _num(v) for k, v in (heartbeat.get("counters") or {}).items()}
@@ -205,8 +218,12 @@ class MetricsRecorder:
                 c["wall_time"].append(t_end - self.t0)
                 c["env_steps"].append(steps)
                 self._window.append(ret)
-                if (self.target_return is not None and math.isnan(self.time_to_target_s)
-                        and len(c["return"]) >= 100 and self._mean_100() >= self.target_return):
+                if (
+                    self.target_return is not None
+                    and math.isnan(self.time_to_target_s)
+                    and len(c["return"]) >= 100
+                    and self._mean_100() >= self.target_return
+                ):
                     self.time_to_target_s = t_end - self.t0
 
     def _policy_lag(self, actors, learners) -> float:
@@ -257,8 +274,9 @@ class MetricsRecorder:
             return {k: h.t for k, h in self._hosts.items()}
 
     def _env_steps_locked(self) -> int:
-        return int(sum(v for (r, _), h in self._hosts.items()
-                       if r == "actor" and not math.isnan(v := h.value("env_steps"))))
+        return int(
+            sum(v for (r, _), h in self._hosts.items() if r == "actor" and not math.isnan(v := h.value("env_steps")))
+        )
 
     def _mean_100(self) -> float:
         return float(np.mean(self._window)) if self._window else math.nan
@@ -332,9 +350,13 @@ class MetricsRecorder:
             for role in ROLES:
                 for hid, h in by_role[role]:
                     per_host[(role, hid)] = tuple(
-                        h.rates.get(k, math.nan) if k.endswith("fps")
-                        else _version(h) if k == "param_version" else h.value(k)
-                        for k in _HOST_KEYS[role])
+                        h.rates.get(k, math.nan)
+                        if k.endswith("fps")
+                        else _version(h)
+                        if k == "param_version"
+                        else h.value(k)
+                        for k in _HOST_KEYS[role]
+                    )
             self._rows.append(r)
             self._host_rows.append(per_host)
             return dict(r)
@@ -356,7 +378,7 @@ class MetricsRecorder:
             "config_json": self.config_json,
             "t0_unix": self.t0,
             **self._provenance,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         }
         a.update(self._extra_attrs)
         a.update(status=self._status, error=self._error)
@@ -372,8 +394,9 @@ class MetricsRecorder:
         times = np.array([r["time"] for r in rows], dtype="float64")
         data_vars: dict[str, xr.Variable] = {}
         for name, (long_name, units, dtype) in _TIME_VARS.items():
-            data_vars[name] = xr.Variable(("time",), np.array([r[name] for r in rows], dtype=dtype),
-                                          {"long_name": long_name, "units": units})
+            data_vars[name] = xr.Variable(
+                ("time",), np.array([r[name] for r in rows], dtype=dtype), {"long_name": long_name, "units": units}
+            )
         ids = {role: sorted({hid for hr in host_rows for (r, hid) in hr if r == role}) for role in ROLES}
         for name, (role, long_name, units, source) in _HOST_VARS.items():
             col = _HOST_KEYS[role].index(source)
@@ -386,8 +409,7 @@ class MetricsRecorder:
             data_vars[name] = xr.Variable(("time", role), arr, {"long_name": long_name, "units": units})
         coords = {"time": ("time", times, {"long_name": "wall time since start", "units": "s"})}
         for role in ROLES:
-            coords[role] = (role, np.array(ids[role], dtype="int64"),
-                            {"long_name": f"{role} host id", "units": "1"})
+            coords[role] = (role, np.array(ids[role], dtype="int64"), {"long_name": f"{role} host id", "units": "1"})
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def episodes_dataset(self) -> xr.Dataset:
@@ -396,11 +418,17 @@ class MetricsRecorder:
             cols = {k: list(v) for k, v in self._ep_cols.items()}
             attrs = self.attrs()
         n = len(cols["return"])
-        data_vars = {name: xr.Variable(("episode",), np.array(cols[name], dtype=dtype),
-                                       {"long_name": long_name, "units": units})
-                     for name, (long_name, units, dtype) in _EPISODE_VARS.items()}
-        coords = {"episode": ("episode", np.arange(n, dtype="int64"),
-                              {"long_name": "episode index (arrival order)", "units": "1"})}
+        data_vars = {
+            name: xr.Variable(("episode",), np.array(cols[name], dtype=dtype), {"long_name": long_name, "units": units})
+            for name, (long_name, units, dtype) in _EPISODE_VARS.items()
+        }
+        coords = {
+            "episode": (
+                "episode",
+                np.arange(n, dtype="int64"),
+                {"long_name": "episode index (arrival order)", "units": "1"},
+            )
+        }
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def write(self, run_dir: Path) -> None:
@@ -410,8 +438,9 @@ class MetricsRecorder:
         so a failure while writing them (a full disk) replaces neither.
         """
         run_dir = Path(run_dir)
-        write_netcdf_files_atomic({run_dir / "metrics.nc": self.dataset(),
-                                   run_dir / "episodes.nc": self.episodes_dataset()})
+        write_netcdf_files_atomic(
+            {run_dir / "metrics.nc": self.dataset(), run_dir / "episodes.nc": self.episodes_dataset()}
+        )
 
 
 # ---------------------------------------------------------------------- helpers
@@ -434,8 +463,9 @@ def git_commit() -> str:
     pkg_dir = Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(pkg_dir), *args], capture_output=True, text=True,
-                              timeout=10, check=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(pkg_dir), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
 
     try:
         # A site-packages copy inside some unrelated repository must not report that repository.
@@ -502,8 +532,9 @@ def _netcdf_attrs(attrs: dict) -> dict[str, Any]:
             except TypeError as e:
                 raise TypeError(f"attr {k!r}: {e}; pass JSON-serializable values") from e
         else:
-            raise TypeError(f"attr {k!r} has type {type(v).__name__}, which netCDF cannot store; "
-                            "pass a str, number, dict or list")
+            raise TypeError(
+                f"attr {k!r} has type {type(v).__name__}, which netCDF cannot store; pass a str, number, dict or list"
+            )
     return out
 
 

@@ -57,14 +57,15 @@ def prepare_run_dir(out: Path | None, *, root: Path = Path("runs"), name: str) -
         raise RunDirExists(f"{root} already holds 10000 runs named {base}; pass --out")
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise RunDirExists(f"--out {out} exists and is a file, not a directory; "
-                           "pick another --out or remove it")
+        raise RunDirExists(f"--out {out} exists and is a file, not a directory; pick another --out or remove it")
     if out.is_dir():
         entries = sorted(p.name for p in out.iterdir())
         if entries:
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-            raise RunDirExists(f"run directory {out} is not empty ({len(entries)} entries: {shown}); "
-                               "pick another --out or remove it. A run never overwrites earlier results.")
+            raise RunDirExists(
+                f"run directory {out} is not empty ({len(entries)} entries: {shown}); "
+                "pick another --out or remove it. A run never overwrites earlier results."
+            )
     out.mkdir(parents=True, exist_ok=True)
     return out.absolute()
 

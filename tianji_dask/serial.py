@@ -31,14 +31,15 @@ class SerialRun:
         seeds = role_seeds(cfg.seed, n_actors=1)
         self.queue = LocalQueue(capacity_bytes=1 << 62, full_policy="wait")
         self.topic = LocalTopic()
-        self.actor = actor_role_class(cfg)(cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(),
-                                           balance=False, n_actors=1)
+        self.actor = actor_role_class(cfg)(
+            cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(), balance=False, n_actors=1
+        )
         obs_dim = int(np.prod(self.actor.obs_shape))
         n_actions = int(self.actor.env.single_action_space.n)
-        self.buffer = make_buffer_role(cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype,
-                                       seeds.buffer)
-        self.learner = learner_role_class(cfg)(cfg, self.buffer, self.topic, obs_dim, n_actions,
-                                               seeds.learner, balance=False)
+        self.buffer = make_buffer_role(cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer)
+        self.learner = learner_role_class(cfg)(
+            cfg, self.buffer, self.topic, obs_dim, n_actions, seeds.learner, balance=False
+        )
 
     def heartbeats(self) -> list[dict]:
         return [self.actor.heartbeat(), self.buffer.heartbeat(), self.learner.heartbeat()]

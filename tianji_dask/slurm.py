@@ -12,6 +12,7 @@ never from the experiment config; keyword arguments given here override it, as i
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 
@@ -31,13 +32,24 @@ def plan_from_config(cfg) -> Plan:
         jobs.append(Job("learner", g, t.learners * threads, t.learners, t.learners * LEARNER_PROCESS_BYTES, 0))
         jobs.append(Job("actors", g, t.actors, t.actors, t.actors * ACTOR_PROCESS_BYTES, 0))
     a = cfg.algo
-    return Plan(algo=a.name, env_id=cfg.env.id, groups=t.groups, actors=t.actors, learner_threads=threads,
-                batch_size=a.batch_size if a.name == "dqn" else a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs,
-                buffer_size=a.buffer_size if a.name == "dqn" else None,
-                train_freq=a.train_freq if a.name == "dqn" else None,
-                cores_total=sum(j.cores for j in jobs), cores_used=sum(j.cores for j in jobs),
-                replay_ratio=a.target_replay_ratio, predicted={}, bottleneck="unknown",
-                explanation=["the config's topology as it is (no profile)"], jobs=jobs, learners=t.learners)
+    return Plan(
+        algo=a.name,
+        env_id=cfg.env.id,
+        groups=t.groups,
+        actors=t.actors,
+        learner_threads=threads,
+        batch_size=a.batch_size if a.name == "dqn" else a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs,
+        buffer_size=a.buffer_size if a.name == "dqn" else None,
+        train_freq=a.train_freq if a.name == "dqn" else None,
+        cores_total=sum(j.cores for j in jobs),
+        cores_used=sum(j.cores for j in jobs),
+        replay_ratio=a.target_replay_ratio,
+        predicted={},
+        bottleneck="unknown",
+        explanation=["the config's topology as it is (no profile)"],
+        jobs=jobs,
+        learners=t.learners,
+    )
 
 
 def job_name(run_tag: str, job: Job) -> str:
@@ -49,11 +61,15 @@ def job_options(job: Job, **site) -> dict:
     pass through, and anything not given comes from the dask-jobqueue configuration."""
     import dask
 
-    extra = list(site.pop("worker_extra_args", None)
-                 or dask.config.get("jobqueue.slurm.worker-extra-args", None) or [])
+    extra = list(site.pop("worker_extra_args", None) or dask.config.get("jobqueue.slurm.worker-extra-args", None) or [])
     resources = ",".join(f"{k}={v}" for k, v in job.resources.items())
-    return {**site, "cores": job.cores, "processes": job.processes, "memory": f"{job.memory_bytes}B",
-            "worker_extra_args": [*extra, "--resources", resources]}
+    return {
+        **site,
+        "cores": job.cores,
+        "processes": job.processes,
+        "memory": f"{job.memory_bytes}B",
+        "worker_extra_args": [*extra, "--resources", resources],
+    }
 
 
 def job_scripts(plan: Plan, run_tag: str = "run", **site) -> list[tuple[str, str]]:
@@ -103,7 +119,8 @@ def check_fits(plan: Plan, queue: str | None = None) -> None:
                 f"group {job.group}'s {job.kind} job needs {job.cores} cores and "
                 f"{job.memory_bytes / 2**30:.2f} GiB, but the largest node of {where} has {cpus} CPUs and "
                 f"{mem / 2**30:.2f} GiB (sinfo): nothing was submitted. Plan for this cluster with "
-                f"tianji-dask plan CONFIG --cores M --cores-per-node {cpus}")
+                f"tianji-dask plan CONFIG --cores M --cores-per-node {cpus}"
+            )
 
 
 def slurm_cluster(plan: Plan, run_tag: str = "run", **kwargs):
@@ -113,12 +130,15 @@ def slurm_cluster(plan: Plan, run_tag: str = "run", **kwargs):
     from dask_jobqueue import SLURMCluster
 
     if shutil.which("sbatch") is None:
-        raise PlanError("Slurm's sbatch is not on PATH, so no job can be submitted from here; run on a "
-                        "Slurm login node, or try a local Slurm: jobqueue/local-slurm.sh start DIR")
+        raise PlanError(
+            "Slurm's sbatch is not on PATH, so no job can be submitted from here; run on a "
+            "Slurm login node, or try a local Slurm: jobqueue/local-slurm.sh start DIR"
+        )
     check_fits(plan, kwargs.get("queue") or dask.config.get("jobqueue.slurm.queue", None))
     first = plan.jobs[0]  # the cluster's own job template (cluster.job_script()); no job is submitted for it
-    cluster = SLURMCluster(**{"cores": first.cores, "processes": first.processes,
-                              "memory": f"{first.memory_bytes}B", **kwargs})
+    cluster = SLURMCluster(
+        **{"cores": first.cores, "processes": first.processes, "memory": f"{first.memory_bytes}B", **kwargs}
+    )
     site = {k: v for k, v in cluster._job_kwargs.items()}  # the resolved keywords every job shares
     for job in plan.jobs:
         name = job_name(run_tag, job)
@@ -130,8 +150,10 @@ def slurm_cluster(plan: Plan, run_tag: str = "run", **kwargs):
         cluster.sync(cluster._correct_state)  # submits every job (sbatch), raises if one is refused
     except Exception as exc:
         _cancel_and_close(cluster)
-        raise SlurmSubmitError(f"Slurm refused a job of the plan ({exc}); the jobs already submitted "
-                               "were cancelled. Check the plan with tianji-dask job-script") from exc
+        raise SlurmSubmitError(
+            f"Slurm refused a job of the plan ({exc}); the jobs already submitted "
+            "were cancelled. Check the plan with tianji-dask job-script"
+        ) from exc
     return cluster
 
 
@@ -141,14 +163,10 @@ class SlurmSubmitError(RuntimeError):
 
 def _cancel_and_close(cluster) -> None:
     cluster.worker_spec.clear()
-    try:
+    with contextlib.suppress(Exception):  # the refused job itself cannot be closed
         cluster.sync(cluster._correct_state)  # scancel what was submitted
-    except Exception:  # noqa: BLE001 - the refused job itself cannot be closed
-        pass
-    try:
+    with contextlib.suppress(AssertionError):  # distributed asserts every job started; the refused one never did
         cluster.close()
-    except AssertionError:  # distributed asserts every job started; the refused one never did
-        pass
 
 
 def planned_processes(plan: Plan) -> int:

@@ -3,10 +3,10 @@ worker process starts, so they load in parallel across workers instead of one af
 other when the hosts are created. Use with ``dask worker --preload tianji_dask.worker_preload``."""
 
 import gymnasium  # noqa: F401
-import torch  # noqa: F401
+import torch
 
-import tianji_dask.hosts  # noqa: F401
-import tianji_dask.roles.actor  # noqa: F401
+import tianji_dask.hosts
+import tianji_dask.roles.actor
 import tianji_dask.roles.learner  # noqa: F401
 
 

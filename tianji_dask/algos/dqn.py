@@ -43,9 +43,14 @@ def epsilon_at(step: int, initial: float, final: float, decay_steps: int) -> flo
     return initial + frac * (final - initial)
 
 
-def double_dqn_loss(q: torch.Tensor, q_next_online: torch.Tensor, q_next_target: torch.Tensor,
-                    actions: torch.Tensor, rewards: torch.Tensor,
-                    discounts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def double_dqn_loss(
+    q: torch.Tensor,
+    q_next_online: torch.Tensor,
+    q_next_target: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Huber loss of Q(s,a) against r + discount * Q_target(s', argmax_a' Q_online(s', a')).
 
     ``rewards`` are (n-step) returns and ``discounts`` the bootstrap factors: ``gamma**n``,
@@ -86,8 +91,7 @@ class DQNPolicy:
 class DQNLearner:
     """Online + target network with Adam; ``update(batch)`` does one gradient step."""
 
-    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu",
-                 network: str = "mlp"):
+    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu", network: str = "mlp"):
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = torch.device(device)
@@ -109,8 +113,7 @@ class DQNLearner:
         q, q_next_online = both[:n], both[n:].detach()
         with torch.no_grad():
             q_next_target = self.target(t["next_obs"])
-        loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, t["actions"],
-                                        t["rewards"], t["discounts"])
+        loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"])
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
         if grad_hook is not None:

@@ -41,13 +41,18 @@ def _to_float(obs: torch.Tensor) -> torch.Tensor:
 
 def nature_trunk(in_channels: int = FRAME_STACK, init=None) -> nn.Sequential:
     """The three convolutions and the 512-unit layer, ReLU after each."""
-    layers = [nn.Conv2d(in_channels, 32, 8, stride=4), nn.Conv2d(32, 64, 4, stride=2),
-              nn.Conv2d(64, 64, 3, stride=1), nn.Linear(TRUNK_FEATURES, 512)]
+    layers = [
+        nn.Conv2d(in_channels, 32, 8, stride=4),
+        nn.Conv2d(32, 64, 4, stride=2),
+        nn.Conv2d(64, 64, 3, stride=1),
+        nn.Linear(TRUNK_FEATURES, 512),
+    ]
     if init is not None:
         for layer in layers:
             init(layer)
-    return nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2], nn.ReLU(),
-                         nn.Flatten(), layers[3], nn.ReLU())
+    return nn.Sequential(
+        layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2], nn.ReLU(), nn.Flatten(), layers[3], nn.ReLU()
+    )
 
 
 class NatureQNetwork(nn.Module):
@@ -63,10 +68,12 @@ class NatureQNetwork(nn.Module):
 
 
 def _orthogonal(std: float = math.sqrt(2)):
-    def init(layer: nn.Module) -> nn.Module:
+    def init(layer: nn.Linear | nn.Conv2d) -> nn.Linear | nn.Conv2d:
         nn.init.orthogonal_(layer.weight, std)
+        assert layer.bias is not None
         nn.init.constant_(layer.bias, 0.0)
         return layer
+
     return init
 
 

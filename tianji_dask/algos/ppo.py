@@ -56,7 +56,10 @@ class ActorCritic(nn.Module):
         return dist.log_prob(actions), dist.entropy(), self.value(obs)
 
 
-def actor_critic(obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp") -> nn.Module:
+ActorCriticNet = ActorCritic | AtariActorCritic  # value(obs), heads(obs), evaluate(obs, actions)
+
+
+def actor_critic(obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp") -> ActorCriticNet:
     """Separate tanh MLPs over flat observations, or the shared Nature CNN over uint8 frame
     stacks (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``)."""
     if network == "nature_cnn":
@@ -92,8 +95,9 @@ class PPOPolicy:
             return self.net.value(torch.from_numpy(obs)).numpy()
 
 
-def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_values: np.ndarray,
-        gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+def gae(
+    rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_values: np.ndarray, gamma: float, lam: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Generalised advantage estimates for a rollout of shape ``(T, N)``.
 
     ``dones[t]`` marks that the episode ended at step t (the next observation starts a new
@@ -113,8 +117,18 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last_values:
     return adv, adv + values
 
 
-def ppo_loss(net: nn.Module, obs, actions, old_logp, adv, returns, clip: float, vf_coef: float,
-             ent_coef: float, normalize: bool):
+def ppo_loss(
+    net: ActorCriticNet,
+    obs,
+    actions,
+    old_logp,
+    adv,
+    returns,
+    clip: float,
+    vf_coef: float,
+    ent_coef: float,
+    normalize: bool,
+):
     """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``."""
     logp, entropy, value = net.evaluate(obs, actions)
     log_ratio = logp - old_logp
@@ -128,15 +142,19 @@ def ppo_loss(net: nn.Module, obs, actions, old_logp, adv, returns, clip: float, 
     with torch.no_grad():
         approx_kl = ((ratio - 1) - log_ratio).mean()
         clipfrac = ((ratio - 1).abs() > clip).float().mean()
-    return loss, {"pg_loss": pg.item(), "v_loss": v_loss.item(), "entropy": ent.item(),
-                  "approx_kl": approx_kl.item(), "clipfrac": clipfrac.item()}
+    return loss, {
+        "pg_loss": pg.item(),
+        "v_loss": v_loss.item(),
+        "entropy": ent.item(),
+        "approx_kl": approx_kl.item(),
+        "clipfrac": clipfrac.item(),
+    }
 
 
 class PPOLearner:
     """Owns the network and Adam; ``train(batch, progress)`` runs the minibatch epochs."""
 
-    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu",
-                 network: str = "mlp"):
+    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu", network: str = "mlp"):
         torch.manual_seed(seed)
         self.cfg = cfg
         self.device = torch.device(device)
@@ -165,11 +183,20 @@ class PPOLearner:
         for _ in range(a.epochs):
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
             # batches may differ in size, must make the same number of all-reduce calls
-            for idx in np.array_split(self.rng.permutation(n), a.minibatches):
-                idx = torch.from_numpy(idx).to(self.device)
-                loss, st = ppo_loss(self.net, t["obs"][idx], t["actions"][idx], t["logp"][idx],
-                                    t["advantages"][idx], t["returns"][idx], a.clip_coef, a.vf_coef,
-                                    a.ent_coef, a.normalize_advantages)
+            for rows in np.array_split(self.rng.permutation(n), a.minibatches):
+                idx = torch.from_numpy(rows).to(self.device)
+                loss, st = ppo_loss(
+                    self.net,
+                    t["obs"][idx],
+                    t["actions"][idx],
+                    t["logp"][idx],
+                    t["advantages"][idx],
+                    t["returns"][idx],
+                    a.clip_coef,
+                    a.vf_coef,
+                    a.ent_coef,
+                    a.normalize_advantages,
+                )
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
                 if grad_hook is not None:
@@ -195,6 +222,5 @@ class PPOLearner:
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         optim = self.optim.state_dict()
-        flat = {f"{pid}.{name}": torch.as_tensor(val)
-                for pid, st in optim["state"].items() for name, val in st.items()}
+        flat = {f"{pid}.{name}": torch.as_tensor(val) for pid, st in optim["state"].items() for name, val in st.items()}
         return {"net": self.net.state_dict(), "optim_state": flat}

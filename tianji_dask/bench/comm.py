@@ -51,9 +51,9 @@ MB = 1e6
 DEFAULT_OUT = Path("benchmarks/results/comm")
 #: the default config's ``channel.capacity_mb`` (tianji_dask/defaults/cartpole_dqn.yaml)
 DEFAULT_CAPACITY_MB = 16.0
-IDLE_PROBE_S = 2.0        # how long the idle workers' background CPU is measured at start-up
-BAR_TIME_RATIO = 1.5      # the issue's bar: 4 actors at 512 KiB within 1.5x raw TCP's collection time
-BAR_RSS_MB = 300.0        # ... with the receiver's RSS under 300 MB throughout
+IDLE_PROBE_S = 2.0  # how long the idle workers' background CPU is measured at start-up
+BAR_TIME_RATIO = 1.5  # the issue's bar: 4 actors at 512 KiB within 1.5x raw TCP's collection time
+BAR_RSS_MB = 300.0  # ... with the receiver's RSS under 300 MB throughout
 BAR_TINY_RATE = 10_000.0  # ... and at least 10,000 100-byte messages per second into one inbox
 
 SWEEPS = ("size", "actors", "transports", "tiny")
@@ -76,20 +76,27 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "t_sp_cpu": ("CPU time of one sampling step, mean over messages sent (0 for sleep)", "s"),
     "t_sd": ("send time T_sd: CPU seconds of an actor's process per message sent, outside sampling", "s"),
     "t_rv": ("receive time T_rv: CPU seconds of the receiving process per message received", "s"),
-    "send_call_time": ("wall time of one send call in the actor's loop (channel: push() without credit "
-                       "waits; raw TCP: sendall), mean per message", "s"),
+    "send_call_time": (
+        "wall time of one send call in the actor's loop (channel: push() without credit "
+        "waits; raw TCP: sendall), mean per message",
+        "s",
+    ),
     "credit_wait_time": ("time an actor's push() waited for credit, mean per message (channel only)", "s"),
     "items_per_wire_message": ("items per message written on the wire: the channel's batching (channel only)", "1"),
     "inbox_max_queued": ("most bytes the inbox held queued for its consumer (channel only)", "MB"),
     "t_c_eq1": ("collection time predicted by equation 1: N x max((T_sp + T_sd) / N_A, T_rv)", "s"),
     "eq1_over_measured": ("equation 1 prediction / measured collection time", "1"),
     "critical_path": ("equation 1's critical path: 'actor' if (T_sp + T_sd) / N_A > T_rv, else 'buffer'", "1"),
-    "t_c_eq1_overlap": ("equation 1 with the send overlapping the next sample: N x max(max(T_sp + send call, "
-                        "T_sd) / N_A, T_rv)", "s"),
+    "t_c_eq1_overlap": (
+        "equation 1 with the send overlapping the next sample: N x max(max(T_sp + send call, T_sd) / N_A, T_rv)",
+        "s",
+    ),
     "t_c_cpu_bound": ("lower bound from CPU: N x (T_sd + T_rv + T_sp_cpu) / cores", "s"),
     "fraction_of_raw_tcp": ("throughput / raw TCP throughput of the same size, actors and sample time", "1"),
-    "time_ratio_to_raw_tcp": ("collection time per message / raw TCP's for the same size, actors and sample "
-                              "time (the bar is <= 1.5)", "1"),
+    "time_ratio_to_raw_tcp": (
+        "collection time per message / raw TCP's for the same size, actors and sample time (the bar is <= 1.5)",
+        "1",
+    ),
     "load_avg_1m_before": ("1-minute load average of the machine just before the case", "1"),
     "load_avg_1m_after": ("1-minute load average of the machine just after the case", "1"),
 }
@@ -126,7 +133,7 @@ class CommBenchConfig:
     sweeps: tuple[str, ...] = SWEEPS
 
     @classmethod
-    def small(cls, **kw) -> "CommBenchConfig":
+    def small(cls, **kw) -> CommBenchConfig:
         return cls(**{"messages": 500, "alt_messages": 200, "tiny_messages": 2_000, **kw})
 
     def validate(self) -> None:
@@ -209,8 +216,9 @@ class _Bench:
         self._cfgctx = dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()})
         self._cfgctx.__enter__()
         n_workers = 1 + self.cfg.max_actors
-        self.cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                    dashboard_address=None)
+        self.cluster = LocalCluster(
+            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        )
         self.client = Client(self.cluster)
         self.client.wait_for_workers(n_workers, timeout=120)
         self.client.register_plugin(ChannelPlugin())
@@ -243,7 +251,7 @@ class _Bench:
 
         cfg, A = self.cfg, case.actors
         cap = int(cfg.capacity_mb * MB)
-        recv_w, send_ws = self.workers[0], self.workers[1:1 + A]
+        recv_w, send_ws = self.workers[0], self.workers[1 : 1 + A]
         futs = [self._actor(ChannelCollector, recv_w, name, cap * A)]
         futs += [self._actor(ChannelProducer, w) for w in send_ws]
         try:
@@ -251,8 +259,10 @@ class _Bench:
             address = coll.address().result(timeout=30)
             with RssSampler(self.pids[recv_w]) as rss:
                 collected = coll.collect(case.messages, A, cfg.case_timeout_s)
-                readies = [p.prepare(address, name, f"actor-{i}", case.message_bytes, cfg.sample_mode,
-                                     case.sample_time, cap) for i, p in enumerate(prods)]
+                readies = [
+                    p.prepare(address, name, f"actor-{i}", case.message_bytes, cfg.sample_mode, case.sample_time, cap)
+                    for i, p in enumerate(prods)
+                ]
                 for r in readies:
                     r.result(timeout=90)
                 start_at = time.monotonic() + 0.05 + 0.01 * A
@@ -313,21 +323,36 @@ class _Bench:
 
     @staticmethod
     def _simple(case: Case, s: dict, got: dict, rss: RssSampler) -> dict:
-        return {"collection_time": got["t_n"] - s["t_first"], "messages_sent": s["sent"],
-                "t_sp": 0.0, "t_sp_cpu": 0.0, "t_sd": s["cpu_s"] / s["sent"], "t_rv": got["cpu_s"] / case.messages,
-                "receiver_rss_start": rss.start_bytes / MB, "receiver_rss_peak": rss.peak_bytes / MB}
+        return {
+            "collection_time": got["t_n"] - s["t_first"],
+            "messages_sent": s["sent"],
+            "t_sp": 0.0,
+            "t_sp_cpu": 0.0,
+            "t_sd": s["cpu_s"] / s["sent"],
+            "t_rv": got["cpu_s"] / case.messages,
+            "receiver_rss_start": rss.start_bytes / MB,
+            "receiver_rss_peak": rss.peak_bytes / MB,
+        }
 
 
 def run_raw(case: Case, cfg: CommBenchConfig) -> dict:
     from .rawtcp import run_raw_tcp
 
-    r = run_raw_tcp(case.messages, case.message_bytes, case.actors, case.sample_time, cfg.sample_mode,
-                    timeout=cfg.case_timeout_s)
-    return {"collection_time": r["collection_time_s"], "messages_sent": r["sent"], "t_sp": r["t_sp_s"],
-            "t_sp_cpu": r["t_sp_cpu_s"], "t_sd": r["t_sd_s"], "t_rv": r["t_rv_s"], "send_call_time": r["send_call_s"],
-            "receiver_rss_start": r["receiver_start_rss_bytes"] / MB,
-            "receiver_rss_peak": r["receiver_peak_rss_bytes"] / MB,
-            "receiver_malloc_env": json.dumps(r["receiver_malloc_env"], sort_keys=True)}
+    r = run_raw_tcp(
+        case.messages, case.message_bytes, case.actors, case.sample_time, cfg.sample_mode, timeout=cfg.case_timeout_s
+    )
+    return {
+        "collection_time": r["collection_time_s"],
+        "messages_sent": r["sent"],
+        "t_sp": r["t_sp_s"],
+        "t_sp_cpu": r["t_sp_cpu_s"],
+        "t_sd": r["t_sd_s"],
+        "t_rv": r["t_rv_s"],
+        "send_call_time": r["send_call_s"],
+        "receiver_rss_start": r["receiver_start_rss_bytes"] / MB,
+        "receiver_rss_peak": r["receiver_peak_rss_bytes"] / MB,
+        "receiver_malloc_env": json.dumps(r["receiver_malloc_env"], sort_keys=True),
+    }
 
 
 def derive(row: dict, case: Case, cores: int) -> dict:
@@ -381,8 +406,7 @@ def machine_description() -> dict:
         mem = f"{psutil.virtual_memory().total / 2**30:.1f} GiB"
     except Exception:  # noqa: BLE001 - description only
         pass
-    return {"cpu_cores": os.cpu_count() or 1, "cpu_model": model, "memory": mem,
-            "platform": platform.platform()}
+    return {"cpu_cores": os.cpu_count() or 1, "cpu_model": model, "memory": mem, "platform": platform.platform()}
 
 
 def build_dataset(cases: list[Case], rows: list[dict], attrs: dict):
@@ -426,9 +450,13 @@ def _size_label(nbytes: int) -> str:
 
 def summary(cases: list[Case], rows: list[dict], cfg: CommBenchConfig) -> dict:
     """Headline numbers and the issue's bars."""
+
     def find(**kw):
-        return [(c, r) for c, r in zip(cases, rows)
-                if all(getattr(c, k) == v for k, v in kw.items()) and "collection_time" in r]
+        return [
+            (c, r)
+            for c, r in zip(cases, rows)
+            if all(getattr(c, k) == v for k, v in kw.items()) and "collection_time" in r
+        ]
 
     out: dict = {"bars": {}, "size_sweep": [], "actor_sweep": [], "transports": {}}
     four = max((a for a in cfg.actor_counts if a <= 4), default=None)
@@ -439,40 +467,73 @@ def summary(cases: list[Case], rows: list[dict], cfg: CommBenchConfig) -> dict:
             ratio = ch[0][1]["collection_time"] / raw[0][1]["collection_time"]
             out["bars"][f"{four}_actors_{_size_label(cfg.actor_sweep_size)}_sample_{st:g}s"] = {
                 "channel_collection_time_s": ch[0][1]["collection_time"],
-                "raw_tcp_collection_time_s": raw[0][1]["collection_time"], "time_ratio": ratio,
-                "bar": BAR_TIME_RATIO, "pass": bool(ratio <= BAR_TIME_RATIO),
-                "load_avg_1m": ch[0][1].get("load_avg_1m_before")}
-    ch_rss = [r["receiver_rss_peak"] for c, r in zip(cases, rows)
-              if c.transport == "channel" and "receiver_rss_peak" in r]
+                "raw_tcp_collection_time_s": raw[0][1]["collection_time"],
+                "time_ratio": ratio,
+                "bar": BAR_TIME_RATIO,
+                "pass": bool(ratio <= BAR_TIME_RATIO),
+                "load_avg_1m": ch[0][1].get("load_avg_1m_before"),
+            }
+    ch_rss = [
+        r["receiver_rss_peak"] for c, r in zip(cases, rows) if c.transport == "channel" and "receiver_rss_peak" in r
+    ]
     if ch_rss:
         out["bars"]["receiver_rss_peak_MB_max_over_channel_cases"] = {
-            "value": max(ch_rss), "bar": BAR_RSS_MB, "pass": bool(max(ch_rss) < BAR_RSS_MB)}
+            "value": max(ch_rss),
+            "bar": BAR_RSS_MB,
+            "pass": bool(max(ch_rss) < BAR_RSS_MB),
+        }
     tiny = find(sweep="tiny", transport="channel")
     if tiny:
         rate = tiny[0][1]["message_rate"]
-        out["bars"]["tiny_100B_messages_per_s"] = {"value": rate, "bar": BAR_TINY_RATE,
-                                                   "pass": bool(rate >= BAR_TINY_RATE)}
+        out["bars"]["tiny_100B_messages_per_s"] = {
+            "value": rate,
+            "bar": BAR_TINY_RATE,
+            "pass": bool(rate >= BAR_TINY_RATE),
+        }
         raw = find(sweep="tiny", transport="raw_tcp")
         if raw:
             out["bars"]["tiny_100B_messages_per_s"]["raw_tcp"] = raw[0][1]["message_rate"]
     for size in cfg.sizes:
-        ch, raw = find(sweep="size", transport="channel", message_bytes=size), find(sweep="size", transport="raw_tcp", message_bytes=size)
+        ch, raw = (
+            find(sweep="size", transport="channel", message_bytes=size),
+            find(sweep="size", transport="raw_tcp", message_bytes=size),
+        )
         if ch:
-            out["size_sweep"].append({"message_bytes": size, "channel_MBps": ch[0][1]["throughput"],
-                                      "raw_tcp_MBps": raw[0][1]["throughput"] if raw else None,
-                                      "fraction_of_raw_tcp": ch[0][1].get("fraction_of_raw_tcp"),
-                                      "receiver_rss_peak_MB": ch[0][1]["receiver_rss_peak"]})
+            out["size_sweep"].append(
+                {
+                    "message_bytes": size,
+                    "channel_MBps": ch[0][1]["throughput"],
+                    "raw_tcp_MBps": raw[0][1]["throughput"] if raw else None,
+                    "fraction_of_raw_tcp": ch[0][1].get("fraction_of_raw_tcp"),
+                    "receiver_rss_peak_MB": ch[0][1]["receiver_rss_peak"],
+                }
+            )
     for c, r in zip(cases, rows):
         if c.sweep == "actors" and "collection_time" in r:
-            out["actor_sweep"].append({"transport": c.transport, "actors": c.actors, "sample_time_s": c.sample_time,
-                                       "collection_time_s": r["collection_time"], "t_c_eq1_s": r["t_c_eq1"],
-                                       "critical_path": r["critical_path"],
-                                       "time_ratio_to_raw_tcp": r.get("time_ratio_to_raw_tcp")})
+            out["actor_sweep"].append(
+                {
+                    "transport": c.transport,
+                    "actors": c.actors,
+                    "sample_time_s": c.sample_time,
+                    "collection_time_s": r["collection_time"],
+                    "t_c_eq1_s": r["t_c_eq1"],
+                    "critical_path": r["critical_path"],
+                    "time_ratio_to_raw_tcp": r.get("time_ratio_to_raw_tcp"),
+                }
+            )
     for c, r in zip(cases, rows):
-        if c.message_bytes == cfg.actor_sweep_size and c.actors == 1 and c.sample_time == 0 and "throughput" in r \
-                and c.sweep in ("size", "transports"):
-            out["transports"][c.transport] = {"MBps": r["throughput"], "messages": c.messages,
-                                              "fraction_of_raw_tcp": r.get("fraction_of_raw_tcp")}
+        if (
+            c.message_bytes == cfg.actor_sweep_size
+            and c.actors == 1
+            and c.sample_time == 0
+            and "throughput" in r
+            and c.sweep in ("size", "transports")
+        ):
+            out["transports"][c.transport] = {
+                "MBps": r["throughput"],
+                "messages": c.messages,
+                "fraction_of_raw_tcp": r.get("fraction_of_raw_tcp"),
+            }
     return out
 
 
@@ -491,10 +552,12 @@ def plot(ds, path: Path, title: str) -> None:
     sweep, transport = ds["sweep"].values, ds["transport"].values
     kib = ds["message_bytes"].values / KIB
     st_all, actors = ds["sample_time"].values, ds["actors"].values
-    style = {"channel": dict(color="tab:blue", marker="o", ls="-"),
-             "raw_tcp": dict(color="black", marker="s", ls="--"),
-             "dask_actor": dict(color="tab:orange", marker="^", ls=""),
-             "dask_queue": dict(color="tab:red", marker="v", ls="")}
+    style = {
+        "channel": dict(color="tab:blue", marker="o", ls="-"),
+        "raw_tcp": dict(color="black", marker="s", ls="--"),
+        "dask_actor": dict(color="tab:orange", marker="^", ls=""),
+        "dask_queue": dict(color="tab:red", marker="v", ls=""),
+    }
 
     def int_ticks(ax, values):
         values = sorted({int(v) for v in values})
@@ -508,16 +571,25 @@ def plot(ds, path: Path, title: str) -> None:
     for t in ("dask_actor", "dask_queue"):
         m = (sweep == "transports") & (transport == t)
         if m.any():
-            ax_a.plot(kib[m], ds["throughput"].values[m], label=f"{t} ({int(ds['messages'].values[m][0])} msgs)",
-                      ms=9, **style[t])
+            ax_a.plot(
+                kib[m],
+                ds["throughput"].values[m],
+                label=f"{t} ({int(ds['messages'].values[m][0])} msgs)",
+                ms=9,
+                **style[t],
+            )
     if ((sweep == "size") | (sweep == "transports")).any():
         ax_a.set_xscale("log", base=2)
         int_ticks(ax_a, kib[(sweep == "size") | (sweep == "transports")])
         ax_a.legend(fontsize=8)
     else:
         ax_a.text(0.5, 0.5, "size sweep not run", ha="center", va="center", transform=ax_a.transAxes)
-    ax_a.set(xlabel="message size (KiB)", ylabel="throughput (MB/s, MB = 1e6 B)", ylim=(0, None),
-             title="(a) throughput vs message size, 1 actor, sample time 0")
+    ax_a.set(
+        xlabel="message size (KiB)",
+        ylabel="throughput (MB/s, MB = 1e6 B)",
+        ylim=(0, None),
+        title="(a) throughput vs message size, 1 actor, sample time 0",
+    )
 
     colors = ["tab:green", "tab:purple", "tab:brown", "tab:cyan", "tab:olive", "tab:pink"]
     st_colors = dict(zip(sorted(set(st_all[sweep == "actors"])), colors))
@@ -526,22 +598,34 @@ def plot(ds, path: Path, title: str) -> None:
             m = (sweep == "actors") & (transport == t) & (st_all == st)
             if not m.any():
                 continue
-            ax_b.plot(actors[m], ds["collection_time"].values[m], color=color, ls=ls,
-                      marker="o" if t == "channel" else "s")
+            ax_b.plot(
+                actors[m], ds["collection_time"].values[m], color=color, ls=ls, marker="o" if t == "channel" else "s"
+            )
             if t == "channel":
                 ax_d.plot(actors[m], ds["collection_time"].values[m], color=color, ls="", marker="o", ms=7)
                 ax_d.plot(actors[m], ds["t_c_eq1"].values[m], color=color, ls="-")
                 ax_d.plot(actors[m], ds["t_c_eq1_overlap"].values[m], color=color, ls="--")
                 ax_d.plot(actors[m], ds["t_c_cpu_bound"].values[m], color=color, ls=":")
     st_handles = [Line2D([], [], color=c, lw=3, label=f"sample time {st:g} s") for st, c in st_colors.items()]
-    ax_b.legend(handles=st_handles + [Line2D([], [], color="grey", marker="o", ls="-", label="channel"),
-                                      Line2D([], [], color="grey", marker="s", ls="--", label="raw TCP")], fontsize=8)
-    ax_d.legend(handles=st_handles + [
-        Line2D([], [], color="grey", marker="o", ls="", label="measured (channel)"),
-        Line2D([], [], color="grey", ls="-", label="equation 1: N max((T_sp+T_sd)/N_A, T_rv)"),
-        Line2D([], [], color="grey", ls="--", label="eq. 1, send overlapping the next sample"),
-        Line2D([], [], color="grey", ls=":", label="CPU bound: N (T_sd+T_rv+T_sp_cpu) / cores")], fontsize=7,
-        framealpha=0.9)
+    ax_b.legend(
+        handles=st_handles
+        + [
+            Line2D([], [], color="grey", marker="o", ls="-", label="channel"),
+            Line2D([], [], color="grey", marker="s", ls="--", label="raw TCP"),
+        ],
+        fontsize=8,
+    )
+    ax_d.legend(
+        handles=st_handles
+        + [
+            Line2D([], [], color="grey", marker="o", ls="", label="measured (channel)"),
+            Line2D([], [], color="grey", ls="-", label="equation 1: N max((T_sp+T_sd)/N_A, T_rv)"),
+            Line2D([], [], color="grey", ls="--", label="eq. 1, send overlapping the next sample"),
+            Line2D([], [], color="grey", ls=":", label="CPU bound: N (T_sd+T_rv+T_sp_cpu) / cores"),
+        ],
+        fontsize=7,
+        framealpha=0.9,
+    )
     for ax in (ax_b, ax_d):
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -557,8 +641,10 @@ def plot(ds, path: Path, title: str) -> None:
     ax_d.set_title("(d) channel: equation 1 prediction vs measurement")
 
     m = transport != "raw_tcp"
-    labels = [f"{s} {t} {int(b / KIB) if b >= KIB else int(b)}{'K' if b >= KIB else 'B'} A{a} ST{st:g}"
-              for s, t, b, a, st in zip(sweep[m], transport[m], ds["message_bytes"].values[m], actors[m], st_all[m])]
+    labels = [
+        f"{s} {t} {int(b / KIB) if b >= KIB else int(b)}{'K' if b >= KIB else 'B'} A{a} ST{st:g}"
+        for s, t, b, a, st in zip(sweep[m], transport[m], ds["message_bytes"].values[m], actors[m], st_all[m])
+    ]
     y = np.arange(m.sum())
     ax_c.barh(y, ds["receiver_rss_peak"].values[m], color="tab:blue", alpha=0.7, label="peak")
     ax_c.barh(y, ds["receiver_rss_start"].values[m], color="grey", alpha=0.7, label="at case start")
@@ -607,11 +693,13 @@ def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
                 log(f"case {i} FAILED: {exc!r}")
             row["load_avg_1m_after"] = loadavg_1m()
             if "collection_time" in row:
-                log(f"{i:>3} {c.sweep:>10} {c.transport:>10} {c.message_bytes:>8} B  A={c.actors:<2} "
+                log(
+                    f"{i:>3} {c.sweep:>10} {c.transport:>10} {c.message_bytes:>8} B  A={c.actors:<2} "
                     f"ST={c.sample_time:<6g} N={c.messages:<6} T_c {row['collection_time']:8.3f} s  "
                     f"{row['throughput']:8.1f} MB/s  {row['message_rate']:9.0f} msg/s  "
                     f"rss {row['receiver_rss_peak']:6.1f} MB  eq1 {row['t_c_eq1']:8.3f} s ({row['critical_path']})  "
-                    f"load {row['load_avg_1m_before']:.2f}")
+                    f"load {row['load_avg_1m_before']:.2f}"
+                )
         worker_env = bench.worker_env
         idle_cpu = bench.idle_cpu_fraction
     add_raw_ratios(rows, cases)
@@ -625,11 +713,14 @@ def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
         "worker_env": json.dumps(worker_env),
         "worker_idle_cpu_fraction": idle_cpu,
         "raw_tcp_environment": "the benchmark process's environment minus MALLOC_* variables (glibc defaults)",
-        "raw_tcp_receiver_MALLOC_env_seen": json.dumps(sorted({r["receiver_malloc_env"] for r in rows
-                                                               if "receiver_malloc_env" in r})),
+        "raw_tcp_receiver_MALLOC_env_seen": json.dumps(
+            sorted({r["receiver_malloc_env"] for r in rows if "receiver_malloc_env" in r})
+        ),
         "transports": json.dumps(TRANSPORTS),
-        "cluster": (f"LocalCluster on 127.0.0.1, {1 + cfg.max_actors} worker processes x 1 thread, no preload; "
-                    "receiver on worker 0, actor i on worker i; scheduler in the benchmark's process"),
+        "cluster": (
+            f"LocalCluster on 127.0.0.1, {1 + cfg.max_actors} worker processes x 1 thread, no preload; "
+            "receiver on worker 0, actor i on worker i; scheduler in the benchmark's process"
+        ),
         "equation_1": "T_c = N * max((T_sp + T_sd) / N_A, T_rv); actor-bound if (T_sp + T_sd) / N_A > T_rv",
         **{f"machine_{k}": v for k, v in machine_description().items()},
         "load_avg_at_start": list(load_start),
@@ -644,10 +735,14 @@ def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
         tmp = out / "comm.nc.tmp"
         ds.to_netcdf(tmp, engine="h5netcdf")
         os.replace(tmp, out / "comm.nc")
-        meta = {k: (json.loads(v) if k in ("config", "transports", "errors", "worker_env") else v)
-                for k, v in attrs.items()}
-        js = {"meta": meta, "summary": summary(cases, rows, cfg),
-              "cases": [{**dataclasses.asdict(c), **{k: r.get(k) for k in VARIABLES}} for c, r in zip(cases, rows)]}
+        meta = {
+            k: (json.loads(v) if k in ("config", "transports", "errors", "worker_env") else v) for k, v in attrs.items()
+        }
+        js = {
+            "meta": meta,
+            "summary": summary(cases, rows, cfg),
+            "cases": [{**dataclasses.asdict(c), **{k: r.get(k) for k in VARIABLES}} for c, r in zip(cases, rows)],
+        }
         (out / "comm.json").write_text(json.dumps(js, indent=2, default=_json_default))
         plot(ds, out / "comm.png", plot_title(ds))
         log(f"wrote {out / 'comm.nc'}, {out / 'comm.json'}, {out / 'comm.png'}")
@@ -660,10 +755,12 @@ def plot_title(ds) -> str:
     cfg, start, end = json.loads(a["config"]), json.loads(a["load_avg_at_start"]), json.loads(a["load_avg_at_end"])
     env = json.loads(a.get("worker_env", "{}"))
     extra = "".join(f", {k} {v}" for k, v in env.items() if k != "MALLOC_TRIM_THRESHOLD_")
-    return (f"{a['machine_cpu_cores']} cores ({a['machine_cpu_model']}), sample mode {a['sample_mode']}, "
-            f"N = {cfg['messages']}; workers: MALLOC_TRIM_THRESHOLD_ {a['worker_MALLOC_TRIM_THRESHOLD_']}{extra}; "
-            f"load avg 1/5/15 min at start {start[0]:.2f}/{start[1]:.2f}/{start[2]:.2f}, end {end[0]:.2f}; "
-            f"git {a['git_commit'][:12]}")
+    return (
+        f"{a['machine_cpu_cores']} cores ({a['machine_cpu_model']}), sample mode {a['sample_mode']}, "
+        f"N = {cfg['messages']}; workers: MALLOC_TRIM_THRESHOLD_ {a['worker_MALLOC_TRIM_THRESHOLD_']}{extra}; "
+        f"load avg 1/5/15 min at start {start[0]:.2f}/{start[1]:.2f}/{start[2]:.2f}, end {end[0]:.2f}; "
+        f"git {a['git_commit'][:12]}"
+    )
 
 
 def replot(out: Path) -> Path:
@@ -686,25 +783,56 @@ def _json_default(o):
 # ------------------------------------------------------------------------------ command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``tianji-dask bench comm`` and ``benchmarks/comm.py``."""
-    p.add_argument("--small", action="store_true",
-                   help="N = 500 per case (200 for Queue/actor calls, 2,000 tiny messages) instead of 10,000")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="N = 500 per case (200 for Queue/actor calls, 2,000 tiny messages) instead of 10,000",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
-    p.add_argument("--max-actors", type=int, default=4,
-                   help="actor sweep 1, 2, 4, ... up to this many (one worker process each; default 4)")
+    p.add_argument(
+        "--max-actors",
+        type=int,
+        default=4,
+        help="actor sweep 1, 2, 4, ... up to this many (one worker process each; default 4)",
+    )
     p.add_argument("--messages", type=int, default=None, help="N, messages to collect per case (overrides --small)")
-    p.add_argument("--sweeps", default=",".join(SWEEPS), metavar="LIST",
-                   help=f"comma-separated sweeps to run (default all: {','.join(SWEEPS)})")
-    p.add_argument("--sample-times", default=None, metavar="LIST",
-                   help="comma-separated sample times of the actor sweep, seconds (default 0,0.001,0.01)")
-    p.add_argument("--sample-mode", choices=SAMPLE_MODES, default="sleep",
-                   help="sampling step: sleep (default; no CPU) or busy (a pure-Python spin holding the GIL)")
-    p.add_argument("--capacity-mb", type=float, default=DEFAULT_CAPACITY_MB,
-                   help=f"channel credit window per sender, MB (default {DEFAULT_CAPACITY_MB:g}, the config default)")
-    p.add_argument("--unset-malloc-trim", action="store_true",
-                   help="start the workers without Dask's MALLOC_TRIM_THRESHOLD_=65536 (faster large receives)")
-    p.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment variable for the worker processes (repeatable; NAME= unsets it), "
-                        "e.g. MALLOC_MMAP_THRESHOLD_=16777216")
+    p.add_argument(
+        "--sweeps",
+        default=",".join(SWEEPS),
+        metavar="LIST",
+        help=f"comma-separated sweeps to run (default all: {','.join(SWEEPS)})",
+    )
+    p.add_argument(
+        "--sample-times",
+        default=None,
+        metavar="LIST",
+        help="comma-separated sample times of the actor sweep, seconds (default 0,0.001,0.01)",
+    )
+    p.add_argument(
+        "--sample-mode",
+        choices=SAMPLE_MODES,
+        default="sleep",
+        help="sampling step: sleep (default; no CPU) or busy (a pure-Python spin holding the GIL)",
+    )
+    p.add_argument(
+        "--capacity-mb",
+        type=float,
+        default=DEFAULT_CAPACITY_MB,
+        help=f"channel credit window per sender, MB (default {DEFAULT_CAPACITY_MB:g}, the config default)",
+    )
+    p.add_argument(
+        "--unset-malloc-trim",
+        action="store_true",
+        help="start the workers without Dask's MALLOC_TRIM_THRESHOLD_=65536 (faster large receives)",
+    )
+    p.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for the worker processes (repeatable; NAME= unsets it), "
+        "e.g. MALLOC_MMAP_THRESHOLD_=16777216",
+    )
 
 
 def config_from_args(args) -> CommBenchConfig:
@@ -721,9 +849,14 @@ def config_from_args(args) -> CommBenchConfig:
         if not sep or not name:
             raise ValueError(f"--worker-env takes NAME=VALUE (NAME= to unset), got {item!r}")
         env[name] = value or None
-    kw = {"actor_counts": tuple(counts), "sample_mode": args.sample_mode, "capacity_mb": args.capacity_mb,
-          "unset_malloc_trim": args.unset_malloc_trim, "worker_env": env,
-          "sweeps": tuple(x.strip() for x in args.sweeps.split(",") if x.strip())}
+    kw = {
+        "actor_counts": tuple(counts),
+        "sample_mode": args.sample_mode,
+        "capacity_mb": args.capacity_mb,
+        "unset_malloc_trim": args.unset_malloc_trim,
+        "worker_env": env,
+        "sweeps": tuple(x.strip() for x in args.sweeps.split(",") if x.strip()),
+    }
     if args.sample_times is not None:
         try:
             kw["sample_times"] = tuple(float(x) for x in args.sample_times.split(",") if x.strip())
@@ -749,7 +882,8 @@ def main_from_args(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks/comm.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmarks/comm.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(p)
     return main_from_args(p.parse_args(argv))

@@ -46,7 +46,7 @@ def message_array(size: int) -> np.ndarray:
     return arr
 
 
-def _threaded(target, *args) -> "concurrent.futures.Future":
+def _threaded(target, *args) -> concurrent.futures.Future:
     """Run ``target(*args)`` in a new daemon thread; its result or exception in a Future."""
     fut: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -73,12 +73,22 @@ class ChannelProducer:
         self._ready: concurrent.futures.Future | None = None
         self._done: concurrent.futures.Future | None = None
 
-    async def prepare(self, address: str, channel: str, sender_id: str, size: int, sample_mode: str,
-                      sample_time: float, capacity_bytes: int, timeout: float = 60.0) -> bool:
+    async def prepare(
+        self,
+        address: str,
+        channel: str,
+        sender_id: str,
+        size: int,
+        sample_mode: str,
+        sample_time: float,
+        capacity_bytes: int,
+        timeout: float = 60.0,
+    ) -> bool:
         """Start the loop thread, connect (one warm-up item), and return once connected."""
         self._ready = concurrent.futures.Future()
-        self._done = _threaded(self._main, address, channel, sender_id, size, sample_mode, sample_time,
-                               capacity_bytes, timeout)
+        self._done = _threaded(
+            self._main, address, channel, sender_id, size, sample_mode, sample_time, capacity_bytes, timeout
+        )
         await asyncio.wait_for(asyncio.wrap_future(self._ready), timeout)
         return True
 
@@ -95,8 +105,14 @@ class ChannelProducer:
     def _main(self, address, channel, sender_id, size, sample_mode, sample_time, capacity_bytes, timeout) -> dict:
         w = self._worker
         try:
-            sender = QueueSender(address, channel, sender_id, capacity_bytes, loop=w.loop,
-                                 connection_args=w.security.get_connection_args("worker"))
+            sender = QueueSender(
+                address,
+                channel,
+                sender_id,
+                capacity_bytes,
+                loop=w.loop,
+                connection_args=w.security.get_connection_args("worker"),
+            )
             sender.push({_WARMUP_KEY: np.zeros(1, dtype=np.uint8)})
             deadline = time.monotonic() + timeout
             while sender.stats()["sent_items"] < 1:
@@ -130,10 +146,17 @@ class ChannelProducer:
         cpu = process_cpu_s() - cpu0
         st = sender.stats()
         sender.close(timeout=30)
-        return {"t_first": t_first, "sent": sent, "cpu_s": cpu, "sample_wall_s": sample_wall,
-                "sample_cpu_s": sample_cpu, "push_wall_s": push_wall,
-                "blocked_s": st["blocked_s"] - blocked0, "wire_messages": st["messages"] - 1,
-                "errors": sender.stats()["errors"]}
+        return {
+            "t_first": t_first,
+            "sent": sent,
+            "cpu_s": cpu,
+            "sample_wall_s": sample_wall,
+            "sample_cpu_s": sample_cpu,
+            "push_wall_s": push_wall,
+            "blocked_s": st["blocked_s"] - blocked0,
+            "wire_messages": st["messages"] - 1,
+            "errors": sender.stats()["errors"],
+        }
 
 
 class ChannelCollector:

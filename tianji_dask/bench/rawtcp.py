@@ -58,7 +58,7 @@ def _receiver(pipe, n_senders: int, size: int, n: int, stop) -> None:
             sock, st = key.fileobj, key.data
             while True:  # drain what the socket holds before selecting again
                 try:
-                    got = sock.recv_into(st[0][st[1]:])
+                    got = sock.recv_into(st[0][st[1] :])
                 except BlockingIOError:
                     break
                 if got == 0:
@@ -74,8 +74,14 @@ def _receiver(pipe, n_senders: int, size: int, n: int, stop) -> None:
                     if count == n:
                         t_n, cpu_n = time.monotonic(), process_cpu_s()
                         stop.set()
-    pipe.send({"t_n": t_n, "received": count, "cpu_s": (cpu_n - cpu0) if cpu_n is not None else None,
-               "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}})
+    pipe.send(
+        {
+            "t_n": t_n,
+            "received": count,
+            "cpu_s": (cpu_n - cpu0) if cpu_n is not None else None,
+            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        }
+    )
 
 
 def _sender(pipe, port: int, size: int, sample_mode: str, sample_time: float, start, start_at, stop) -> None:
@@ -105,8 +111,16 @@ def _sender(pipe, port: int, size: int, sample_mode: str, sample_time: float, st
     cpu = process_cpu_s() - cpu0
     sock.shutdown(socket.SHUT_WR)
     sock.close()
-    pipe.send({"t_first": t_first, "sent": sent, "cpu_s": cpu, "sample_wall_s": sample_wall,
-               "sample_cpu_s": sample_cpu, "send_wall_s": send_wall})
+    pipe.send(
+        {
+            "t_first": t_first,
+            "sent": sent,
+            "cpu_s": cpu,
+            "sample_wall_s": sample_wall,
+            "sample_cpu_s": sample_cpu,
+            "send_wall_s": send_wall,
+        }
+    )
 
 
 def _recv(pipe, what: str, proc):
@@ -127,8 +141,9 @@ def glibc_default_env():
         os.environ.update(saved)
 
 
-def run_raw_tcp(n: int, size: int, senders: int = 1, sample_time: float = 0.0, sample_mode: str = "sleep",
-                timeout: float = 600.0) -> dict:
+def run_raw_tcp(
+    n: int, size: int, senders: int = 1, sample_time: float = 0.0, sample_mode: str = "sleep", timeout: float = 600.0
+) -> dict:
     """Move ``n`` messages of ``size`` bytes from ``senders`` processes into one receiver.
 
     Returns the collection time (first send of any sender to the receiver holding the n-th
@@ -149,8 +164,9 @@ def run_raw_tcp(n: int, size: int, senders: int = 1, sample_time: float = 0.0, s
         spipes = []
         for _ in range(senders):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_sender, args=(child, port, size, sample_mode, sample_time, start, start_at, stop),
-                            daemon=True)
+            p = ctx.Process(
+                target=_sender, args=(child, port, size, sample_mode, sample_time, start, start_at, stop), daemon=True
+            )
             with glibc_default_env():
                 p.start()
             procs.append(p)

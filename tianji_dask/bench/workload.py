@@ -71,7 +71,7 @@ class RssSampler:
             if rss > self.peak_bytes:
                 self.peak_bytes = rss
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 

@@ -83,6 +83,7 @@ def resolve_loop(loop: Any, connection_args: dict | None) -> tuple[asyncio.Abstr
                     "another thread) and connection_args="
                 ) from None
     if loop is None:
+        assert worker is not None  # found above, or the ValueError was raised
         loop = worker.loop
     loop = getattr(loop, "asyncio_loop", loop)  # accept a tornado IOLoop too
     if connection_args is None:
@@ -136,6 +137,7 @@ class LatestSlot:
             self._fresh = False
             self._probed_version = self._version
             payload, self._payload = self._payload, None
+            assert self._version is not None and payload is not None  # fresh: a version was offered
             return self._version, payload
 
     def clear(self) -> None:
@@ -145,5 +147,10 @@ class LatestSlot:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"received": self._received, "replaced": self._replaced, "version": self._version,
-                    "probed_version": self._probed_version, "stale": self._stale}
+            return {
+                "received": self._received,
+                "replaced": self._replaced,
+                "version": self._version,
+                "probed_version": self._probed_version,
+                "stale": self._stale,
+            }

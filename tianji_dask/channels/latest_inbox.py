@@ -20,6 +20,7 @@ Wire protocol on each publisher's comm::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from distributed.comm import CommClosedError
 
@@ -70,10 +71,8 @@ class LatestInbox:
         text = f"topic channel {self.name!r} at {self.address} was closed by the subscriber"
         comms = list(self._comms)
         for comm in comms:
-            try:
+            with contextlib.suppress(Exception):  # best effort: the publisher may be gone already
                 await asyncio.wait_for(comm.write({"error": text}), 5)
-            except Exception:
-                pass
         # Readers keep draining so the error is not lost to a reset; stragglers are cut off.
         await asyncio.sleep(10)
         for comm in comms:
@@ -91,7 +90,7 @@ class LatestInbox:
                     msg = await comm.read()
                 except (CommClosedError, OSError):
                     return
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - undecodable frames: the stream can't be trusted
                     problem = f"cannot decode a message: {exc!r}"
                     break
                 if isinstance(msg, dict) and msg.get("bye"):
@@ -107,10 +106,8 @@ class LatestInbox:
                     self._store(msg["version"], msg["payload"])
             problem = f"topic channel {self.name!r} at {self.address}: {problem}"
             logger.error("%s (publisher %r from %s); closing its connection", problem, sender, comm.peer_address)
-            try:
+            with contextlib.suppress(Exception):  # best effort: the publisher may be gone already
                 await asyncio.wait_for(comm.write({"error": problem}), 5)
-            except Exception:
-                pass
         finally:
             self._comms.discard(comm)
             if not comm.closed():

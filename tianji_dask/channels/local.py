@@ -56,9 +56,7 @@ class LocalQueue:
         """Queue one item; same capacity and policy rules as ``QueueSender.push``."""
         nbytes = payload_nbytes(payload)
         if nbytes > self.capacity_bytes:
-            raise ValueError(
-                f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of LocalQueue"
-            )
+            raise ValueError(f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of LocalQueue")
         with self._cond:
             self._check_open()
             if self._queued_bytes + nbytes > self.capacity_bytes:

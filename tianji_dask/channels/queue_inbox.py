@@ -20,6 +20,7 @@ item exceeds its window may still have that one item in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter, deque
@@ -37,8 +38,18 @@ class _Malformed(Exception):
 class _SenderConn:
     """One connected sender, as seen by the inbox."""
 
-    __slots__ = ("sender", "comm", "peer", "next_seq", "credit_due", "window", "window_sent",
-                 "kick_scheduled", "wake", "live")
+    __slots__ = (
+        "sender",
+        "comm",
+        "peer",
+        "next_seq",
+        "credit_due",
+        "window",
+        "window_sent",
+        "kick_scheduled",
+        "wake",
+        "live",
+    )
 
     def __init__(self, sender: str, comm):
         self.sender = sender
@@ -168,7 +179,7 @@ class QueueInbox:
                     msg = await comm.read()
                 except (CommClosedError, OSError):
                     break
-                except Exception as exc:  # undecodable frames: the stream can't be trusted
+                except Exception as exc:  # noqa: BLE001 - undecodable frames: the stream can't be trusted
                     fatal = f"cannot decode a message on queue channel {self.name!r} at {self.address}: {exc!r}"
                     break
                 if isinstance(msg, dict) and msg.get("bye"):
@@ -191,10 +202,8 @@ class QueueInbox:
                 how = fatal
                 logger.error("%s (sender %r from %s); closing its connection", fatal, sender, conn.peer)
                 if not comm.closed():
-                    try:
+                    with contextlib.suppress(Exception):  # best effort: the sender may be gone already
                         await asyncio.wait_for(comm.write({"error": fatal}), 5)
-                    except Exception:
-                        pass
             logger.debug("%r: sender %r from %s left: %s", self, sender, conn.peer, how)
             if not comm.closed():
                 await comm.close()

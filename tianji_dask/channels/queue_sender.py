@@ -22,6 +22,7 @@ event loop, so the caller must not mutate them after the call.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from collections import deque
@@ -108,7 +109,7 @@ class QueueSender:
         self._closing = False
         self._bye_sent = False
         self._kick_scheduled = False
-        self._future = None  # concurrent.futures.Future of _run, set by the first push
+        self._future: concurrent.futures.Future[None] | None = None  # of _run, set by the first push
         self._wake: asyncio.Event | None = None
         self._sent_items = 0
         self._sent_bytes = 0
@@ -194,7 +195,7 @@ class QueueSender:
         except TimeoutError:
             future.cancel()  # the writer's finally aborts the comm
             logger.warning("%r: close() timed out after %.1f s with items unwritten", self, timeout)
-        except Exception:  # already recorded by _fail; close stays quiet by contract
+        except Exception:  # noqa: BLE001 - already recorded by _fail; close stays quiet by contract
             pass
 
     def _outstanding(self) -> int:
@@ -224,9 +225,7 @@ class QueueSender:
         try:
             self._future = asyncio.run_coroutine_threadsafe(self._run(), self._loop)
         except RuntimeError as exc:  # loop closed
-            self._error = ChannelError(
-                f"queue channel {self.channel!r} at {self.address}: cannot start: {exc}"
-            )
+            self._error = ChannelError(f"queue channel {self.channel!r} at {self.address}: cannot start: {exc}")
             self._errors += 1
             raise ChannelError(str(self._error)) from None
 
@@ -236,9 +235,7 @@ class QueueSender:
                 if isinstance(reason, ChannelError):
                     self._error = reason
                 else:
-                    self._error = ChannelError(
-                        f"queue channel {self.channel!r} at {self.address}: {reason}"
-                    )
+                    self._error = ChannelError(f"queue channel {self.channel!r} at {self.address}: {reason}")
                 self._errors += 1
                 # Unwritten items can never be delivered: release them now.
                 self._pending.clear()
@@ -264,9 +261,7 @@ class QueueSender:
             window = min(self._window, self.capacity_bytes)
             while self._pending:
                 nbytes = self._pending[0][1]
-                if batch and (
-                    batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items
-                ):
+                if batch and (batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items):
                     break
                 fits = self._inflight_bytes + batch_bytes + nbytes <= window
                 if not fits and (batch or self._inflight_bytes):
@@ -283,13 +278,9 @@ class QueueSender:
         reader = None
         try:
             try:
-                comm = await connect(
-                    self.address, timeout=self._connect_timeout, **self._connection_args
-                )
+                comm = await connect(self.address, timeout=self._connect_timeout, **self._connection_args)
             except Exception as exc:
-                raise ChannelError(
-                    f"queue channel {self.channel!r} at {self.address}: cannot connect: {exc}"
-                ) from exc
+                raise ChannelError(f"queue channel {self.channel!r} at {self.address}: cannot connect: {exc}") from exc
             await comm.write(
                 {
                     "op": HANDLER_OP,
@@ -303,8 +294,7 @@ class QueueSender:
             if not isinstance(reply, dict) or "window" not in reply:
                 reason = reply.get("error") if isinstance(reply, dict) else None
                 raise ChannelError(
-                    f"queue channel {self.channel!r} at {self.address}: refused: "
-                    f"{reason or repr(reply)}"
+                    f"queue channel {self.channel!r} at {self.address}: refused: {reason or repr(reply)}"
                 )
             with self._cond:
                 self._window = int(reply["window"])
@@ -312,9 +302,7 @@ class QueueSender:
             while True:
                 batch = self._take_batch()
                 if batch:
-                    await comm.write(
-                        {"items": [[seq, nb, to_serialize(p)] for seq, nb, p in batch]}
-                    )
+                    await comm.write({"items": [[seq, nb, to_serialize(p)] for seq, nb, p in batch]})
                     with self._cond:
                         self._sent_items += len(batch)
                         self._sent_bytes += sum(nb for _, nb, _ in batch)
@@ -331,7 +319,7 @@ class QueueSender:
         except asyncio.CancelledError:
             self._fail("closed before everything queued was written")
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the writer is the channel's error
             self._fail(exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
         finally:
             if reader is not None:
@@ -351,7 +339,7 @@ class QueueSender:
         await comm.write({"bye": True})
         try:
             await asyncio.wait_for(asyncio.shield(reader), BYE_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
         await comm.close()
 
@@ -368,10 +356,11 @@ class QueueSender:
                     if "window" in msg:
                         self._window = int(msg["window"])
                     self._cond.notify_all()
-                self._wake.set()
+                if self._wake is not None:
+                    self._wake.set()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the reader is the channel's error
             with self._cond:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end

@@ -17,7 +17,6 @@ the handshake message, and the handler keeps it for the life of the connection.
 from __future__ import annotations
 
 import logging
-
 import threading
 import weakref
 
@@ -27,7 +26,7 @@ from .common import HANDLER_OP, LATEST_KIND, QUEUE_KIND, ChannelError, logger
 from .latest_inbox import LatestInbox
 from .queue_inbox import QueueInbox
 
-_services: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_services: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _services_lock = threading.Lock()
 
 
@@ -43,7 +42,7 @@ class ChannelService:
         self._inboxes: dict[str, QueueInbox | LatestInbox] = {}
 
     @classmethod
-    def for_worker(cls, worker) -> "ChannelService":
+    def for_worker(cls, worker) -> ChannelService:
         """The service installed on ``worker`` (created and its handler installed if missing)."""
         with _services_lock:
             service = _services.get(worker)
@@ -55,14 +54,14 @@ class ChannelService:
             return service
 
     @classmethod
-    def current(cls) -> "ChannelService":
+    def current(cls) -> ChannelService:
         """``for_worker(get_worker())``: call inside a task or actor method."""
         from distributed import get_worker
 
         return cls.for_worker(get_worker())
 
     @classmethod
-    def installed(cls, worker) -> "ChannelService | None":
+    def installed(cls, worker) -> ChannelService | None:
         with _services_lock:
             return _services.get(worker)
 
@@ -136,6 +135,7 @@ class ChannelService:
                 problem = f"channel {channel!r} on {self.address} is not a {kind!r} channel"
         try:
             if problem is None:
+                assert inbox is not None  # else a problem was named above
                 try:
                     await inbox.serve(comm, sender)
                 except ChannelError as exc:  # closed between lookup and serve
@@ -149,7 +149,7 @@ class ChannelService:
                 await comm.close()
         except (CommClosedError, OSError):
             pass
-        except Exception:
+        except Exception:  # noqa: BLE001 - logged: one bad connection must not stop the service
             logger.exception("tianji channel %r: connection from %s failed", channel, comm.peer_address)
         finally:
             if not comm.closed():

@@ -16,6 +16,7 @@ belong to the channel after ``publish`` and must not be mutated in place afterwa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 import threading
@@ -37,7 +38,7 @@ class _Subscriber:
         self.pending: tuple[int, dict] | None = None
         self.kick_scheduled = False
         self.wake: asyncio.Event | None = None
-        self.future = None
+        self.future: concurrent.futures.Future[None] | None = None
         self.error: str | None = None
         self.reported = False
         self.sent = 0
@@ -160,7 +161,7 @@ class TopicPublisher:
             except TimeoutError:
                 sub.future.cancel()
                 logger.warning("%s: close() timed out; pending version dropped", sub.label())
-            except Exception:
+            except Exception:  # noqa: BLE001 - already recorded by _fail; close stays quiet by contract
                 pass
 
     def _fail(self, sub: _Subscriber, reason) -> None:
@@ -224,7 +225,7 @@ class TopicPublisher:
         except asyncio.CancelledError:
             self._fail(sub, "closed before the pending version was written")
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the writer is the subscriber's error
             self._fail(sub, exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
         finally:
             if watcher is not None:
@@ -240,5 +241,5 @@ class TopicPublisher:
             self._fail(sub, f"subscriber closed the connection: {reason}")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the watcher is the subscriber's error
             self._fail(sub, f"connection lost (subscribing worker gone?): {exc!r}")

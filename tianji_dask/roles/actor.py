@@ -32,11 +32,11 @@ class ActorRole(ActorBase):
     (:mod:`tianji_dask.frame_replay`); the n-step window runs on those ids.
     """
 
-    def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
-                 n_actors: int | None = None):
+    def __init__(
+        self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True, n_actors: int | None = None
+    ):
         super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
-        self.policy = DQNPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed,
-                                network=network_kind(cfg))
+        self.policy = DQNPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed, network=network_kind(cfg))
         self.obs = self.reset_env(seed)
         self.frames = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks
@@ -45,14 +45,21 @@ class ActorRole(ActorBase):
             self.frames = FrameStreams(actor_id, self.num_envs, stack=self.obs_shape[0])
             self.frames.start(self.obs)
             self._tr_shape, self._tr_dtype = (self.obs_shape[0],), np.int64
-        self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self._tr_shape,
-                                  self._tr_dtype)
+        self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self._tr_shape, self._tr_dtype)
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
-        self.counters = {"env_steps": 0, "chunks_sent": 0, "bytes_sent": 0, "dropped": 0,
-                         "blocked_s": 0.0, "throttled_s": 0.0, "param_version": -1,
-                         "params_received": 0, "epsilon": 1.0}
+        self.counters = {
+            "env_steps": 0,
+            "chunks_sent": 0,
+            "bytes_sent": 0,
+            "dropped": 0,
+            "blocked_s": 0.0,
+            "throttled_s": 0.0,
+            "param_version": -1,
+            "params_received": 0,
+            "epsilon": 1.0,
+        }
 
     def _new_chunk(self) -> None:
         n = self.chunk_len
@@ -70,8 +77,11 @@ class ActorRole(ActorBase):
         what the learner's consumption allows at the serial replay ratio (minus the band)?"""
         a = self.cfg.algo
         # every learner's buffer must fill to learning_starts before its group can update
-        allowed = (a.learning_starts * self.cfg.topology.learners + self.chunk_len * self.n_actors
-                   + self.learner_consumed / (a.target_replay_ratio * (1.0 - a.ratio_tolerance)))
+        allowed = (
+            a.learning_starts * self.cfg.topology.learners
+            + self.chunk_len * self.n_actors
+            + self.learner_consumed / (a.target_replay_ratio * (1.0 - a.ratio_tolerance))
+        )
         return self.counters["env_steps"] * self.n_actors > allowed
 
     def step(self) -> None:
@@ -83,14 +93,17 @@ class ActorRole(ActorBase):
             self.counters["throttled_s"] += time.perf_counter() - t
             return
         a = self.cfg.algo
-        eps = epsilon_at(self.counters["env_steps"] * self.n_actors, a.exploration_initial_eps,
-                         a.exploration_final_eps, a.exploration_steps)
+        eps = epsilon_at(
+            self.counters["env_steps"] * self.n_actors,
+            a.exploration_initial_eps,
+            a.exploration_final_eps,
+            a.exploration_steps,
+        )
         actions = self.policy.act(self.obs, eps)
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
         dones = terminated | truncated
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
-        train_rewards, train_terminated, train_dones = self.training_signals(rewards, terminated, truncated,
-                                                                             infos)
+        train_rewards, train_terminated, train_dones = self.training_signals(rewards, terminated, truncated, infos)
         if self.frames is None:
             real_next = next_observations(next_obs, dones, infos)
             out = self.window.add(self.obs, actions, train_rewards, real_next, train_terminated, train_dones)
@@ -105,7 +118,7 @@ class ActorRole(ActorBase):
         if out is not None:
             i, n = self._fill, self.num_envs
             for k, v in out.items():
-                self._chunk[k][i:i + n] = v
+                self._chunk[k][i : i + n] = v
             self._fill += n
             if self._fill >= self.chunk_len:
                 self.flush()
@@ -114,7 +127,7 @@ class ActorRole(ActorBase):
         """Push the current chunk (possibly partial) and start a new one."""
         if self._fill == 0:
             return
-        chunk = {k: v[:self._fill] for k, v in self._chunk.items()}
+        chunk = {k: v[: self._fill] for k, v in self._chunk.items()}
         if self.frames is not None:  # every frame emitted so far: this chunk's stacks end there
             chunk["frames"], chunk["frame_ids"] = self.frames.take()
         nbytes = sum(v.nbytes for v in chunk.values())
@@ -123,5 +136,6 @@ class ActorRole(ActorBase):
             self.counters["bytes_sent"] += nbytes
         self._new_chunk()  # the pushed arrays now belong to the channel
         if self.synchronous and self.counters["env_steps"] * self.n_actors >= (
-                self.cfg.algo.learning_starts * self.cfg.topology.learners):
+            self.cfg.algo.learning_starts * self.cfg.topology.learners
+        ):
             self.wait_for_newer_params()

@@ -9,15 +9,25 @@ params)``), ``sender``, ``tracker``, ``env``, ``id`` and a ``counters`` dict hol
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
-from tianji_dask.envs import (AtariTrainingSignals, EpisodeTracker, identity_training_signals, make_env,
-                              observation_dtype)
+from tianji_dask.envs import (
+    AtariTrainingSignals,
+    EpisodeTracker,
+    identity_training_signals,
+    make_env,
+    observation_dtype,
+)
 
 
 class ActorBase:
     learner_consumed = 0
+    # set by each subclass's constructor
+    policy: Any  # load(version, params) and the action rule
+    counters: dict[str, float]
 
     def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool, n_actors):
         """The common half of an actor: its channels, controller switches and vector env.
@@ -32,10 +42,12 @@ class ActorBase:
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
         self.env = make_env(cfg.env, seed)
-        self.obs_shape = self.env.single_observation_space.shape
+        obs_space, action_space = self.env.single_observation_space, self.env.single_action_space
+        assert obs_space.shape is not None and isinstance(action_space, gym.spaces.Discrete), (obs_space, action_space)
+        self.obs_shape: tuple[int, ...] = obs_space.shape
         self.obs_dtype = observation_dtype(cfg.env)  # uint8 frames for Atari, else float32
         self.obs_dim = int(np.prod(self.obs_shape))
-        self.n_actions = int(self.env.single_action_space.n)
+        self.n_actions = int(action_space.n)
         self.tracker = EpisodeTracker(self.num_envs)  # the env's own rewards and episodes
         # what the learner trains on: Atari clips rewards and ends an episode at each lost life
         self.training_signals = identity_training_signals
@@ -90,8 +102,13 @@ class ActorBase:
         sent = self.sender.stats()
         self.counters["blocked_s"] = float(sent.get("blocked_s", 0.0))
         self.counters["dropped"] = int(sent.get("dropped", 0))
-        return {"role": "actor", "id": self.id, "t": time.time(), "counters": dict(self.counters),
-                "episodes": self.tracker.drain()}
+        return {
+            "role": "actor",
+            "id": self.id,
+            "t": time.time(),
+            "counters": dict(self.counters),
+            "episodes": self.tracker.drain(),
+        }
 
     def close(self) -> None:
         self.env.close()

@@ -20,8 +20,14 @@ def replay_nbytes(cfg, obs_shape: tuple[int, ...], obs_dtype, capacity: int | No
         return 0
     capacity = cfg.algo.buffer_size if capacity is None else capacity
     if cfg.env.kind == "atari":
-        return FrameReplay.nbytes_for(capacity, tuple(obs_shape[1:]))
+        return FrameReplay.nbytes_for(capacity, _frame_shape(obs_shape))
     return ReplayMemory.nbytes_for(capacity, obs_shape, obs_dtype)
+
+
+def _frame_shape(obs_shape: tuple[int, ...]) -> tuple[int, int]:
+    """(height, width) of one frame of an Atari observation (stack, height, width)."""
+    _, height, width = obs_shape
+    return height, width
 
 
 class BufferRole:
@@ -32,8 +38,9 @@ class BufferRole:
     def __init__(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0):
         self.id = buffer_id
         self.inbox = inbox
+        self.replay: FrameReplay | ReplayMemory
         if cfg.env.kind == "atari":  # obs_shape (4, 84, 84): stacks of single frames
-            self.replay = FrameReplay(cfg.algo.buffer_size, tuple(obs_shape[1:]), obs_shape[0])
+            self.replay = FrameReplay(cfg.algo.buffer_size, _frame_shape(obs_shape), obs_shape[0])
         else:
             self.replay = ReplayMemory(cfg.algo.buffer_size, obs_shape, obs_dtype)
         self.rng = np.random.default_rng(seed)
@@ -62,7 +69,16 @@ class BufferRole:
 
     def heartbeat(self) -> dict:
         gaps = int(self.inbox.stats().get("seq_gaps", 0))
-        return {"role": "buffer", "id": self.id, "t": time.time(), "episodes": [],
-                "counters": {"received": self.received, "received_bytes": self.received_bytes,
-                             "size": len(self.replay), "capacity": self.replay.capacity,
-                             "seq_gaps": gaps}}
+        return {
+            "role": "buffer",
+            "id": self.id,
+            "t": time.time(),
+            "episodes": [],
+            "counters": {
+                "received": self.received,
+                "received_bytes": self.received_bytes,
+                "size": len(self.replay),
+                "capacity": self.replay.capacity,
+                "seq_gaps": gaps,
+            },
+        }

@@ -10,18 +10,29 @@ from __future__ import annotations
 import math
 import time
 
-from tianji_dask.roles.publishing import publish_params
-
 from tianji_dask.algos.dqn import DQNLearner
 from tianji_dask.algos.networks import network_kind
+from tianji_dask.roles.publishing import publish_params
 
 
 class LearnerRole:
     """Protocol: ``publish()`` once so actors can start, then ``step()`` in a loop;
     ``step()`` returns False when it did not update (warm-up or balance control)."""
 
-    def __init__(self, cfg, buffer, publisher, obs_dim: int, n_actions: int, seed: int,
-                 *, balance: bool = True, learner_id: int = 0, grad_hook=None, world_size: int = 1):
+    def __init__(
+        self,
+        cfg,
+        buffer,
+        publisher,
+        obs_dim: int,
+        n_actions: int,
+        seed: int,
+        *,
+        balance: bool = True,
+        learner_id: int = 0,
+        grad_hook=None,
+        world_size: int = 1,
+    ):
         self.cfg = cfg
         self.id = learner_id
         self.buffer = buffer
@@ -31,8 +42,7 @@ class LearnerRole:
         self.synchronous = cfg.topology.mode == "synchronous" and balance
         self._received_at_update = -1
         self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device,
-                               network=network_kind(cfg))
+        self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
         self._loss_sum = self._q_sum = 0.0
         self._n = 0
         self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0, "publish_errors": 0}
@@ -40,8 +50,13 @@ class LearnerRole:
     def publish(self) -> None:
         version = self.core.updates
         if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
-            publish_params(self.publisher, version, self.core.actor_params(),
-                           self.counters["samples"] * self.world_size, self.counters)
+            publish_params(
+                self.publisher,
+                version,
+                self.core.actor_params(),
+                int(self.counters["samples"]) * self.world_size,
+                self.counters,
+            )
         self.counters["param_version"] = version
 
     def ahead_of_actors(self) -> bool:

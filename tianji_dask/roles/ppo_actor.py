@@ -19,11 +19,11 @@ from tianji_dask.roles.actor_base import ActorBase
 class PPOActorRole(ActorBase):
     """Protocol as ActorRole: ``wait_for_params()``, then ``step()`` in a loop; ``heartbeat()``."""
 
-    def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True,
-                 n_actors: int | None = None):
+    def __init__(
+        self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True, n_actors: int | None = None
+    ):
         super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
-        self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed,
-                                network=network_kind(cfg))
+        self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed, network=network_kind(cfg))
         self.obs = self.reset_env(seed)  # uint8 frame stacks for Atari (rollouts move as uint8)
         self.T = cfg.algo.rollout_steps
         self.chunk_len = self.T * self.num_envs
@@ -36,15 +36,28 @@ class PPOActorRole(ActorBase):
         self._rollouts_this_version = 0
         self._t = 0
         self._new_rollout()
-        self.counters = {"env_steps": 0, "chunks_sent": 0, "bytes_sent": 0, "dropped": 0,
-                         "blocked_s": 0.0, "throttled_s": 0.0, "param_version": -1,
-                         "params_received": 0, "epsilon": float("nan")}
+        self.counters = {
+            "env_steps": 0,
+            "chunks_sent": 0,
+            "bytes_sent": 0,
+            "dropped": 0,
+            "blocked_s": 0.0,
+            "throttled_s": 0.0,
+            "param_version": -1,
+            "params_received": 0,
+            "epsilon": float("nan"),
+        }
 
     def _new_rollout(self) -> None:
         T, N = self.T, self.num_envs
-        self._r = {"obs": np.empty((T, N, *self.obs_shape), self.obs_dtype), "actions": np.empty((T, N), np.int64),
-                   "logp": np.empty((T, N), np.float32), "values": np.empty((T, N), np.float32),
-                   "rewards": np.empty((T, N), np.float32), "dones": np.empty((T, N), np.float32)}
+        self._r = {
+            "obs": np.empty((T, N, *self.obs_shape), self.obs_dtype),
+            "actions": np.empty((T, N), np.int64),
+            "logp": np.empty((T, N), np.float32),
+            "values": np.empty((T, N), np.float32),
+            "rewards": np.empty((T, N), np.float32),
+            "dones": np.empty((T, N), np.float32),
+        }
         self._t = 0
 
     def ahead_of_learner(self) -> bool:
@@ -80,7 +93,9 @@ class PPOActorRole(ActorBase):
         rewards = rewards.astype(np.float32)
         only_truncated = truncated & ~terminated
         if only_truncated.any():  # a time limit is not a terminal state: bootstrap from the final obs
-            final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(self.obs_dtype)
+            final: np.ndarray = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(
+                self.obs_dtype
+            )
             rewards[only_truncated] += self.cfg.algo.gamma * self.policy.value(final)
         r, t = self._r, self._t
         r["obs"][t], r["actions"][t], r["logp"][t], r["values"][t] = self.obs, actions, logp, values

@@ -12,43 +12,65 @@ from __future__ import annotations
 import math
 import time
 
-from tianji_dask.roles.publishing import publish_params
-
 import numpy as np
 
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo import PPOLearner, gae
+from tianji_dask.roles.publishing import publish_params
 
 
 class PPOLearnerRole:
     """Protocol as LearnerRole: ``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
 
-    def __init__(self, cfg, buffer, publisher, obs_dim: int, n_actions: int, seed: int,
-                 *, balance: bool = True, learner_id: int = 0, grad_hook=None, world_size: int = 1):
+    def __init__(
+        self,
+        cfg,
+        buffer,
+        publisher,
+        obs_dim: int,
+        n_actions: int,
+        seed: int,
+        *,
+        balance: bool = True,
+        learner_id: int = 0,
+        grad_hook=None,
+        world_size: int = 1,
+    ):
         self.cfg = cfg
         self.id = learner_id
         self.buffer = buffer
         self.publisher = publisher
-        self.core = PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device,
-                               network=network_kind(cfg))
+        self.core = PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
         self.grad_hook = grad_hook
         self.world_size = world_size
         a = cfg.algo  # env steps one iteration stands for in the serial algorithm (a rollout per reuse)
-        self._env_steps_per_iteration = (a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs
-                                         * world_size / a.sample_reuse)
+        self._env_steps_per_iteration = (
+            a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs * world_size / a.sample_reuse
+        )
         self.version = 0
         self._pending = None  # rollouts taken by wants_update, trained on by update
         self._stats: dict[str, float] = {}
         self._n = 0
         self._lags: list[int] = []
         self._ages: list[float] = []
-        self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0, "publish_errors": 0,
-                         "iterations": 0}
+        self.counters = {
+            "updates": 0,
+            "samples": 0,
+            "param_version": -1,
+            "throttled_s": 0.0,
+            "publish_errors": 0,
+            "iterations": 0,
+        }
 
     def publish(self) -> None:
         if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
-            publish_params(self.publisher, self.version, self.core.actor_params(),
-                           self.counters["samples"] * self.world_size, self.counters)
+            publish_params(
+                self.publisher,
+                self.version,
+                self.core.actor_params(),
+                int(self.counters["samples"]) * self.world_size,
+                self.counters,
+            )
         self.counters["param_version"] = self.version
 
     def ready(self) -> bool:
@@ -67,7 +89,7 @@ class PPOLearnerRole:
 
     def batch_from(self, rollouts) -> dict[str, np.ndarray]:
         a = self.cfg.algo
-        parts = {k: [] for k in ("obs", "actions", "logp", "advantages", "returns")}
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "actions", "logp", "advantages", "returns")}
         for r in rollouts:
             d = r.data
             adv, ret = gae(d["rewards"], d["values"], d["dones"], d["last_values"], a.gamma, a.gae_lambda)

@@ -81,7 +81,17 @@ class RolloutBufferRole:
         with self._lock:
             size = sum(r.transitions for r in self._held)
         cap = self.capacity_rollouts * self.cfg.algo.rollout_steps * self.cfg.env.num_envs
-        return {"role": "buffer", "id": self.id, "t": time.time(), "episodes": [],
-                "counters": {"received": self.received, "received_bytes": self.received_bytes,
-                             "size": size, "capacity": cap, "seq_gaps": gaps,
-                             "stale_dropped": self.stale_dropped}}
+        return {
+            "role": "buffer",
+            "id": self.id,
+            "t": time.time(),
+            "episodes": [],
+            "counters": {
+                "received": self.received,
+                "received_bytes": self.received_bytes,
+                "size": size,
+                "capacity": cap,
+                "seq_gaps": gaps,
+                "stale_dropped": self.stale_dropped,
+            },
+        }
