@@ -178,6 +178,25 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
         time.sleep(interval)
 
 
+def ppo_train_batch(learner, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A PPO training batch for a CartPole-sized learner: random observations and actions with the
+    learner's own log-probabilities, random advantages, returns a simple function of the obs."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, 4)).astype(np.float32)
+    actions = rng.integers(0, 2, n).astype(np.int64)
+    with torch.no_grad():
+        logp, _, _ = learner.net.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
+    return {
+        "obs": obs,
+        "actions": actions,
+        "logp": logp.numpy(),
+        "advantages": rng.normal(size=n).astype(np.float32),
+        "returns": (obs[:, 0] * 2 + 1).astype(np.float32),
+    }
+
+
 class _Helpers:
     ROOT = ROOT
     CONFIG = CONFIG
@@ -188,6 +207,7 @@ class _Helpers:
     running_at_the_end = staticmethod(running_at_the_end)
     cli = staticmethod(cli)
     wait_until = staticmethod(wait_until)
+    ppo_train_batch = staticmethod(ppo_train_batch)
 
 
 @pytest.fixture(scope="session")

@@ -207,21 +207,6 @@ def _ppo_cfg(**kw) -> PPOConfig:
     return PPOConfig(**{**base, **kw})
 
 
-def _train_batch(learner: PPOLearner, n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    obs = rng.normal(size=(n, 4)).astype(np.float32)
-    actions = rng.integers(0, 2, n).astype(np.int64)
-    with torch.no_grad():
-        logp, _, _ = learner.net.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
-    return {
-        "obs": obs,
-        "actions": actions,
-        "logp": logp.numpy(),
-        "advantages": rng.normal(size=n).astype(np.float32),
-        "returns": (obs[:, 0] * 2 + 1).astype(np.float32),
-    }
-
-
 def _full_loss(learner: PPOLearner, batch, cfg) -> float:
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
     with torch.no_grad():
@@ -241,10 +226,10 @@ def _full_loss(learner: PPOLearner, batch, cfg) -> float:
 
 
 @pytest.mark.timeout(20)
-def test_learner_train_reduces_loss_and_calls_grad_hook_per_minibatch_step():
+def test_learner_train_reduces_loss_and_calls_grad_hook_per_minibatch_step(h):
     cfg = _ppo_cfg()
     learner = PPOLearner(4, 2, cfg, seed=0)
-    batch = _train_batch(learner, 64)
+    batch = h.ppo_train_batch(learner, 64)
     before = _full_loss(learner, batch, cfg)
     calls = []
 
@@ -265,7 +250,7 @@ def test_learner_train_reduces_loss_and_calls_grad_hook_per_minibatch_step():
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("n", [64, 70, 255])
-def test_learner_train_runs_exactly_the_configured_minibatches(n, monkeypatch):
+def test_learner_train_runs_exactly_the_configured_minibatches(h, n, monkeypatch):
     """``minibatches`` per epoch whatever the batch size: no extra tiny minibatch of the remainder."""
     cfg = _ppo_cfg(epochs=2, minibatches=4)
     learner = PPOLearner(4, 2, cfg, seed=0)
@@ -277,14 +262,14 @@ def test_learner_train_runs_exactly_the_configured_minibatches(n, monkeypatch):
         return real(net, obs, *args)
 
     monkeypatch.setattr("tianji_dask.algos.ppo.ppo_loss", spy)
-    learner.train(_train_batch(learner, n))
+    learner.train(h.ppo_train_batch(learner, n))
     assert len(sizes) == cfg.epochs * cfg.minibatches, sizes
     assert sum(sizes) == cfg.epochs * n  # every sample once per epoch
     assert max(sizes) - min(sizes) <= 1
 
 
 @pytest.mark.timeout(20)
-def test_grad_hook_sees_gradients_before_the_step():
+def test_grad_hook_sees_gradients_before_the_step(h):
     """Zeroing the gradients in the hook (where data-parallel learners average them) means Adam
     moves nothing: the hook runs between backward and step."""
     cfg = _ppo_cfg()
@@ -295,9 +280,9 @@ def test_grad_hook_sees_gradients_before_the_step():
         for p in learner.net.parameters():
             p.grad.zero_()
 
-    learner.train(_train_batch(learner, 64), grad_hook=zero)
+    learner.train(h.ppo_train_batch(learner, 64), grad_hook=zero)
     assert all(torch.equal(before[k], v) for k, v in learner.net.state_dict().items())
-    learner.train(_train_batch(learner, 64))
+    learner.train(h.ppo_train_batch(learner, 64))
     assert not all(torch.equal(before[k], v) for k, v in learner.net.state_dict().items())
 
 
@@ -526,8 +511,8 @@ def test_actor_bootstraps_truncated_steps_but_reports_the_env_return():
     assert [(ret, length) for ret, length, _ in episodes] == [(5.0, 5), (5.0, 5)]  # the env's own sum
 
 
-def test_ppo_train_reports_float_means():
+def test_ppo_train_reports_float_means(h):
     learner = PPOLearner(4, 2, _ppo_cfg(), seed=0)
-    stats = learner.train(_train_batch(learner, 64))
+    stats = learner.train(h.ppo_train_batch(learner, 64))
     assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "loss"}
     assert all(type(v) is float and math.isfinite(v) for v in stats.values()), stats

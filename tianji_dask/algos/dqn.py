@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
+from tianji_dask.algos.core import State, component, load_optimizer_state, optimizer_state
 from tianji_dask.algos.networks import NatureQNetwork
 from tianji_dask.replay import ReplayMemory
 
@@ -138,14 +139,22 @@ class DQNLearner:
         """The network whose parameters data-parallel ranks keep identical."""
         return self.online
 
-    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+    def state(self) -> State:
         """Everything a resume needs, as plain dicts of tensors (checkpoint format)."""
-        optim = self.optim.state_dict()
-        flat = {}
-        for pid, st in optim["state"].items():
-            for name, val in st.items():
-                flat[f"{pid}.{name}"] = torch.as_tensor(val)
-        return {"online": self.online.state_dict(), "target": self.target.state_dict(), "optim_state": flat}
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optim_state": optimizer_state(self.optim),
+            "schedule": {"updates": torch.tensor(self.updates, dtype=torch.int64)},
+        }
+
+    def restore(self, state: State) -> None:
+        """Continue from ``state()`` of a learner of the same config: the target network keeps
+        its own weights and its sync schedule (the update count)."""
+        self.online.load_state_dict(component(state, "online", "DQN"))
+        self.target.load_state_dict(component(state, "target", "DQN"))
+        load_optimizer_state(self.optim, component(state, "optim_state", "DQN"))
+        self.updates = int(component(state, "schedule", "DQN")["updates"])
 
 
 def make_replay(cfg, obs_shape, obs_dtype) -> ReplayMemory:

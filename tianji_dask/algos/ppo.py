@@ -18,6 +18,14 @@ import torch.nn as nn
 from torch.distributions import Categorical
 
 from tianji_dask.algos.batches import BatchMover
+from tianji_dask.algos.core import (
+    State,
+    component,
+    generator_state,
+    load_optimizer_state,
+    optimizer_state,
+    restore_generator,
+)
 from tianji_dask.algos.networks import AtariActorCritic
 
 
@@ -220,7 +228,26 @@ class PPOLearner:
     def actor_params(self) -> dict[str, np.ndarray]:
         return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.net.state_dict().items()}
 
-    def state(self) -> dict[str, dict[str, torch.Tensor]]:
-        optim = self.optim.state_dict()
-        flat = {f"{pid}.{name}": torch.as_tensor(val) for pid, st in optim["state"].items() for name, val in st.items()}
-        return {"net": self.net.state_dict(), "optim_state": flat}
+    def state(self) -> State:
+        """Everything a resume needs, as plain dicts of tensors (checkpoint format)."""
+        lr = self.optim.param_groups[0]["lr"]
+        return {
+            "net": self.net.state_dict(),
+            "optim_state": optimizer_state(self.optim),
+            "schedule": {
+                "updates": torch.tensor(self.updates, dtype=torch.int64),
+                "lr": torch.tensor(lr, dtype=torch.float64),
+            },
+            "minibatch_rng": generator_state(self.rng),
+        }
+
+    def restore(self, state: State) -> None:
+        """Continue from ``state()`` of a learner of the same config: the learning rate in
+        effect and the generator that shuffles minibatches come back too."""
+        self.net.load_state_dict(component(state, "net", "PPO"))
+        load_optimizer_state(self.optim, component(state, "optim_state", "PPO"))
+        schedule = component(state, "schedule", "PPO")
+        self.updates = int(schedule["updates"])
+        for g in self.optim.param_groups:
+            g["lr"] = float(schedule["lr"])
+        restore_generator(self.rng, component(state, "minibatch_rng", "PPO"))
