@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from tianji_dask.algos.dqn import DQNLearner, DQNPolicy
+from tianji_dask.algos.dqn.actor import DQNActorRole
+from tianji_dask.algos.dqn.buffer import ReplayBufferRole
+from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy
 from tianji_dask.algos.networks import AtariActorCritic, NatureQNetwork, network_kind
-from tianji_dask.algos.ppo import PPOLearner, PPOPolicy
+from tianji_dask.algos.ppo.core import PPOLearner, PPOPolicy
 from tianji_dask.channels import LocalQueue
 from tianji_dask.config import ConfigError, check_env, load_config
 from tianji_dask.envs import ATARI_OBS_SHAPE, AtariTrainingSignals, make_atari_vector_env, next_observations
-from tianji_dask.frame_replay import FrameReplay, FrameStreams
-from tianji_dask.nstep import NStepWindow
-from tianji_dask.roles.actor import ActorRole
-from tianji_dask.roles.buffer import BufferRole
+from tianji_dask.roles.frame_replay import FrameReplay, FrameStreams
+from tianji_dask.roles.nstep import NStepWindow
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -89,7 +89,7 @@ def test_breakout_trains_on_lives_and_clipped_rewards_but_records_full_games():
     episode with the raw full-game return."""
     cfg = load_config(DQN_SMALL, ["env.id=ALE/Breakout-v5", "env.num_envs=1", "algo.n_step=1", "channel.chunk_steps=8"])
     queue = LocalQueue(capacity_bytes=1 << 30)
-    actor = ActorRole(cfg, 0, 7, queue, params=None, balance=False)
+    actor = DQNActorRole(cfg, 0, 7, queue, params=None, balance=False)
     raw = []
     step = actor.env.step
 
@@ -161,7 +161,7 @@ def _recorded_actor_run(
         check_env=False,
     )
     queue = LocalQueue(capacity_bytes=1 << 34)
-    actor = ActorRole(cfg, 3, 11, queue, params=None, balance=False)
+    actor = DQNActorRole(cfg, 3, 11, queue, params=None, balance=False)
     actor.probe_params = lambda: False
     shadow = NStepWindow(n_step, cfg.algo.gamma, num_envs, ATARI_OBS_SHAPE, np.uint8)
     signals = AtariTrainingSignals(actor.training_signals.lives)
@@ -218,7 +218,7 @@ def test_frame_replay_rebuilds_exactly_what_the_env_produced(backend, pong_run):
     assert sent_frames == steps + 4 * (actor.num_envs + actor.tracker.count)
     assert all(c["frames"].dtype == np.uint8 and c["obs"].dtype == np.int64 for c in chunks)
 
-    buffer = BufferRole(cfg, LocalQueue(capacity_bytes=1 << 34), ATARI_OBS_SHAPE, np.uint8, seed=0)
+    buffer = ReplayBufferRole(cfg, LocalQueue(capacity_bytes=1 << 34), ATARI_OBS_SHAPE, np.uint8, seed=0)
     for c in chunks:
         buffer.inbox.push(c)
     assert buffer.ingest() == len(want["actions"])

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tianji_dask.algos.dqn.actor import DQNActorRole
+from tianji_dask.algos.dqn.learner import DQNLearnerRole
+from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import load_config
-from tianji_dask.roles.actor import ActorRole
-from tianji_dask.roles.learner import LearnerRole
-from tianji_dask.roles.ppo_actor import PPOActorRole
 
 DQN = "configs/cartpole_dqn.yaml"
 PPO = "configs/cartpole_ppo.yaml"
@@ -50,7 +50,7 @@ def _channels():
 
 
 class _StubReplay:
-    """What LearnerRole reads from its buffer: ``received``, ``len()`` and ``sample(n)``."""
+    """What DQNLearnerRole reads from its buffer: ``received``, ``len()`` and ``sample(n)``."""
 
     def __init__(self, received: int):
         self.received = received
@@ -88,7 +88,7 @@ DQN_ACTOR_CASES = [
 @pytest.mark.parametrize("n_actors, env_steps, consumed, paused", DQN_ACTOR_CASES)
 def test_dqn_actor_pauses_only_below_the_band(n_actors, env_steps, consumed, paused):
     queue, params = _channels()
-    actor = ActorRole(_dqn_cfg(), 0, 1, queue, params, n_actors=n_actors)
+    actor = DQNActorRole(_dqn_cfg(), 0, 1, queue, params, n_actors=n_actors)
     assert actor.balance
     actor.counters["env_steps"] = env_steps
     actor.learner_consumed = consumed
@@ -107,9 +107,9 @@ def test_dqn_actor_pauses_only_below_the_band(n_actors, env_steps, consumed, pau
 def test_dqn_actor_never_pauses_without_controller(how):
     queue, params = _channels()
     if how == "balance=False":
-        actor = ActorRole(_dqn_cfg(), 0, 1, queue, params, balance=False)
+        actor = DQNActorRole(_dqn_cfg(), 0, 1, queue, params, balance=False)
     else:
-        actor = ActorRole(load_config(DQN, ["algo.ratio_tolerance=null"]), 0, 1, queue, params)
+        actor = DQNActorRole(load_config(DQN, ["algo.ratio_tolerance=null"]), 0, 1, queue, params)
     assert actor.balance is False
     actor.counters["env_steps"] = 10**9  # absurdly far ahead of a learner that consumed nothing
     actor.learner_consumed = 0
@@ -136,7 +136,7 @@ DQN_LEARNER_CASES = [
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("received, samples, paused", DQN_LEARNER_CASES)
 def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
-    learner = LearnerRole(_dqn_cfg(), _StubReplay(received), LocalTopic(), 4, 2, seed=0)
+    learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(received), LocalTopic(), 4, 2, seed=0)
     assert learner.balance
     learner.counters["samples"] = samples
     assert learner.ahead_of_actors() is paused
@@ -150,10 +150,10 @@ def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
 @pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
 def test_dqn_learner_never_pauses_without_controller(how):
     if how == "balance=False":
-        learner = LearnerRole(_dqn_cfg(), _StubReplay(2000), LocalTopic(), 4, 2, seed=0, balance=False)
+        learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(2000), LocalTopic(), 4, 2, seed=0, balance=False)
     else:
         cfg = load_config(DQN, ["algo.ratio_tolerance=null"])
-        learner = LearnerRole(cfg, _StubReplay(2000), LocalTopic(), 4, 2, seed=0)
+        learner = DQNLearnerRole(cfg, _StubReplay(2000), LocalTopic(), 4, 2, seed=0)
     assert learner.balance is False
     learner.counters["samples"] = 10**9  # ratio ~10^6, far above any band
     assert all(learner.step() for _ in range(3))

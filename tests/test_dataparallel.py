@@ -30,11 +30,11 @@ def _rank_main(rank, world, port_q, out_q, algo):
     dp = DataParallel(rank, world, "127.0.0.1", port, timeout_s=30, store=store)
     rng = np.random.default_rng(100 + rank)  # every rank sees different data
     if algo == "dqn":
-        from tianji_dask.algos.dqn import DQNLearner
+        from tianji_dask.algos.dqn.core import DQNLearner
 
         learner = DQNLearner(4, 2, cfg, seed=7)  # same seed: same initial parameters
     else:
-        from tianji_dask.algos.ppo import PPOLearner
+        from tianji_dask.algos.ppo.core import PPOLearner
 
         learner = PPOLearner(4, 2, cfg, seed=7)
     params = list(learner.module.parameters())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tianji_dask.algos.dqn import DQNLearner, DQNPolicy, double_dqn_loss, epsilon_at
+from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy, double_dqn_loss, epsilon_at
 from tianji_dask.config import DQNConfig
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ConfigError, check_env, load_config
 from tianji_dask.driver import check_replay_fits
-from tianji_dask.frame_replay import FrameReplay
-from tianji_dask.replay import ReplayMemory
-from tianji_dask.roles.buffer import replay_nbytes
+from tianji_dask.roles.frame_replay import FrameReplay
+from tianji_dask.roles.replay import ReplayMemory
 
 GIB = 2**30
 CPU = ["learner.device=cpu"]  # the Pong configs name a GPU; the replay is the same
@@ -23,9 +23,9 @@ def test_flat_replay_bytes_match_what_a_built_memory_reports():
 def test_pong_dqn_needs_its_frame_replay_and_ppo_needs_none():
     cfg = load_config("configs/pong_dqn.yaml", CPU)
     obs = check_env(cfg).observation_space
-    assert replay_nbytes(cfg, obs.shape, obs.dtype) == FrameReplay.nbytes_for(1_000_000)
+    assert spec_for(cfg).replay_nbytes(cfg, obs.shape, obs.dtype) == FrameReplay.nbytes_for(1_000_000)
     ppo = load_config("configs/pong_ppo.yaml", CPU)
-    assert replay_nbytes(ppo, obs.shape, obs.dtype) == 0
+    assert spec_for(ppo).replay_nbytes(ppo, obs.shape, obs.dtype) == 0
     check_replay_fits(ppo, check_env(ppo), serial=False, available=1)  # nothing to hold
 
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from tianji_dask.algos.ppo import ActorCritic, PPOLearner, PPOPolicy, gae, ppo_loss
+from tianji_dask.algos.ppo.actor import PPOActorRole
+from tianji_dask.algos.ppo.buffer import RolloutBufferRole
+from tianji_dask.algos.ppo.core import ActorCritic, PPOLearner, PPOPolicy, gae, ppo_loss
+from tianji_dask.algos.ppo.learner import PPOLearnerRole
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import PPOConfig, load_config
 from tianji_dask.envs import make_vector_env
-from tianji_dask.roles.ppo_actor import PPOActorRole
-from tianji_dask.roles.ppo_learner import PPOLearnerRole
-from tianji_dask.roles.rollout_buffer import RolloutBufferRole
 
 PPO_CONFIG = "configs/cartpole_ppo.yaml"
 
@@ -261,7 +261,7 @@ def test_learner_train_runs_exactly_the_configured_minibatches(h, n, monkeypatch
         sizes.append(len(obs))
         return real(net, obs, *args)
 
-    monkeypatch.setattr("tianji_dask.algos.ppo.ppo_loss", spy)
+    monkeypatch.setattr("tianji_dask.algos.ppo.core.ppo_loss", spy)
     learner.train(h.ppo_train_batch(learner, n))
     assert len(sizes) == cfg.epochs * cfg.minibatches, sizes
     assert sum(sizes) == cfg.epochs * n  # every sample once per epoch

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tianji_dask.algos.dqn import DQNLearner
-from tianji_dask.algos.ppo import PPOLearner
+from tianji_dask.algos.dqn.core import DQNLearner
+from tianji_dask.algos.ppo.core import PPOLearner
 from tianji_dask.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tianji_dask.config import DQNConfig, PPOConfig
 

@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
+from tianji_dask.algos.dqn.actor import DQNActorRole
+from tianji_dask.algos.dqn.buffer import ReplayBufferRole
+from tianji_dask.algos.dqn.learner import DQNLearnerRole
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import load_config
-from tianji_dask.roles.actor import ActorRole
-from tianji_dask.roles.buffer import BufferRole
-from tianji_dask.roles.learner import LearnerRole
 
 
 def run_pair(mode: str, updates: int = 150):
@@ -21,9 +21,9 @@ def run_pair(mode: str, updates: int = 150):
         check_env=False,
     )
     queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
-    actor = ActorRole(cfg, 0, 1, queue, topic.subscribe())
-    buffer = BufferRole(cfg, queue, actor.obs_shape, actor.obs_dtype, seed=2)
-    learner = LearnerRole(cfg, buffer, topic, 4, 2, seed=3)
+    actor = DQNActorRole(cfg, 0, 1, queue, topic.subscribe())
+    buffer = ReplayBufferRole(cfg, queue, actor.obs_shape, actor.obs_dtype, seed=2)
+    learner = DQNLearnerRole(cfg, buffer, topic, 4, 2, seed=3)
     stop = threading.Event()
     actor.should_stop = stop.is_set
     learner.publish()

@@ -19,7 +19,7 @@ import psutil
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
-from tianji_dask.seeding import group_seeds
+from tianji_dask.placement import place
 from tianji_dask.worker_signals import spawned_ignoring_driver_signals
 from tianji_dask.workers import scheduler_workers
 
@@ -226,55 +226,6 @@ class RunCluster:
                 )
 
     # --- hosts ----------------------------------------------------------------------------
-    def _workers(self, needed: int) -> list[str]:
-        workers = sorted(scheduler_workers(self.client))
-        if not workers:
-            raise RuntimeError("the cluster has no workers")
-        if len(workers) < needed:
-            self._on_event(f"{len(workers)} workers for {needed} host processes: hosts will share workers")
-        return [workers[i % len(workers)] for i in range(needed)]
-
-    def _placement(self, G: int, L: int, A: int) -> tuple[dict[int, str], dict[int, str]]:
-        """Worker of each learner (with its buffer) and of each actor, by global id.
-
-        Workers tagged with the planner's resources (``tianji_learner``/``tianji_actor`` and
-        ``tianji_group_<g>``, as :mod:`tianji_dask.slurm` starts them) take exactly the hosts
-        they were sized for; untagged workers are used in order (learners first in each group)."""
-        info = scheduler_workers(self.client)
-        tagged = {
-            a: w.get("resources") or {}
-            for a, w in info.items()
-            if any(k.startswith("tianji_") for k in (w.get("resources") or {}))
-        }
-        if not tagged:
-            slots = iter(self._workers(G * (L + A)))
-            learner_w, actor_w = {}, {}
-            for g in range(G):
-                for j in range(L):
-                    learner_w[g * L + j] = next(slots)
-                for i in range(A):
-                    actor_w[g * A + i] = next(slots)
-            return learner_w, actor_w
-        learner_w, actor_w = {}, {}
-        for g in range(G):
-
-            def having(role, g=g):
-                return sorted(
-                    (a for a, r in tagged.items() if role in r and f"tianji_group_{g}" in r),
-                    key=lambda a: info[a].get("name", a),
-                )
-
-            learners, actors = having("tianji_learner"), having("tianji_actor")
-            if len(learners) < L or len(actors) < A:
-                raise RuntimeError(
-                    f"group {g} needs {L} learner and {A} actor workers, the cluster has "
-                    f"{len(learners)} and {len(actors)} tagged for it: the cluster was "
-                    "started for another plan"
-                )
-            learner_w.update({g * L + j: learners[j] for j in range(L)})
-            actor_w.update({g * A + i: actors[i] for i in range(A)})
-        return learner_w, actor_w
-
     def _submit(self, cls, *args, worker: str, **kwargs):
         fut = self.client.submit(
             cls, *args, **kwargs, actor=True, workers=[worker], allow_other_workers=False, pure=False
@@ -283,100 +234,82 @@ class RunCluster:
         return fut
 
     def start_hosts(self, spaces) -> None:
-        """Create and wire all hosts of all groups, then start their loops.
-
-        Per group g: learners j = 0..L-1, each on its own worker with its buffer (global id
-        g*L + j); actors i = 0..A-1 (global id g*A + i) on the next workers, actor i feeding
-        buffer i % L. Inboxes are opened in constructors, before anything is sent to them:
-        buffers and actors first, learners last (rank 0 of each group first, for its port).
+        """Create and wire all hosts of all groups where :func:`placement.place` puts them,
+        then start their loops. Inboxes are opened in constructors, before anything is sent to
+        them: buffers and actors first, learners last (rank 0 of each group first, for its port).
         """
-        cfg, rid, topo = self.cfg, self.run_id, self.cfg.topology
-        G, L, A = topo.groups, topo.learners, topo.actors
+        cfg, rid = self.cfg, self.run_id
         cfg_json = cfg.to_json()
         obs = spaces.observation_space
         obs_dim = int(math.prod(obs.shape))
         n_actions = int(spaces.action_space.n)
-        learner_w, actor_w = self._placement(G, L, A)
-        traj = {b: f"traj-{rid}-{b}" for b in learner_w}
-        params = {a: f"params-{rid}-{a}" for a in actor_w}
+        workers = scheduler_workers(self.client)
+        plan = place(workers, cfg.topology, rid, cfg.seed)
+        if plan.workers_shared:
+            n_hosts = len(plan.learners) + len(plan.actors)
+            self._on_event(f"{len(workers)} workers for {n_hosts} host processes: hosts will share workers")
         futures = []
-        for g in range(G):
-            seeds = group_seeds(cfg.seed, g, A)
-            for j in range(L):
-                b = g * L + j
-                feeders = [i for i in range(A) if i % L == j]
+        for group in range(cfg.topology.groups):  # each group's buffers, then its actors
+            for lp in (p for p in plan.learners if p.group == group):
                 futures.append(
                     self._submit(
                         BufferHost,
                         rid,
                         cfg_json,
-                        b,
-                        seeds.buffer + j,
-                        traj[b],
+                        lp.id,
+                        lp.buffer_seed,
+                        lp.trajectories,
                         tuple(obs.shape),
                         "float32",
-                        len(feeders),
-                        worker=learner_w[b],
+                        len(lp.feeders),
+                        worker=lp.worker,
                     )
                 )
-            for i in range(A):
-                a = g * A + i
-                b = g * L + i % L
+            for ap in (p for p in plan.actors if p.group == group):
                 futures.append(
                     self._submit(
                         ActorHost,
                         rid,
                         cfg_json,
-                        a,
-                        seeds.actors[i],
-                        learner_w[b],
-                        traj[b],
-                        params[a],
-                        worker=actor_w[a],
+                        ap.id,
+                        ap.seed,
+                        ap.buffer_worker,
+                        ap.trajectories,
+                        ap.parameters,
+                        worker=ap.worker,
                     )
                 )
         hosts = [f.result() for f in futures]
-        self.buffers = [hosts[k] for k in range(len(hosts)) if k % (L + A) < L]
-        self.actors = [hosts[k] for k in range(len(hosts)) if k % (L + A) >= L]
+        per_group = cfg.topology.learners + cfg.topology.actors
+        self.buffers = [hosts[k] for k in range(len(hosts)) if k % per_group < cfg.topology.learners]
+        self.actors = [hosts[k] for k in range(len(hosts)) if k % per_group >= cfg.topology.learners]
         self.learners = []
-        for g in range(G):
-            seeds = group_seeds(cfg.seed, g, A)
-            subscribers = [(actor_w[g * A + i], params[g * A + i]) for i in range(A)]
-            gossip = None
-            if G > 1:
-                lead = {h: learner_w[h * L] for h in range(G)}
-                gossip = {
-                    "group": g,
-                    "inboxes": {h: f"gossip-{rid}-{g}-from-{h}" for h in range(G) if h != g},
-                    "publish_to": [(lead[h], f"gossip-{rid}-{h}-from-{g}") for h in range(G) if h != g],
-                }
-            port = None
-            for j in range(L):
-                b = g * L + j
-                lead_host = self._submit(
-                    LearnerHost,
-                    rid,
-                    cfg_json,
-                    b,
-                    seeds.learner,
-                    subscribers,
-                    obs_dim,
-                    n_actions,
-                    buffer_id=b,
-                    rank=j,
-                    world_size=L,
-                    store_port=port,
-                    gossip_peers=gossip if j == 0 else None,
-                    worker=learner_w[b],
-                ).result()
-                if j == 0 and L > 1:
-                    port = lead_host.rendezvous_port().result()
-                self.learners.append(lead_host)
+        port = None
+        for lp in plan.learners:  # by global id: rank 0 of each group first
+            if lp.rank == 0:
+                port = None
+            lead_host = self._submit(
+                LearnerHost,
+                rid,
+                cfg_json,
+                lp.id,
+                lp.learner_seed,
+                list(lp.subscribers),
+                obs_dim,
+                n_actions,
+                buffer_id=lp.id,
+                rank=lp.rank,
+                world_size=cfg.topology.learners,
+                store_port=port,
+                gossip_peers=lp.gossip,
+                worker=lp.worker,
+            ).result()
+            if lp.rank == 0 and cfg.topology.learners > 1:
+                port = lead_host.rendezvous_port().result()
+            self.learners.append(lead_host)
         self.learner = self.learners[0]
         self.buffer = self.buffers[0]
-        self._expected = {("buffer", b): w for b, w in learner_w.items()}
-        self._expected.update({("learner", b): w for b, w in learner_w.items()})
-        self._expected.update({("actor", a): w for a, w in actor_w.items()})
+        self._expected = plan.host_workers()
         self._started_at = time.time()
         for host in [*self.buffers, *self.learners, *self.actors]:
             host.start().result()

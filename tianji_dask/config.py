@@ -124,6 +124,12 @@ class EnvConfig(_Section):
         1, ge=1, description="kind=atari, ale_vector only: C++ threads stepping one actor's envs"
     )
 
+    @property
+    def frame_stacks(self) -> bool:
+        """Observations are stacks of uint8 frames (``kind: atari``): replays keep each frame once,
+        actors send each new frame once, and the networks are CNNs."""
+        return self.kind == "atari"
+
     @model_validator(mode="after")
     def _check_atari_id(self) -> EnvConfig:
         if self.kind == "gym" and self.id.startswith("ALE/"):

@@ -55,8 +55,9 @@ def check_replay_fits(cfg: ExperimentConfig, spaces, *, serial: bool, available:
     whose DQN replay memories would take more than 90 % of the memory available now."""
     import psutil
 
-    from tianji_dask.roles.buffer import replay_nbytes
+    from tianji_dask.algos.registry import spec_for
 
+    replay_nbytes = spec_for(cfg).replay_nbytes
     obs = spaces.observation_space
     per_buffer = replay_nbytes(cfg, obs.shape, obs.dtype)
     if not per_buffer:

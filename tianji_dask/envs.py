@@ -263,6 +263,15 @@ def identity_training_signals(rewards, terminated, truncated, infos):
     return rewards, terminated, terminated | truncated
 
 
+def training_signals(env_cfg, reset_infos: dict):
+    """What an actor's learner trains on, from the infos of its env's reset: Atari clips rewards
+    and ends an episode at each lost life (:class:`AtariTrainingSignals`), other envs train on what
+    they return."""
+    if env_cfg.kind == "atari":
+        return AtariTrainingSignals(reset_infos["lives"])
+    return identity_training_signals
+
+
 def atari_spaces(env_cfg) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
     """(observation space, action space) of one env as actors will see it; builds and closes a
     one-env vector env of the configured backend. Raises with the fix when it cannot be built."""

@@ -26,6 +26,7 @@ import psutil
 from distributed import get_worker
 from distributed.comm import get_address_host
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
 from tianji_dask.config import ExperimentConfig
 
@@ -180,11 +181,11 @@ class BufferHost(_LoopHost):
         n_senders: int = 1,
     ):
         super().__init__(run_id, config_json, host_id)
-        from tianji_dask.roles import make_buffer_role
-
         inbox = ChannelService.current().open_queue(channel, self.cfg.channel.capacity_bytes * max(1, n_senders))
         self.channel = channel
-        self.role = make_buffer_role(self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id)
+        self.role = spec_for(self.cfg).make_buffer_role(
+            self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id
+        )
         _LOCAL_BUFFERS[buffer_key(run_id, host_id)] = self.role
 
     def _make_role(self):
@@ -265,8 +266,6 @@ class LearnerHost(_LoopHost):
         return self._store_port
 
     def _make_role(self):
-        from tianji_dask.roles import learner_role_class
-
         seed, subscribers, obs_dim, n_actions = self._args
         self.publisher = TopicPublisher(subscribers, **self._comm_kwargs()) if self.rank == 0 else None
         if self.world_size > 1:
@@ -282,7 +281,7 @@ class LearnerHost(_LoopHost):
                 timeout_s=DP_TIMEOUT_S,
                 store=self._store,
             )
-        role = learner_role_class(self.cfg)(
+        role = spec_for(self.cfg).learner_role()(
             self.cfg,
             _LOCAL_BUFFERS[buffer_key(self.run_id, self.buffer_id)],
             self.publisher,
@@ -428,8 +427,6 @@ class ActorHost(_LoopHost):
         self._args = (seed, buffer_address, traj_channel)
 
     def _make_role(self):
-        from tianji_dask.roles import actor_role_class
-
         seed, buffer_address, traj_channel = self._args
         c = self.cfg.channel
         self.sender = QueueSender(
@@ -440,7 +437,7 @@ class ActorHost(_LoopHost):
             full_policy=c.full_policy,
             **self._comm_kwargs(),
         )
-        role = actor_role_class(self.cfg)(self.cfg, self.id, seed, self.sender, self.params)
+        role = spec_for(self.cfg).actor_role()(self.cfg, self.id, seed, self.sender, self.params)
         role.should_stop = self._stop.is_set
         return role
 

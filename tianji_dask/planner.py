@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tianji_dask.algos.registry import ALGORITHMS, spec_for
+
 # Memory a host process needs besides replay: Python, torch, Dask worker (measured: 276 MB for
 # a CartPole actor, 362 MB for buffer + learner with a 100k replay; rounded up).
 ACTOR_PROCESS_BYTES = 512 * 2**20
@@ -186,7 +188,7 @@ class Plan:
             "topology.learners": self.learners,
             "topology.learner_threads": self.learner_threads,
         }
-        if self.algo == "dqn":
+        if ALGORITHMS[self.algo].tunable_batch:
             out.update(
                 {
                     "algo.batch_size": self.batch_size,
@@ -221,26 +223,6 @@ class Plan:
         return cls(**d, jobs=jobs)
 
 
-def _config_batch(cfg) -> int:
-    a = cfg.algo
-    return a.batch_size if a.name == "dqn" else a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs
-
-
-def _candidate_batches(cfg, profile: Profile) -> list[int]:
-    if cfg.algo.name != "dqn":
-        return list(profile.batch_sizes)
-    return [b for b in profile.batch_sizes if b >= 1]
-
-
-def _scaled(cfg, b: int) -> tuple[int | None, int | None]:
-    """DQN: train_freq and buffer_size scaled with the batch so that R and P stay the serial ones."""
-    if cfg.algo.name != "dqn":
-        return None, None
-    a = cfg.algo
-    k = b / a.batch_size
-    return max(1, round(a.train_freq * k)), max(b, round(a.buffer_size * k))
-
-
 def _learner_memory(cfg, profile: Profile, buffer_size: int | None) -> int:
     replay = (buffer_size or 0) * profile.replay_bytes_per_transition
     return int(LEARNER_PROCESS_BYTES + replay)
@@ -256,10 +238,13 @@ def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
             "1 actor core + 1 learner core = 2 cores. Give --cores 2 or more."
         )
     R = cfg.algo.target_replay_ratio
+    spec = spec_for(cfg)
+    config_batch = spec.samples_per_update(cfg)
     best = None
     refused_memory: list[str] = []
-    for b in _candidate_batches(cfg, profile):
-        train_freq, buffer_size = _scaled(cfg, b)
+    for b in (b for b in profile.batch_sizes if b >= 1):
+        scaled = spec.scaled_for_batch(cfg, b)
+        train_freq, buffer_size = scaled.get("train_freq"), scaled.get("buffer_size")
         learner_mem = _learner_memory(cfg, profile, buffer_size)
         for G in range(1, M // 2 + 1):
             m = min(M // G, m_max)
@@ -282,7 +267,7 @@ def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
                 cons = profile.tr_l(T, b) / R  # env steps/s the learner can consume at ratio R
                 group = min(prod, cons)
                 # simpler wins a tie: fewer cores, the config's own batch, fewer groups
-                key = (G * group, -(G * m), b == _config_batch(cfg), -G)
+                key = (G * group, -(G * m), b == config_batch, -G)
                 if best is None or _better(key, best[0]):
                     best = (
                         key,
@@ -320,13 +305,14 @@ def _better(key, other) -> bool:
 
 
 def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq, buffer_size, learner_mem) -> Plan:
+    spec = spec_for(cfg)
     bottleneck = "learner" if cons < prod else "actors"
     group = min(prod, cons)
     why = [
         f"replay ratio R = {R:g} samples consumed per env step (the serial algorithm's); "
         f"a learner's TR_L samples/s consume TR_L / R env steps/s",
         f"chosen: {G} group(s) x ({A} actor cores + 1 learner with {T} torch thread(s)) = {G * m} of "
-        f"{resources.cores} cores" + (f"; batch {b}" if cfg.algo.name == "dqn" else ""),
+        f"{resources.cores} cores" + (f"; batch {b}" if spec.tunable_batch else ""),
         f"per group: TR_A({A}) = {prod:,.0f} env steps/s produced, TR_L({T}, {b}) / R = {cons:,.0f} "
         f"env steps/s consumed (ratio {prod / cons:.2f})",
         f"bottleneck: {bottleneck}",
@@ -357,11 +343,12 @@ def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq,
     spare = resources.cores - G * m
     if spare:
         why.append(f"{spare} core(s) left idle: a group of {m} cores does not fit in them")
-    if cfg.algo.name == "dqn" and b != cfg.algo.batch_size:
-        why.append(
-            f"batch {cfg.algo.batch_size} -> {b}: train_freq {cfg.algo.train_freq} -> {train_freq} and "
-            f"buffer_size {cfg.algo.buffer_size:,} -> {buffer_size:,} keep R and P = B/N_s of serial training"
+    config_batch = spec.samples_per_update(cfg)
+    if b != config_batch:
+        changed = " and ".join(
+            f"{k} {getattr(cfg.algo, k):,} -> {v:,}" for k, v in spec.scaled_for_batch(cfg, b).items()
         )
+        why.append(f"batch {config_batch} -> {b}: {changed} keep R and P = B/N_s of serial training")
     per_node = resources.cores_per_node or resources.cores
     groups_per_node = max(1, per_node // m)
     jobs: list[Job] = []

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ExperimentConfig
 from tianji_dask.workers import scheduler_workers
 
@@ -35,11 +36,7 @@ def _steady_config(cfg: ExperimentConfig, batch_size: int | None = None) -> Expe
     warm-up as short as a batch, and the batch size under test."""
     data = cfg.model_dump(mode="json")
     data["algo"]["ratio_tolerance"] = None
-    if cfg.algo.name == "dqn":
-        data["algo"]["exploration_steps"] = 1
-        if batch_size is not None:
-            data["algo"]["batch_size"] = batch_size
-        data["algo"]["learning_starts"] = max(data["algo"]["batch_size"], 1)
+    spec_for(cfg).steady_algo(data["algo"], batch_size)
     data["topology"].update(actors=1, learners=1, groups=1, mode="relaxed")
     return ExperimentConfig.model_validate(data)
 
@@ -86,16 +83,10 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
     return {
         "env_steps_per_s": steps / busy,
         "message_bytes": int(sum(len(memoryview(f)) for f in frames)),
-        "steps_per_message": _steps_per_message(cfg),
+        "steps_per_message": spec_for(cfg).steps_per_message(cfg),
         "serialize_s": t_sd,
         "deserialize_s": t_rv,
     }
-
-
-def _steps_per_message(cfg: ExperimentConfig) -> int:
-    if cfg.algo.name == "ppo":
-        return cfg.algo.rollout_steps * cfg.env.num_envs
-    return cfg.channel.chunk_steps * cfg.env.num_envs
 
 
 def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds: float) -> dict:
@@ -110,29 +101,8 @@ def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds
     run = SerialRun(cfg)
     run.learner.publish()
     run.actor.probe_params()
-    if cfg.algo.name == "ppo":
-        # until the buffer holds a full iteration's rollouts (len(buffer) counts transitions)
-        while not (rollouts := run.buffer.take(run.learner.version)):
-            run.actor.step()
-            run.buffer.ingest()
-
-        def work() -> int:
-            batch = run.learner.batch_from(rollouts)
-            run.learner.core.train(batch)
-            return len(batch["actions"])
-
-        per_transition = 0.0
-    else:
-        while len(run.buffer) < cfg.algo.learning_starts:
-            run.actor.step()
-            run.actor.flush()
-            run.buffer.ingest()
-
-        def work() -> int:
-            run.learner.update()
-            return cfg.algo.batch_size
-
-        per_transition = run.buffer.replay.nbytes / run.buffer.replay.capacity
+    spec = spec_for(cfg)
+    work, per_transition = spec.learner_workload(run)
     run.actor.close()
     work()  # first update: optimizer state, lazy allocations
     samples = 0
@@ -145,7 +115,7 @@ def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds
     return {
         "samples_per_s": samples / elapsed,
         "replay_bytes_per_transition": per_transition,
-        "batch_size": cfg.algo.batch_size if cfg.algo.name == "dqn" else samples,
+        "batch_size": spec.samples_per_update(cfg),
     }
 
 
@@ -181,10 +151,8 @@ def profile(
     addresses = [a for a, _ in workers]
     max_actors = min(max_actors or len(addresses), len(addresses))
     max_threads = max_threads or max(1, cores - 1)
-    if cfg.algo.name == "ppo":
-        batch_sizes = [cfg.algo.rollouts_per_update * cfg.algo.rollout_steps * cfg.env.num_envs]
-    else:
-        batch_sizes = sorted(set(batch_sizes or [cfg.algo.batch_size]))
+    spec = spec_for(cfg)
+    batch_sizes = spec.profile_batch_sizes(cfg, batch_sizes)
     cfg_json = cfg.to_json()
 
     actor_counts = doubling(max_actors)
@@ -217,7 +185,7 @@ def profile(
                 measure_learner,
                 cfg_json,
                 t,
-                b if cfg.algo.name == "dqn" else None,
+                b if spec.tunable_batch else None,
                 seconds,
                 workers=[addresses[0]],
                 pure=False,

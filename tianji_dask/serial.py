@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import LocalQueue, LocalTopic
-from tianji_dask.roles import actor_role_class, learner_role_class, make_buffer_role
 from tianji_dask.seeding import role_seeds
 
 
@@ -31,13 +31,16 @@ class SerialRun:
         seeds = role_seeds(cfg.seed, n_actors=1)
         self.queue = LocalQueue(capacity_bytes=1 << 62, full_policy="wait")
         self.topic = LocalTopic()
-        self.actor = actor_role_class(cfg)(
+        self.spec = spec_for(cfg)
+        self.actor = self.spec.actor_role()(
             cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(), balance=False, n_actors=1
         )
         obs_dim = int(np.prod(self.actor.obs_shape))
         n_actions = int(self.actor.env.single_action_space.n)
-        self.buffer = make_buffer_role(cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer)
-        self.learner = learner_role_class(cfg)(
+        self.buffer = self.spec.make_buffer_role(
+            cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer
+        )
+        self.learner = self.spec.learner_role()(
             cfg, self.buffer, self.topic, obs_dim, n_actions, seeds.learner, balance=False
         )
 
@@ -48,17 +51,10 @@ class SerialRun:
         """The serial algorithm's training between two collection phases."""
         self.actor.flush()
         self.buffer.ingest()
-        if self.cfg.algo.name == "ppo":
-            while self.learner.step():
-                pass
-        elif self.learner.ready():
-            for _ in range(self.cfg.algo.gradient_steps):
-                self.learner.step()
-            self.learner.publish()
+        self.spec.serial_train_round(self.cfg, self.learner)
 
     def run(self, emit, should_stop) -> None:
-        a = self.cfg.algo
-        period = a.rollout_steps * self.actor.num_envs if a.name == "ppo" else a.train_freq
+        period = self.spec.serial_period(self.cfg)
         interval = self.cfg.run.metrics_interval
         self.learner.publish()
         self.actor.probe_params()

@@ -16,6 +16,7 @@ import contextlib
 import shutil
 import subprocess
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.planner import Job, Plan, PlanError
 
 SCHEDULER_PLACEHOLDER = "tcp://<scheduler-address>:8786"
@@ -38,9 +39,7 @@ def plan_from_config(cfg) -> Plan:
         groups=t.groups,
         actors=t.actors,
         learner_threads=threads,
-        batch_size=a.batch_size if a.name == "dqn" else a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs,
-        buffer_size=a.buffer_size if a.name == "dqn" else None,
-        train_freq=a.train_freq if a.name == "dqn" else None,
+        **spec_for(cfg).plan_fields(cfg),
         cores_total=sum(j.cores for j in jobs),
         cores_used=sum(j.cores for j in jobs),
         replay_ratio=a.target_replay_ratio,

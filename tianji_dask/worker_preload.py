@@ -5,10 +5,6 @@ other when the hosts are created. Use with ``dask worker --preload tianji_dask.w
 import gymnasium  # noqa: F401
 import torch
 
-import tianji_dask.hosts
-import tianji_dask.roles.actor
-import tianji_dask.roles.learner  # noqa: F401
-
 
 def dask_setup(worker) -> None:  # the preload hook Dask calls; importing was the point
     torch.set_num_threads(1)

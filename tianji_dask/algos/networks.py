@@ -29,7 +29,7 @@ TRUNK_FEATURES = 64 * 7 * 7
 
 def network_kind(cfg) -> str:
     """``"nature_cnn"`` for image observations (``env.kind: atari``), else ``"mlp"``."""
-    return "nature_cnn" if getattr(cfg.env, "kind", "gym") == "atari" else "mlp"
+    return "nature_cnn" if cfg.env.frame_stacks else "mlp"
 
 
 def _to_float(obs: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,11 @@ import gymnasium as gym
 import numpy as np
 
 from tianji_dask.envs import (
-    AtariTrainingSignals,
     EpisodeTracker,
     identity_training_signals,
     make_env,
     observation_dtype,
+    training_signals,
 )
 
 
@@ -55,8 +55,7 @@ class ActorBase:
     def reset_env(self, seed: int) -> np.ndarray:
         """First observations (as ``obs_dtype``); starts the Atari training signals' life count."""
         obs, infos = self.env.reset(seed=seed)
-        if self.cfg.env.kind == "atari":
-            self.training_signals = AtariTrainingSignals(infos["lives"])
+        self.training_signals = training_signals(self.cfg.env, infos)
         return obs.astype(self.obs_dtype, copy=False)
 
     def probe_params(self) -> bool:

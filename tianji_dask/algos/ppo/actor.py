@@ -1,6 +1,6 @@
 """The PPO actor role: collects fixed-length rollouts with one policy version each.
 
-Like :class:`~tianji_dask.roles.actor.ActorRole` it pushes into ``sender`` and probes
+Like :class:`~tianji_dask.algos.dqn.actor.DQNActorRole` it pushes into ``sender`` and probes
 ``params``, but it swaps parameters only between rollouts, so every rollout is tagged
 with exactly the version that produced it (the learner measures staleness from it).
 """
@@ -12,12 +12,12 @@ import time
 import numpy as np
 
 from tianji_dask.algos.networks import network_kind
-from tianji_dask.algos.ppo import PPOPolicy
+from tianji_dask.algos.ppo.core import PPOPolicy
 from tianji_dask.roles.actor_base import ActorBase
 
 
 class PPOActorRole(ActorBase):
-    """Protocol as ActorRole: ``wait_for_params()``, then ``step()`` in a loop; ``heartbeat()``."""
+    """Protocol as DQNActorRole: ``wait_for_params()``, then ``step()`` in a loop; ``heartbeat()``."""
 
     def __init__(
         self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True, n_actors: int | None = None

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import time
 
-from tianji_dask.algos.dqn import DQNLearner
+from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.roles.publishing import publish_params
 
 
-class LearnerRole:
+class DQNLearnerRole:
     """Protocol: ``publish()`` once so actors can start, then ``step()`` in a loop;
     ``step()`` returns False when it did not update (warm-up or balance control)."""
 

@@ -15,12 +15,12 @@ import time
 import numpy as np
 
 from tianji_dask.algos.networks import network_kind
-from tianji_dask.algos.ppo import PPOLearner, gae
+from tianji_dask.algos.ppo.core import PPOLearner, gae
 from tianji_dask.roles.publishing import publish_params
 
 
 class PPOLearnerRole:
-    """Protocol as LearnerRole: ``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
+    """Protocol as DQNLearnerRole: ``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """The buffer role: receives trajectory chunks asynchronously into a bounded replay memory
 and serves sampled batches to the learner that shares its process. Atari runs use the
-:class:`~tianji_dask.frame_replay.FrameReplay` (each frame stored once)."""
+:class:`~tianji_dask.roles.frame_replay.FrameReplay` (each frame stored once)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,15 @@ import time
 
 import numpy as np
 
-from tianji_dask.frame_replay import FrameReplay
-from tianji_dask.replay import ReplayMemory
+from tianji_dask.roles.frame_replay import FrameReplay
+from tianji_dask.roles.replay import ReplayMemory
 
 
 def replay_nbytes(cfg, obs_shape: tuple[int, ...], obs_dtype, capacity: int | None = None) -> int:
-    """Bytes of the replay memory one DQN buffer of this config fills (0 for PPO);
-    ``capacity`` replaces ``algo.buffer_size``."""
-    if cfg.algo.name != "dqn":
-        return 0
+    """Bytes of the replay memory one DQN buffer of this config fills; ``capacity`` replaces
+    ``algo.buffer_size``."""
     capacity = cfg.algo.buffer_size if capacity is None else capacity
-    if cfg.env.kind == "atari":
+    if cfg.env.frame_stacks:
         return FrameReplay.nbytes_for(capacity, _frame_shape(obs_shape))
     return ReplayMemory.nbytes_for(capacity, obs_shape, obs_dtype)
 
@@ -30,7 +28,7 @@ def _frame_shape(obs_shape: tuple[int, ...]) -> tuple[int, int]:
     return height, width
 
 
-class BufferRole:
+class ReplayBufferRole:
     """Protocol: ``ingest(timeout)`` in the buffer's own loop moves whatever the inbox holds
     into replay (taking an item returns its credit to the sender); the learner calls
     ``sample(n)`` and reads ``len(buffer)`` / ``received`` from its own thread."""
@@ -39,7 +37,7 @@ class BufferRole:
         self.id = buffer_id
         self.inbox = inbox
         self.replay: FrameReplay | ReplayMemory
-        if cfg.env.kind == "atari":  # obs_shape (4, 84, 84): stacks of single frames
+        if cfg.env.frame_stacks:  # obs_shape (4, 84, 84): stacks of single frames
             self.replay = FrameReplay(cfg.algo.buffer_size, _frame_shape(obs_shape), obs_shape[0])
         else:
             self.replay = ReplayMemory(cfg.algo.buffer_size, obs_shape, obs_dtype)

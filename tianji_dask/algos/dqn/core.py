@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.core import State, component, load_optimizer_state, optimizer_state
 from tianji_dask.algos.networks import NatureQNetwork
-from tianji_dask.replay import ReplayMemory
 
 
 def mlp(in_dim: int, out_dim: int, hidden: list[int]) -> nn.Sequential:
@@ -155,7 +154,3 @@ class DQNLearner:
         self.target.load_state_dict(component(state, "target", "DQN"))
         load_optimizer_state(self.optim, component(state, "optim_state", "DQN"))
         self.updates = int(component(state, "schedule", "DQN")["updates"])
-
-
-def make_replay(cfg, obs_shape, obs_dtype) -> ReplayMemory:
-    return ReplayMemory(cfg.buffer_size, obs_shape, obs_dtype)

@@ -12,15 +12,15 @@ import time
 
 import numpy as np
 
-from tianji_dask.algos.dqn import DQNPolicy, epsilon_at
+from tianji_dask.algos.dqn.core import DQNPolicy, epsilon_at
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import next_observations
-from tianji_dask.frame_replay import FrameStreams
-from tianji_dask.nstep import NStepWindow
 from tianji_dask.roles.actor_base import ActorBase
+from tianji_dask.roles.frame_replay import FrameStreams
+from tianji_dask.roles.nstep import NStepWindow
 
 
-class ActorRole(ActorBase):
+class DQNActorRole(ActorBase):
     """One actor: ``step()`` advances all its envs by one step.
 
     Protocol: construct, ``wait_for_params()`` once (or load params yourself),
@@ -29,7 +29,7 @@ class ActorRole(ActorBase):
 
     Atari (``env.kind: atari``): chunks carry each new 84x84 frame once (``frames``,
     ``frame_ids``) and the transitions' ``obs``/``next_obs`` as 4-frame id stacks
-    (:mod:`tianji_dask.frame_replay`); the n-step window runs on those ids.
+    (:mod:`tianji_dask.roles.frame_replay`); the n-step window runs on those ids.
     """
 
     def __init__(
@@ -41,7 +41,7 @@ class ActorRole(ActorBase):
         self.frames = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks
         self._tr_shape, self._tr_dtype = self.obs_shape, self.obs_dtype
-        if cfg.env.kind == "atari":
+        if cfg.env.frame_stacks:
             self.frames = FrameStreams(actor_id, self.num_envs, stack=self.obs_shape[0])
             self.frames.start(self.obs)
             self._tr_shape, self._tr_dtype = (self.obs_shape[0],), np.int64

@@ -1,0 +1,1 @@
+"""Double DQN (Ape-X style n-step transitions), its roles and its spec."""

@@ -1,0 +1,1 @@
+"""PPO (cleanrl's, on versioned rollouts), its roles and its spec."""

@@ -1,0 +1,69 @@
+"""PPO's assembly: versioned-rollout actors, a rollout buffer with a policy-lag bound, a learner
+running minibatch epochs on whole rollouts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class PPOSpec:
+    name = "ppo"
+    tunable_batch = False
+
+    def actor_role(self) -> type:
+        from tianji_dask.algos.ppo.actor import PPOActorRole
+
+        return PPOActorRole
+
+    def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0):
+        from tianji_dask.algos.ppo.buffer import RolloutBufferRole
+
+        return RolloutBufferRole(cfg, inbox, buffer_id)
+
+    def learner_role(self) -> type:
+        from tianji_dask.algos.ppo.learner import PPOLearnerRole
+
+        return PPOLearnerRole
+
+    def samples_per_update(self, cfg) -> int:
+        """The one PPO batch rule: every rollout of an iteration, each ``rollout_steps`` x ``num_envs``."""
+        a = cfg.algo
+        return a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs
+
+    def replay_nbytes(self, cfg, obs_shape, obs_dtype, capacity: int | None = None) -> int:
+        return 0  # rollouts are consumed, not replayed
+
+    def steps_per_message(self, cfg) -> int:
+        return cfg.algo.rollout_steps * cfg.env.num_envs
+
+    def serial_period(self, cfg) -> int:
+        return cfg.algo.rollout_steps * cfg.env.num_envs
+
+    def serial_train_round(self, cfg, learner) -> None:
+        while learner.step():
+            pass
+
+    def steady_algo(self, algo: dict, batch_size: int | None) -> None:
+        pass  # no exploration schedule or warm-up; the batch is the rollouts'
+
+    def profile_batch_sizes(self, cfg, requested: list[int] | None) -> list[int]:
+        return [self.samples_per_update(cfg)]
+
+    def learner_workload(self, run) -> tuple[Callable[[], int], float]:
+        # until the buffer holds a full iteration's rollouts
+        while not (rollouts := run.buffer.take(run.learner.version)):
+            run.actor.step()
+            run.buffer.ingest()
+
+        def work() -> int:
+            batch = run.learner.batch_from(rollouts)
+            run.learner.core.train(batch)
+            return len(batch["actions"])
+
+        return work, 0.0
+
+    def scaled_for_batch(self, cfg, batch: int) -> dict[str, int]:
+        return {}
+
+    def plan_fields(self, cfg) -> dict[str, int | None]:
+        return {"batch_size": self.samples_per_update(cfg), "buffer_size": None, "train_freq": None}

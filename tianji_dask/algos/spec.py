@@ -1,0 +1,76 @@
+"""The one assembly point of an algorithm: its roles and the rules the rest of the system asks
+it about. :mod:`tianji_dask.algos.registry` maps ``algo.name`` to a spec; nothing outside the
+registry and the config schema tests the algorithm's name.
+
+Adding an algorithm: a folder ``algos/<name>/`` with its learner core (``core.py``: the
+:class:`~tianji_dask.algos.core.LearnerCore` contract), its three roles (``actor.py``,
+``buffer.py``, ``learner.py``) and a ``spec.py`` implementing :class:`AlgorithmSpec`; its config
+section in :mod:`tianji_dask.config`; one line in the registry (docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class AlgorithmSpec(Protocol):
+    name: str
+    #: The planner may choose the learner's batch size (scaling what keeps the serial replay
+    #: ratio); otherwise the batch is what the config's rollouts give.
+    tunable_batch: bool
+
+    # --- roles ------------------------------------------------------------------------------
+    def actor_role(self) -> type:
+        """The actor role class: ``(cfg, actor_id, seed, sender, params, *, balance, n_actors)``."""
+        ...
+
+    def make_buffer_role(
+        self, cfg, inbox, obs_shape: tuple[int, ...], obs_dtype, seed: int, buffer_id: int = 0
+    ) -> Any: ...
+
+    def learner_role(self) -> type:
+        """The learner role class: ``(cfg, buffer, publisher, obs_dim, n_actions, seed, ...)``."""
+        ...
+
+    # --- rules ------------------------------------------------------------------------------
+    def samples_per_update(self, cfg) -> int:
+        """Samples one learner update consumes: the learner's batch."""
+        ...
+
+    def replay_nbytes(self, cfg, obs_shape: tuple[int, ...], obs_dtype, capacity: int | None = None) -> int:
+        """Bytes of replay one buffer fills (0 without a replay); ``capacity`` replaces the config's."""
+        ...
+
+    def steps_per_message(self, cfg) -> int:
+        """Env steps an actor puts in one message to its buffer."""
+        ...
+
+    # --- the serial schedule (serial.py) -------------------------------------------------------
+    def serial_period(self, cfg) -> int:
+        """Env steps between two training rounds of the serial algorithm."""
+        ...
+
+    def serial_train_round(self, cfg, learner) -> None:
+        """One training round of the serial algorithm, after the buffer has taken the data."""
+        ...
+
+    # --- profiling and planning ----------------------------------------------------------------
+    def steady_algo(self, algo: dict, batch_size: int | None) -> None:
+        """Edit a dumped ``algo`` section for profiling at steady state with ``batch_size``."""
+        ...
+
+    def profile_batch_sizes(self, cfg, requested: list[int] | None) -> list[int]: ...
+
+    def learner_workload(self, run) -> tuple[Callable[[], int], float]:
+        """On a primed :class:`~tianji_dask.serial.SerialRun`: a function making one update
+        (returning the samples it consumed), and the replay's bytes per transition."""
+        ...
+
+    def scaled_for_batch(self, cfg, batch: int) -> dict[str, int]:
+        """Config fields changed with the batch so that the serial replay ratio stays, by name."""
+        ...
+
+    def plan_fields(self, cfg) -> dict[str, int | None]:
+        """``batch_size``, ``buffer_size`` and ``train_freq`` of a plan made of this config."""
+        ...
