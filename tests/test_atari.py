@@ -355,7 +355,7 @@ def test_dqn_and_ppo_learners_train_on_uint8_stacks():
     loss, q = learner.update(batch)
     assert np.isfinite(loss) and np.isfinite(q)
     policy = DQNPolicy(4 * 84 * 84, 6, [], seed=0, network="nature_cnn")
-    policy.load(1, learner.actor_params())
+    policy.load(1, learner.policy_params())
     acts = policy.act(batch["obs"][:3], eps=0.0)
     assert acts.shape == (3,) and acts.dtype == np.int64
 
@@ -372,7 +372,7 @@ def test_dqn_and_ppo_learners_train_on_uint8_stacks():
     )
     assert np.isfinite(stats["loss"])
     pol = PPOPolicy(4 * 84 * 84, 6, [], seed=0, network="nature_cnn")
-    pol.load(1, ppo.actor_params())
+    pol.load(1, ppo.policy_params())
     a, logp, v = pol.act(batch["obs"][:3])
     assert a.shape == logp.shape == v.shape == (3,)
 

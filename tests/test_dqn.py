@@ -146,7 +146,7 @@ def test_policy_uniform_at_eps1():
 def test_policy_load_swaps_parameters_and_version():
     learner = DQNLearner(4, 2, dqn_config(), seed=3)
     policy = DQNPolicy(4, 2, [16], seed=9)
-    policy.load(7, learner.actor_params())
+    policy.load(7, learner.policy_params())
     assert policy.version == 7
     assert params_equal(policy.net, learner.online)
 
@@ -184,9 +184,9 @@ def test_learner_update_reduces_loss_on_a_fixed_batch():
 
 @pytest.mark.timeout(20)
 def test_learner_is_seeded():
-    a = DQNLearner(4, 2, dqn_config(), seed=5).actor_params()
-    b = DQNLearner(4, 2, dqn_config(), seed=5).actor_params()
-    c = DQNLearner(4, 2, dqn_config(), seed=6).actor_params()
+    a = DQNLearner(4, 2, dqn_config(), seed=5).policy_params()
+    b = DQNLearner(4, 2, dqn_config(), seed=5).policy_params()
+    c = DQNLearner(4, 2, dqn_config(), seed=6).policy_params()
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not all(np.array_equal(a[k], c[k]) for k in a)
 
@@ -195,7 +195,7 @@ def test_learner_is_seeded():
 def test_actor_params_are_fresh_copies():
     learner = DQNLearner(4, 2, dqn_config(), seed=0)
     before = {k: v.clone() for k, v in learner.online.state_dict().items()}
-    p1, p2 = learner.actor_params(), learner.actor_params()
+    p1, p2 = learner.policy_params(), learner.policy_params()
     assert set(p1) == set(before)
     for k, arr in p1.items():
         assert isinstance(arr, np.ndarray) and arr.dtype == np.float32

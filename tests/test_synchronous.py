@@ -21,11 +21,10 @@ def run_pair(mode: str, updates: int = 150):
         check_env=False,
     )
     queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
-    actor = DQNActorRole(cfg, 0, 1, queue, topic.subscribe())
+    stop = threading.Event()
+    actor = DQNActorRole(cfg, 0, 1, queue, topic.subscribe(), should_stop=stop.is_set)
     buffer = ReplayBufferRole(cfg, queue, actor.obs_shape, actor.obs_dtype, seed=2)
     learner = DQNLearnerRole(cfg, buffer, topic, 4, 2, seed=3)
-    stop = threading.Event()
-    actor.should_stop = stop.is_set
     learner.publish()
     actor.wait_for_params(5)
 

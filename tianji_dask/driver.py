@@ -269,7 +269,7 @@ class Run:
 
         run = SerialRun(self.cfg)
         # taken between two steps of the one loop: always a consistent state
-        self._snapshot = lambda: (run.learner.core.state(), self._checkpoint_meta(run.learner))
+        self._snapshot = lambda: (run.learner.state(), self._checkpoint_meta(run.learner))
         next_row = [time.time()]
 
         def emit(hb):
@@ -281,15 +281,10 @@ class Run:
 
         run.run(emit, should_stop)
         self._snapshot = None
-        self._save_checkpoint(run.learner.core.state(), self._checkpoint_meta(run.learner), final=True)
+        self._save_checkpoint(run.learner.state(), self._checkpoint_meta(run.learner), final=True)
 
     def _checkpoint_meta(self, learner) -> dict:
-        return {
-            "updates": learner.counters["updates"],
-            "samples": learner.counters["samples"],
-            "algo": self.cfg.algo.name,
-            "env_id": self.cfg.env.id,
-        }
+        return {**learner.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
 
     def _save_checkpoint(self, state, meta, *, final: bool) -> None:
         """``final``: written at the run's end; else a periodic one of a run still going."""

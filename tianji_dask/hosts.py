@@ -134,6 +134,8 @@ class _LoopHost:
             self._error = f"{self.role_name} {self.id} on {self.worker.address}: {exc!r}\n{traceback.format_exc()}"
         finally:
             try:
+                if self.role is not None:
+                    self.role.close()
                 self._after_loop()
             except Exception as exc:  # noqa: BLE001
                 self._error = self._error or f"{self.role_name} {self.id}: cleanup failed: {exc!r}"
@@ -193,9 +195,6 @@ class BufferHost(_LoopHost):
 
     def _torch_threads(self) -> int:  # shares the learner's process: the same process-wide setting
         return self.cfg.topology.learner_torch_threads
-
-    def _step(self) -> None:
-        self.role.ingest(timeout=0.05)
 
     def _after_loop(self) -> None:
         _LOCAL_BUFFERS.pop(buffer_key(self.run_id, self.id), None)
@@ -290,10 +289,8 @@ class LearnerHost(_LoopHost):
             seed,
             learner_id=self.id,
             world_size=self.world_size,
+            average_gradients=self.dp.average_gradients if self.dp is not None else None,
         )
-        if self.dp is not None:
-            params = list(role.core.module.parameters())
-            role.grad_hook = lambda: self.dp.average_gradients(params)
         if self._gossip_spec:
             from tianji_dask.gossip import GroupGossip
 
@@ -301,7 +298,7 @@ class LearnerHost(_LoopHost):
             self.gossip = GroupGossip(
                 int(self._gossip_spec["group"]), pub, self._gossip_inboxes, self.cfg.topology.sync_interval_s
             )
-            role.counters.update(gossip_rounds=0, group_distance=float("nan"))
+            role.record_gossip(0, float("nan"))
         return role
 
     def _before_loop(self) -> None:
@@ -311,11 +308,10 @@ class LearnerHost(_LoopHost):
         """Rank 0 of a group: average with the other groups when due; True if params changed."""
         if self.gossip is None or not self.gossip.due():
             return False
-        averaged, distance, peers = self.gossip.exchange(self.role.core.actor_params())
-        self.role.counters["gossip_rounds"] = self.gossip.rounds
-        self.role.counters["group_distance"] = distance
+        averaged, distance, peers = self.gossip.exchange(self.role.policy_params())
+        self.role.record_gossip(self.gossip.rounds, distance)
         if peers:
-            self.role.core.load_actor_params(averaged)
+            self.role.load_policy_params(averaged)
         return bool(peers)
 
     def _continue(self) -> bool:
@@ -339,7 +335,7 @@ class LearnerHost(_LoopHost):
             self._stop.set()
             return
         if broadcast:
-            self.dp.broadcast(self.role.core.module)
+            self.dp.broadcast(self.role.module)
         if everyone:
             self.role.update()
         else:
@@ -362,7 +358,7 @@ class LearnerHost(_LoopHost):
 
     async def parameters(self) -> dict:
         """The learner's current network parameters as numpy arrays (tests, diagnostics)."""
-        return self.role.core.actor_params() if self.role is not None else {}
+        return self.role.policy_params() if self.role is not None else {}
 
     async def checkpoint(self) -> tuple[dict, dict] | None:
         """(tensors, metadata) of the learner's full state; call after ``stop``. None when the
@@ -397,13 +393,7 @@ class LearnerHost(_LoopHost):
             want.set_exception(exc)
 
     def _state(self) -> tuple[dict, dict]:
-        core = self.role.core
-        return core.state(), {
-            "updates": core.updates,
-            "samples": self.role.counters["samples"],
-            "algo": self.cfg.algo.name,
-            "env_id": self.cfg.env.id,
-        }
+        return self.role.state(), {**self.role.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
 
 
 class ActorHost(_LoopHost):
@@ -437,9 +427,9 @@ class ActorHost(_LoopHost):
             full_policy=c.full_policy,
             **self._comm_kwargs(),
         )
-        role = spec_for(self.cfg).actor_role()(self.cfg, self.id, seed, self.sender, self.params)
-        role.should_stop = self._stop.is_set
-        return role
+        return spec_for(self.cfg).actor_role()(
+            self.cfg, self.id, seed, self.sender, self.params, should_stop=self._stop.is_set
+        )
 
     def _before_loop(self) -> None:
         # the only wait of an actor: for the first parameters; heartbeats go on meanwhile
@@ -459,7 +449,6 @@ class ActorHost(_LoopHost):
     def _after_loop(self) -> None:
         try:
             if self.role is not None:
-                self.role.close()
                 self.sender.close(timeout=2.0)
         finally:
             # opened in __init__: left open, every run would leave an inbox (holding its last

@@ -11,7 +11,9 @@ section in :mod:`tianji_dask.config`; one line in the registry (docs/algorithms.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
+
+from tianji_dask.roles.loop import LoopRole
 
 
 class AlgorithmSpec(Protocol):
@@ -21,15 +23,15 @@ class AlgorithmSpec(Protocol):
     tunable_batch: bool
 
     # --- roles ------------------------------------------------------------------------------
-    def actor_role(self) -> type:
+    def actor_role(self) -> type[LoopRole]:
         """The actor role class: ``(cfg, actor_id, seed, sender, params, *, balance, n_actors)``."""
         ...
 
     def make_buffer_role(
         self, cfg, inbox, obs_shape: tuple[int, ...], obs_dtype, seed: int, buffer_id: int = 0
-    ) -> Any: ...
+    ) -> LoopRole: ...
 
-    def learner_role(self) -> type:
+    def learner_role(self) -> type[LoopRole]:
         """The learner role class: ``(cfg, buffer, publisher, obs_dim, n_actions, seed, ...)``."""
         ...
 

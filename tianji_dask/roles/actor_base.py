@@ -9,6 +9,7 @@ params)``), ``sender``, ``tracker``, ``env``, ``id`` and a ``counters`` dict hol
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -23,22 +24,37 @@ from tianji_dask.envs import (
 )
 
 
+def never() -> bool:
+    return False
+
+
 class ActorBase:
     learner_consumed = 0
-    # set by each subclass's constructor
-    policy: Any  # load(version, params) and the action rule
-    counters: dict[str, float]
+    policy: Any  # set by the subclass's _setup: load(version, params) and the action rule
 
-    def __init__(self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool, n_actors):
-        """The common half of an actor: its channels, controller switches and vector env.
-        The serial runner passes ``balance=False`` (no controller, no synchronous waits)."""
+    def __init__(
+        self,
+        cfg,
+        actor_id: int,
+        seed: int,
+        sender,
+        params,
+        *,
+        balance: bool = True,
+        n_actors: int | None = None,
+        should_stop: Callable[[], bool] = never,
+    ):
+        """The common half of an actor: its channels, controller switches, vector env and
+        counters; then the subclass's ``_setup(seed)``. The serial runner passes
+        ``balance=False`` (no controller, no synchronous waits); ``should_stop()`` (the host's
+        stop flag) ends a synchronous wait for parameters."""
         self.cfg = cfg
         self.id = actor_id
         self.sender = sender
         self.params = params
         self.synchronous = cfg.topology.mode == "synchronous" and balance
         self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.should_stop = lambda: False  # the host sets its stop flag here
+        self.should_stop = should_stop
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
         self.env = make_env(cfg.env, seed)
@@ -51,6 +67,22 @@ class ActorBase:
         self.tracker = EpisodeTracker(self.num_envs)  # the env's own rewards and episodes
         # what the learner trains on: Atari clips rewards and ends an episode at each lost life
         self.training_signals = identity_training_signals
+        self.counters: dict[str, float] = {
+            "env_steps": 0,
+            "chunks_sent": 0,
+            "bytes_sent": 0,
+            "dropped": 0,
+            "blocked_s": 0.0,
+            "throttled_s": 0.0,
+            "param_version": -1,
+            "params_received": 0,
+            "epsilon": float("nan"),  # exploration of epsilon-greedy actors
+        }
+        self._setup(seed)
+
+    def _setup(self, seed: int) -> None:
+        """The subclass's policy, first observations and buffers."""
+        raise NotImplementedError
 
     def reset_env(self, seed: int) -> np.ndarray:
         """First observations (as ``obs_dtype``); starts the Atari training signals' life count."""

@@ -32,34 +32,22 @@ class DQNActorRole(ActorBase):
     (:mod:`tianji_dask.roles.frame_replay`); the n-step window runs on those ids.
     """
 
-    def __init__(
-        self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True, n_actors: int | None = None
-    ):
-        super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
+    def _setup(self, seed: int) -> None:
+        cfg = self.cfg
         self.policy = DQNPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed, network=network_kind(cfg))
         self.obs = self.reset_env(seed)
         self.frames = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks
         self._tr_shape, self._tr_dtype = self.obs_shape, self.obs_dtype
         if cfg.env.frame_stacks:
-            self.frames = FrameStreams(actor_id, self.num_envs, stack=self.obs_shape[0])
+            self.frames = FrameStreams(self.id, self.num_envs, stack=self.obs_shape[0])
             self.frames.start(self.obs)
             self._tr_shape, self._tr_dtype = (self.obs_shape[0],), np.int64
         self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self._tr_shape, self._tr_dtype)
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
-        self.counters = {
-            "env_steps": 0,
-            "chunks_sent": 0,
-            "bytes_sent": 0,
-            "dropped": 0,
-            "blocked_s": 0.0,
-            "throttled_s": 0.0,
-            "param_version": -1,
-            "params_received": 0,
-            "epsilon": 1.0,
-        }
+        self.counters["epsilon"] = 1.0
 
     def _new_chunk(self) -> None:
         n = self.chunk_len
@@ -84,17 +72,17 @@ class DQNActorRole(ActorBase):
         )
         return self.counters["env_steps"] * self.n_actors > allowed
 
-    def step(self) -> None:
+    def step(self) -> bool:
         self.probe_params()
         if self.balance and self.ahead_of_learner():
             t = time.perf_counter()
             self.flush()  # the learner must see everything produced, or both sides could wait forever
             time.sleep(0.002)
             self.counters["throttled_s"] += time.perf_counter() - t
-            return
+            return False
         a = self.cfg.algo
         eps = epsilon_at(
-            self.counters["env_steps"] * self.n_actors,
+            int(self.counters["env_steps"]) * self.n_actors,
             a.exploration_initial_eps,
             a.exploration_final_eps,
             a.exploration_steps,
@@ -122,6 +110,7 @@ class DQNActorRole(ActorBase):
             self._fill += n
             if self._fill >= self.chunk_len:
                 self.flush()
+        return True
 
     def flush(self) -> None:
         """Push the current chunk (possibly partial) and start a new one."""

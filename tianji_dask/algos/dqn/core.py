@@ -125,11 +125,11 @@ class DQNLearner:
             self.target.load_state_dict(self.online.state_dict())
         return loss.item(), q_taken.detach().mean().item()
 
-    def actor_params(self) -> dict[str, np.ndarray]:
+    def policy_params(self) -> dict[str, np.ndarray]:
         """The online network's weights as CPU numpy arrays (fresh copies: safe to hand to a channel)."""
         return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.online.state_dict().items()}
 
-    def load_actor_params(self, params: dict[str, np.ndarray]) -> None:
+    def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
         """Replace the online network's weights (the target keeps its own schedule)."""
         self.online.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
 

@@ -12,52 +12,26 @@ import time
 
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.networks import network_kind
-from tianji_dask.roles.publishing import publish_params
+from tianji_dask.roles.learner_base import LearnerBase
 
 
-class DQNLearnerRole:
-    """Protocol: ``publish()`` once so actors can start, then ``step()`` in a loop;
-    ``step()`` returns False when it did not update (warm-up or balance control)."""
+class DQNLearnerRole(LearnerBase):
+    """``publish()`` once so actors can start, then ``step()`` in a loop; ``step()`` returns
+    False when it did not update (warm-up or balance control)."""
 
-    def __init__(
-        self,
-        cfg,
-        buffer,
-        publisher,
-        obs_dim: int,
-        n_actions: int,
-        seed: int,
-        *,
-        balance: bool = True,
-        learner_id: int = 0,
-        grad_hook=None,
-        world_size: int = 1,
-    ):
-        self.cfg = cfg
-        self.id = learner_id
-        self.buffer = buffer
-        self.publisher = publisher
-        self.grad_hook = grad_hook
-        self.world_size = world_size
-        self.synchronous = cfg.topology.mode == "synchronous" and balance
+    core: DQNLearner
+
+    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> DQNLearner:
+        cfg = self.cfg
+        return DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
+
+    def _setup(self) -> None:
         self._received_at_update = -1
-        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.core = DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
         self._loss_sum = self._q_sum = 0.0
         self._n = 0
-        self.counters = {"updates": 0, "samples": 0, "param_version": -1, "throttled_s": 0.0, "publish_errors": 0}
 
     def publish(self) -> None:
-        version = self.core.updates
-        if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
-            publish_params(
-                self.publisher,
-                version,
-                self.core.actor_params(),
-                int(self.counters["samples"]) * self.world_size,
-                self.counters,
-            )
-        self.counters["param_version"] = version
+        self._publish_version(self.core.updates)
 
     def ahead_of_actors(self) -> bool:
         """Would another update push the replay ratio above the serial one (plus the band)?

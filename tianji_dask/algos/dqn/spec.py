@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tianji_dask.roles.loop import LoopRole
+
 
 class DQNSpec:
     name = "dqn"
     tunable_batch = True
 
-    def actor_role(self) -> type:
+    def actor_role(self) -> type[LoopRole]:
         from tianji_dask.algos.dqn.actor import DQNActorRole
 
         return DQNActorRole
 
-    def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0):
+    def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0) -> LoopRole:
         from tianji_dask.algos.dqn.buffer import ReplayBufferRole
 
         return ReplayBufferRole(cfg, inbox, obs_shape, obs_dtype, seed, buffer_id)
 
-    def learner_role(self) -> type:
+    def learner_role(self) -> type[LoopRole]:
         from tianji_dask.algos.dqn.learner import DQNLearnerRole
 
         return DQNLearnerRole

@@ -19,10 +19,8 @@ from tianji_dask.roles.actor_base import ActorBase
 class PPOActorRole(ActorBase):
     """Protocol as DQNActorRole: ``wait_for_params()``, then ``step()`` in a loop; ``heartbeat()``."""
 
-    def __init__(
-        self, cfg, actor_id: int, seed: int, sender, params, *, balance: bool = True, n_actors: int | None = None
-    ):
-        super().__init__(cfg, actor_id, seed, sender, params, balance=balance, n_actors=n_actors)
+    def _setup(self, seed: int) -> None:
+        cfg = self.cfg
         self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed, network=network_kind(cfg))
         self.obs = self.reset_env(seed)  # uint8 frame stacks for Atari (rollouts move as uint8)
         self.T = cfg.algo.rollout_steps
@@ -36,17 +34,6 @@ class PPOActorRole(ActorBase):
         self._rollouts_this_version = 0
         self._t = 0
         self._new_rollout()
-        self.counters = {
-            "env_steps": 0,
-            "chunks_sent": 0,
-            "bytes_sent": 0,
-            "dropped": 0,
-            "blocked_s": 0.0,
-            "throttled_s": 0.0,
-            "param_version": -1,
-            "params_received": 0,
-            "epsilon": float("nan"),
-        }
 
     def _new_rollout(self) -> None:
         T, N = self.T, self.num_envs
@@ -76,14 +63,14 @@ class PPOActorRole(ActorBase):
     def _on_new_version(self) -> None:
         self._rollouts_this_version = 0
 
-    def step(self) -> None:
+    def step(self) -> bool:
         if self._t == 0:  # between rollouts: newest parameters, and the controller's say
             self.probe_params()
             if self.balance and self.ahead_of_learner():
                 t = time.perf_counter()
                 time.sleep(0.002)
                 self.counters["throttled_s"] += time.perf_counter() - t
-                return
+                return False
         actions, logp, values = self.policy.act(self.obs)
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
@@ -105,6 +92,7 @@ class PPOActorRole(ActorBase):
         self.counters["env_steps"] += self.num_envs
         if self._t == self.T:
             self.flush()
+        return True
 
     def flush(self) -> None:
         """Push the finished rollout, tagged with its policy version and creation time."""

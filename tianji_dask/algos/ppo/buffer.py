@@ -9,9 +9,9 @@ each use is counted against the rollout.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
+
+from tianji_dask.roles.buffer_base import BufferBase
 
 
 @dataclass
@@ -23,15 +23,11 @@ class Rollout:
     uses: int = 0
 
 
-class RolloutBufferRole:
+class RolloutBufferRole(BufferBase):
     def __init__(self, cfg, inbox, buffer_id: int = 0):
+        super().__init__(inbox, buffer_id)
         self.cfg = cfg
-        self.id = buffer_id
-        self.inbox = inbox
         self._held: list[Rollout] = []
-        self._lock = threading.Lock()
-        self.received = 0
-        self.received_bytes = 0
         self.stale_dropped = 0  # transitions
         # at most this many rollouts are kept: the ones a learner iteration could still use
         self.capacity_rollouts = cfg.algo.rollouts_per_update * cfg.algo.sample_reuse * max(1, cfg.topology.actors)
@@ -40,22 +36,15 @@ class RolloutBufferRole:
         with self._lock:
             return sum(r.transitions for r in self._held)
 
-    def ingest(self, timeout: float = 0.0) -> int:
-        items = self.inbox.get(timeout) if timeout > 0 else self.inbox.poll()
-        n = 0
-        for item in items:
-            d = item.payload
-            r = Rollout(d, int(d["version"]), float(d["created"]), int(d["actions"].size))
-            n += r.transitions
-            self.received_bytes += item.nbytes
-            with self._lock:
-                self._held.append(r)
-                while len(self._held) > self.capacity_rollouts:  # oldest first out
-                    old = self._held.pop(0)
-                    if old.uses == 0:
-                        self.stale_dropped += old.transitions
-        self.received += n
-        return n
+    def _add(self, payload: dict) -> int:
+        r = Rollout(payload, int(payload["version"]), float(payload["created"]), int(payload["actions"].size))
+        with self._lock:
+            self._held.append(r)
+            while len(self._held) > self.capacity_rollouts:  # oldest first out
+                old = self._held.pop(0)
+                if old.uses == 0:
+                    self.stale_dropped += old.transitions
+        return r.transitions
 
     def take(self, learner_version: int) -> list[Rollout]:
         a = self.cfg.algo
@@ -76,22 +65,8 @@ class RolloutBufferRole:
             self._held = [r for r in keep if r.uses < a.sample_reuse]
             return usable
 
-    def heartbeat(self) -> dict:
-        gaps = int(self.inbox.stats().get("seq_gaps", 0))
+    def _fill(self) -> dict[str, float]:
         with self._lock:
             size = sum(r.transitions for r in self._held)
-        cap = self.capacity_rollouts * self.cfg.algo.rollout_steps * self.cfg.env.num_envs
-        return {
-            "role": "buffer",
-            "id": self.id,
-            "t": time.time(),
-            "episodes": [],
-            "counters": {
-                "received": self.received,
-                "received_bytes": self.received_bytes,
-                "size": size,
-                "capacity": cap,
-                "seq_gaps": gaps,
-                "stale_dropped": self.stale_dropped,
-            },
-        }
+        capacity = self.capacity_rollouts * self.cfg.algo.rollout_steps * self.cfg.env.num_envs
+        return {"size": size, "capacity": capacity, "stale_dropped": self.stale_dropped}

@@ -218,14 +218,14 @@ class PPOLearner:
                     stats[k] = stats.get(k, 0.0) + v
         return {k: v / count for k, v in stats.items()}
 
-    def load_actor_params(self, params: dict[str, np.ndarray]) -> None:
+    def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
 
     @property
     def module(self) -> nn.Module:
         return self.net
 
-    def actor_params(self) -> dict[str, np.ndarray]:
+    def policy_params(self) -> dict[str, np.ndarray]:
         return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.net.state_dict().items()}
 
     def state(self) -> State:

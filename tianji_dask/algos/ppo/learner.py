@@ -16,36 +16,24 @@ import numpy as np
 
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo.core import PPOLearner, gae
-from tianji_dask.roles.publishing import publish_params
+from tianji_dask.roles.learner_base import LearnerBase
 
 
-class PPOLearnerRole:
-    """Protocol as DQNLearnerRole: ``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
+class PPOLearnerRole(LearnerBase):
+    """``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
 
-    def __init__(
-        self,
-        cfg,
-        buffer,
-        publisher,
-        obs_dim: int,
-        n_actions: int,
-        seed: int,
-        *,
-        balance: bool = True,
-        learner_id: int = 0,
-        grad_hook=None,
-        world_size: int = 1,
-    ):
-        self.cfg = cfg
-        self.id = learner_id
-        self.buffer = buffer
-        self.publisher = publisher
-        self.core = PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
-        self.grad_hook = grad_hook
-        self.world_size = world_size
-        a = cfg.algo  # env steps one iteration stands for in the serial algorithm (a rollout per reuse)
+    core: PPOLearner
+    extra_counters = {"iterations": 0}
+
+    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> PPOLearner:
+        cfg = self.cfg
+        return PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
+
+    def _setup(self) -> None:
+        # env steps one iteration stands for in the serial algorithm (a rollout per reuse)
+        cfg, a = self.cfg, self.cfg.algo
         self._env_steps_per_iteration = (
-            a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs * world_size / a.sample_reuse
+            a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs * self.world_size / a.sample_reuse
         )
         self.version = 0
         self._pending = None  # rollouts taken by wants_update, trained on by update
@@ -53,25 +41,9 @@ class PPOLearnerRole:
         self._n = 0
         self._lags: list[int] = []
         self._ages: list[float] = []
-        self.counters = {
-            "updates": 0,
-            "samples": 0,
-            "param_version": -1,
-            "throttled_s": 0.0,
-            "publish_errors": 0,
-            "iterations": 0,
-        }
 
     def publish(self) -> None:
-        if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
-            publish_params(
-                self.publisher,
-                self.version,
-                self.core.actor_params(),
-                int(self.counters["samples"]) * self.world_size,
-                self.counters,
-            )
-        self.counters["param_version"] = self.version
+        self._publish_version(self.version)
 
     def ready(self) -> bool:
         return True

@@ -5,22 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tianji_dask.roles.loop import LoopRole
+
 
 class PPOSpec:
     name = "ppo"
     tunable_batch = False
 
-    def actor_role(self) -> type:
+    def actor_role(self) -> type[LoopRole]:
         from tianji_dask.algos.ppo.actor import PPOActorRole
 
         return PPOActorRole
 
-    def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0):
+    def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0) -> LoopRole:
         from tianji_dask.algos.ppo.buffer import RolloutBufferRole
 
         return RolloutBufferRole(cfg, inbox, buffer_id)
 
-    def learner_role(self) -> type:
+    def learner_role(self) -> type[LoopRole]:
         from tianji_dask.algos.ppo.learner import PPOLearnerRole
 
         return PPOLearnerRole

@@ -1,0 +1,52 @@
+"""What every buffer role shares: taking what the inbox holds, counting it, the loop step and
+the heartbeat. A subclass stores one payload (``_add``) and reports its fill (``_fill``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
+
+
+class BufferBase:
+    def __init__(self, inbox, buffer_id: int):
+        self.id = buffer_id
+        self.inbox = inbox
+        self._lock = threading.Lock()  # the buffer's thread adds, the learner's thread reads
+        self.received = 0  # transitions
+        self.received_bytes = 0
+
+    def _add(self, payload: dict) -> int:
+        """Store one message's payload; returns the transitions it held."""
+        raise NotImplementedError
+
+    def _fill(self) -> dict[str, float]:
+        """``size`` and ``capacity`` in transitions, and any counters of the buffer's own."""
+        raise NotImplementedError
+
+    def ingest(self, timeout: float = 0.0) -> int:
+        """Move whatever the inbox holds into the buffer (waiting up to ``timeout`` for
+        something); taking an item returns its credit to the sender. Returns transitions."""
+        items = self.inbox.get(timeout) if timeout > 0 else self.inbox.poll()
+        n = 0
+        for item in items:
+            n += self._add(item.payload)
+            self.received_bytes += item.nbytes
+        self.received += n
+        return n
+
+    def step(self) -> bool:
+        return self.ingest(INGEST_WAIT_S) > 0
+
+    def heartbeat(self) -> dict:
+        counters = {
+            "received": self.received,
+            "received_bytes": self.received_bytes,
+            "seq_gaps": int(self.inbox.stats().get("seq_gaps", 0)),
+            **self._fill(),
+        }
+        return {"role": "buffer", "id": self.id, "t": time.time(), "episodes": [], "counters": counters}
+
+    def close(self) -> None:
+        """The host closes the inbox."""

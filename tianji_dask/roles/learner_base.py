@@ -1,0 +1,104 @@
+"""What every learner role shares: its core, publishing versioned policy parameters, the
+data-parallel gradient hook, gossip bookkeeping and the checkpoint state.
+
+A subclass makes its core (``_make_core``: a :class:`~tianji_dask.algos.core.LearnerCore`) and
+sets up its own state (``_setup``); hosts talk to the role through these methods, never to the
+core or the counters directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from tianji_dask.algos.core import LearnerCore, State
+from tianji_dask.roles.publishing import publish_params
+
+AverageGradients = Callable[[list[torch.nn.Parameter]], None]
+
+
+class LearnerBase:
+    core: LearnerCore
+    extra_counters: dict[str, float] = {}  # a subclass's own counters, reported in heartbeats
+
+    def __init__(
+        self,
+        cfg,
+        buffer,
+        publisher,
+        obs_dim: int,
+        n_actions: int,
+        seed: int,
+        *,
+        balance: bool = True,
+        learner_id: int = 0,
+        average_gradients: AverageGradients | None = None,
+        world_size: int = 1,
+    ):
+        """``buffer``: the co-located buffer role it trains from; ``publisher``: only rank 0 of a
+        data-parallel group has one; ``average_gradients(parameters)``: called between backward
+        and the optimiser step in a data-parallel group (all ranks average). The serial runner
+        passes ``balance=False`` (no controller, no synchronous waits)."""
+        self.cfg = cfg
+        self.id = learner_id
+        self.buffer = buffer
+        self.publisher = publisher
+        self.world_size = world_size
+        self.synchronous = cfg.topology.mode == "synchronous" and balance
+        self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
+        self.core = self._make_core(obs_dim, n_actions, seed)
+        params = list(self.core.module.parameters())
+        self.grad_hook = (lambda: average_gradients(params)) if average_gradients is not None else None
+        self.counters: dict[str, float] = {
+            "updates": 0,
+            "samples": 0,
+            "param_version": -1,
+            "throttled_s": 0.0,
+            "publish_errors": 0,
+            **self.extra_counters,
+        }
+        self._setup()
+
+    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> LearnerCore:
+        raise NotImplementedError
+
+    def _setup(self) -> None:
+        """The subclass's own state, once the core and counters exist."""
+
+    def _publish_version(self, version: int) -> None:
+        if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
+            publish_params(
+                self.publisher,
+                version,
+                self.core.policy_params(),
+                int(self.counters["samples"]) * self.world_size,
+                self.counters,
+            )
+        self.counters["param_version"] = version
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The network data-parallel ranks keep identical (broadcast after a gossip average)."""
+        return self.core.module
+
+    def policy_params(self) -> dict[str, np.ndarray]:
+        return self.core.policy_params()
+
+    def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
+        self.core.load_policy_params(params)
+
+    def record_gossip(self, rounds: int, distance: float) -> None:
+        """Reported in the heartbeat: the group's gossip rounds and its distance to the others."""
+        self.counters["gossip_rounds"] = rounds
+        self.counters["group_distance"] = distance
+
+    def state(self) -> State:
+        return self.core.state()
+
+    def checkpoint_meta(self) -> dict[str, int]:
+        return {"updates": self.core.updates, "samples": int(self.counters["samples"])}
+
+    def close(self) -> None:
+        """The host closes the publisher and the data-parallel group; nothing of the role's own."""
