@@ -108,9 +108,9 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
     assert np.all(np.diff(ds["time"].values) > 0)
     assert np.all(np.diff(ds["env_steps"].values) >= 0)
     assert np.all(np.diff(ds["updates"].values) >= 0)
-    fill = ds["buffer_fill"].values
+    fill = ds["replay_fill"].values
     assert np.all(fill[~np.isnan(fill)] <= 1.0)
-    assert np.nanmax(ds["buffer_size"].values) <= cfg.algo.buffer_size
+    assert np.nanmax(ds["replay_size"].values) <= cfg.algo.buffer_size
 
     numbers = {
         "rows": int(ds.sizes["time"]),
@@ -119,7 +119,7 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
         "episodes": int(eps.sizes["episode"]),
         "last": {
             k: float(ds[k][-1])
-            for k in ("sample_fps", "receive_fps", "train_fps", "replay_ratio", "buffer_size", "loss", "q_mean")
+            for k in ("sample_fps", "receive_fps", "train_fps", "replay_ratio", "replay_size", "loss", "q_mean")
         },
         # the final row's rates span only the time from the previous row to the hosts'
         # final heartbeats (a few ms when the stop follows a heartbeat): judge "the end"

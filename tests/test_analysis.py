@@ -20,7 +20,7 @@ import pytest
 import xarray as xr
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from tianji_dask.analysis import RunNotFound, open_run, open_runs
+from tianji_dask.analysis import RENAMED, RunNotFound, open_run, open_runs
 from tianji_dask.config import load_config
 from tianji_dask.driver import train
 
@@ -125,6 +125,24 @@ def test_open_run_merges_metrics_episodes_and_config(runs):
     assert config["stop.target_return"] == TARGET and config["algo.hidden_sizes"] == [64, 64]
     assert ds.attrs["run_dir"] == str(run_dir) and ds.attrs["mode"] == "distributed"
     assert ds.attrs["run_name"].startswith("CartPole-v1__dqn__0__")
+
+
+def test_a_run_written_before_the_renames_opens_under_the_current_names(h, runs):
+    old = h.ROOT / "benchmarks" / "results" / "pong_ppo_16core_gpu"  # a Pong run of an earlier tianji_dask
+    with xr.open_dataset(old / "metrics.nc", engine="h5netcdf") as raw:
+        raw.load()
+    assert set(RENAMED) <= set(raw.data_vars) and not set(RENAMED.values()) & set(raw.data_vars)
+    ds = open_run(old)
+    assert "buffer_size" in raw.data_vars and "replay_size" in ds.data_vars  # the fill, not the capacity
+    assert not set(RENAMED) & set(ds.data_vars)
+    for before, now in RENAMED.items():
+        np.testing.assert_array_equal(ds[now].values, raw[before].values)
+        assert ds[now].attrs["long_name"] == raw[before].attrs["long_name"]
+    assert ds.attrs["status"] == "unknown"  # written before the outcome was recorded
+    new_run = runs["dist-seed0-actors2"][0]
+    both = open_runs([old, new_run])  # old and new runs side by side: one variable per quantity
+    assert set(RENAMED.values()) <= set(both.data_vars) and not set(RENAMED) & set(both.data_vars)
+    assert int(both["replay_size"].sel(run=new_run.name).count()) > 0
 
 
 # ------------------------------------------------------------------------------ open_runs

@@ -148,5 +148,5 @@ def test_bounded_memory_with_a_slow_learner(h, tmp_path):
     assert len(training) >= 8, report
     half = len(training) // 2
     assert max(training[half:]) <= max(training[:half]) + RSS_GROWTH_MB, (training, report)
-    assert np.nanmax(ds["buffer_size"].values) <= cfg.algo.buffer_size
-    assert np.nanmax(ds["buffer_fill"].values) <= 1.0
+    assert np.nanmax(ds["replay_size"].values) <= cfg.algo.buffer_size
+    assert np.nanmax(ds["replay_fill"].values) <= 1.0

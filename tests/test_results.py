@@ -102,7 +102,7 @@ def test_rates_sums_and_ratios():
     assert r["train_fps"] == pytest.approx(640.0)  # 20 updates/s * 32
     assert r["updates"] == 10
     assert r["replay_ratio"] == pytest.approx(320 / 1400)
-    assert r["buffer_fill"] == pytest.approx(0.14)
+    assert r["replay_fill"] == pytest.approx(0.14)
     assert r["param_version"] == 10
     assert r["policy_lag"] == pytest.approx(3.0)  # 10 - mean(8, 6)
     assert (r["loss"], r["q_mean"]) == (0.5, 2.0)
@@ -207,7 +207,7 @@ def test_empty_recorder_reports_nan_and_zero():
         "train_fps",
         "return_mean_100",
         "replay_ratio",
-        "buffer_fill",
+        "replay_fill",
         "param_version",
         "policy_lag",
         "loss",
@@ -290,7 +290,7 @@ def test_every_variable_has_long_name_and_units():
         "updates",
         "return_mean_100",
         "replay_ratio",
-        "buffer_fill",
+        "replay_fill",
         "param_version",
         "policy_lag",
         "loss",
@@ -581,4 +581,4 @@ def test_missing_or_none_counters_do_not_break_rows():
     r = m.row(1.0)
     assert (r["env_steps"], r["dropped"], r["seq_gaps"]) == (200, 0, 0)
     assert r["sample_fps"] == pytest.approx(100.0)
-    assert math.isnan(r["buffer_fill"]) and math.isnan(r["replay_ratio"])
+    assert math.isnan(r["replay_fill"]) and math.isnan(r["replay_ratio"])

@@ -44,6 +44,8 @@ _OUTCOME_ATTRS = {
     "error": "why the run failed (empty if it did not)",
 }
 UNKNOWN_STATUS = "unknown"  # the status of runs written before the files recorded it
+# metrics.nc variables renamed since runs were first written: old name -> current name
+RENAMED = {"buffer_size": "replay_size", "buffer_fill": "replay_fill"}
 
 
 class RunNotFound(FileNotFoundError):
@@ -59,10 +61,12 @@ def open_run(path: str | Path) -> xr.Dataset:
     ``status``, ``error``, ``target_return``, ``time_to_target_s``, ``config_json``...), plus
     ``run_dir`` (absolute path) and ``config``: the resolved config flattened to dotted keys, as
     a JSON string (``ds.tianji.config`` parses it). Files from before the status was recorded
-    get ``status="unknown"`` and ``error=""``.
+    get ``status="unknown"`` and ``error=""``; variables renamed since (:data:`RENAMED`) carry
+    their current names.
     """
     run_dir = _check_run_dir(Path(path))
     ds = xr.load_dataset(run_dir / "metrics.nc", engine="h5netcdf")
+    ds = ds.rename({old: new for old, new in RENAMED.items() if old in ds.variables and new not in ds.variables})
     if (run_dir / "episodes.nc").exists():
         eps = xr.load_dataset(run_dir / "episodes.nc", engine="h5netcdf")
         eps = eps.rename({v: EPISODE_PREFIX + str(v) for v in eps.data_vars})
