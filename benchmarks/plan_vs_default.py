@@ -46,9 +46,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import xarray as xr
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from tianji_dask import profiling
+    from tianji_dask.cluster import local_cluster
     from tianji_dask.config import load_config
     from tianji_dask.planner import Profile, Resources, make_plan, save_plan
     from tianji_dask.results import write_netcdf_atomic
@@ -57,14 +58,7 @@ def main(argv=None) -> int:
     out = args.out or Path("benchmarks/results") / f"plan_vs_default_{cfg.algo.name}"
     out.mkdir(parents=True, exist_ok=True)
     with (
-        LocalCluster(
-            n_workers=args.cores,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            preload=["tianji_dask.worker_preload"],
-        ) as cluster,
+        local_cluster(args.cores) as cluster,
         Client(cluster) as client,
     ):
         prof = profiling.profile(cfg, client, seconds=args.profile_seconds, batch_sizes=args.batch_sizes, log=print)

@@ -104,9 +104,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import xarray as xr
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from tianji_dask import profiling
+    from tianji_dask.cluster import local_cluster
     from tianji_dask.config import load_config
     from tianji_dask.planner import Profile, Resources, make_plan
     from tianji_dask.results import provenance_attrs
@@ -116,14 +117,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     with (
-        LocalCluster(
-            n_workers=args.cores,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            preload=["tianji_dask.worker_preload"],
-        ) as cluster,
+        local_cluster(args.cores) as cluster,
         Client(cluster) as client,
     ):
         prof_ds = profiling.profile(cfg, client, seconds=args.profile_seconds, log=print)

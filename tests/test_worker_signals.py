@@ -62,7 +62,7 @@ def _python_workers() -> list[psutil.Process]:
 def test_signals_while_a_runs_cluster_starts_kill_no_worker():
     from distributed import Client
 
-    from tianji_dask.cluster import close_local_cluster, local_cluster
+    from tianji_dask.cluster import local_cluster
 
     made: dict = {}
 
@@ -94,5 +94,5 @@ def test_signals_while_a_runs_cluster_starts_kill_no_worker():
         with Client(cluster) as client:
             assert sorted(client.run(os.getpid).values()) == sorted(pids)  # the same processes, alive
     finally:
-        close_local_cluster(cluster)
+        cluster.close()  # ends the workers, which ignore SIGTERM
     assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]

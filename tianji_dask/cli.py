@@ -300,21 +300,16 @@ def _slurm_client(cfg, plan, args):
 
 
 def _profile_client(args, cfg):
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    from tianji_dask.cluster import local_cluster
 
     if args.scheduler:
         return Client(args.scheduler, timeout="10s"), None
     import os
 
     n = max(2, len(os.sched_getaffinity(0)))
-    cluster = LocalCluster(
-        n_workers=n,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address="127.0.0.1:0",
-        preload=["tianji_dask.worker_preload"],
-    )
+    cluster = local_cluster(n)
     return Client(cluster), cluster
 
 

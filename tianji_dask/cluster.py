@@ -16,6 +16,7 @@ import threading
 import time
 
 import psutil
+from distributed import LocalCluster
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
@@ -59,9 +60,27 @@ class HostLost(RuntimeError):
     """A host stopped sending heartbeats or reported an error; the message says which."""
 
 
-def local_cluster(n_workers: int):
-    """A LocalCluster for one run: loopback only, one thread per worker."""
-    from distributed import LocalCluster
+class TianjiLocalCluster(LocalCluster):
+    """A LocalCluster whose ``close()`` (and ``with`` exit) also ends any worker process still
+    alive: its workers ignore SIGTERM, so one left running would also hang multiprocessing's exit
+    handler."""
+
+    def close(self, timeout: float | None = None):
+        pids = [n.pid for n in self.workers.values() if getattr(n, "pid", None)]
+        try:
+            return super().close(timeout)
+        finally:
+            for pid in pids:
+                kill_and_reap(pid)
+
+
+def local_cluster(n_workers: int, *, dashboard: bool = True, preload_roles: bool = True) -> TianjiLocalCluster:
+    """The LocalCluster of tianji-dask's runs, profiles and benchmarks: loopback only, one
+    single-threaded worker process each, workers that leave SIGINT and SIGTERM to the driver.
+
+    ``preload_roles``: the workers import torch, gymnasium and the roles as they start
+    (``tianji_dask.worker_preload``); the channel benchmark, which measures the transport alone,
+    leaves them out."""
     from distributed.system import MEMORY_LIMIT
 
     # Dask's MALLOC_TRIM_THRESHOLD_ stays: it costs 20-40 % on receives of 512 KiB messages
@@ -73,27 +92,17 @@ def local_cluster(n_workers: int):
     # (the run checks before it starts that the replay fits: driver.check_replay_fits).
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
     # (tianji_dask.worker_signals).
+    preload = ["tianji_dask.worker_signals", *(["tianji_dask.worker_preload"] if preload_roles else [])]
     with spawned_ignoring_driver_signals():
-        return LocalCluster(
+        return TianjiLocalCluster(
             n_workers=n_workers,
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
+            dashboard_address="127.0.0.1:0" if dashboard else None,
             memory_limit=MEMORY_LIMIT,
-            preload=["tianji_dask.worker_signals", "tianji_dask.worker_preload"],
+            preload=preload,
         )
-
-
-def close_local_cluster(cluster) -> None:
-    """Close a LocalCluster and make sure none of its worker processes outlives it: they ignore
-    SIGTERM, so one left running would also hang multiprocessing's exit handler."""
-    pids = [n.pid for n in cluster.workers.values() if getattr(n, "pid", None)]
-    try:
-        cluster.close()
-    finally:
-        for pid in pids:
-            kill_and_reap(pid)
 
 
 def kill_and_reap(pid: int) -> None:
@@ -157,7 +166,7 @@ class RunCluster:
         finally:
             if self._own_cluster is not None:
                 self.client.close()
-                close_local_cluster(self._own_cluster)
+                self._own_cluster.close()
 
     def _removal_reason(self, where: str) -> str:
         """The scheduler's own record of why it removed the worker (its stimulus id names the

@@ -199,9 +199,10 @@ class _Bench:
 
     def __enter__(self):
         import dask
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
         from tianji_dask.channels import ChannelPlugin
+        from tianji_dask.cluster import local_cluster
 
         env = dict(self.cfg.worker_env)
         if self.cfg.unset_malloc_trim:
@@ -216,9 +217,7 @@ class _Bench:
         self._cfgctx = dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()})
         self._cfgctx.__enter__()
         n_workers = 1 + self.cfg.max_actors
-        self.cluster = LocalCluster(
-            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        )
+        self.cluster = local_cluster(n_workers, dashboard=False, preload_roles=False)
         self.client = Client(self.cluster)
         self.client.wait_for_workers(n_workers, timeout=120)
         self.client.register_plugin(ChannelPlugin())
@@ -718,7 +717,7 @@ def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
         ),
         "transports": json.dumps(TRANSPORTS),
         "cluster": (
-            f"LocalCluster on 127.0.0.1, {1 + cfg.max_actors} worker processes x 1 thread, no preload; "
+            f"LocalCluster on 127.0.0.1, {1 + cfg.max_actors} worker processes x 1 thread, no role preload; "
             "receiver on worker 0, actor i on worker i; scheduler in the benchmark's process"
         ),
         "equation_1": "T_c = N * max((T_sp + T_sd) / N_A, T_rv); actor-bound if (T_sp + T_sd) / N_A > T_rv",
