@@ -127,6 +127,7 @@ def test_open_run_merges_metrics_episodes_and_config(runs):
     assert ds.attrs["run_name"].startswith("CartPole-v1__dqn__0__")
 
 
+@integration
 def test_a_run_written_before_the_renames_opens_under_the_current_names(h, runs):
     old = h.ROOT / "benchmarks" / "results" / "pong_ppo_16core_gpu"  # a Pong run of an earlier tianji_dask
     with xr.open_dataset(old / "metrics.nc", engine="h5netcdf") as raw:

@@ -83,6 +83,7 @@ def test_training_signals_clip_rewards_and_end_lives_for_training_only():
     assert sig.lives_lost == 1
 
 
+@pytest.mark.slow  # plays Breakout
 @pytest.mark.timeout(120)
 def test_breakout_trains_on_lives_and_clipped_rewards_but_records_full_games():
     """One real Breakout game of 5 lives: 5 training episodes (zero discounts), one recorded
@@ -205,6 +206,7 @@ def pong_run():
     return _recorded_actor_run(steps=2500)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["ale_vector", "gymnasium"])
 def test_frame_replay_rebuilds_exactly_what_the_env_produced(backend, pong_run):
@@ -248,6 +250,7 @@ def test_frame_replay_rebuilds_exactly_what_the_env_produced(backend, pong_run):
     assert all((o.tobytes(), n.tobytes()) in produced for o, n in zip(batch["obs"], batch["next_obs"]))
 
 
+@pytest.mark.slow  # a recorded Pong actor run
 @pytest.mark.timeout(120)
 def test_frame_replay_wraps_and_skips_transitions_that_lost_frames(pong_run):
     _, _, chunks, want = pong_run
@@ -272,6 +275,7 @@ def test_frame_replay_wraps_and_skips_transitions_that_lost_frames(pong_run):
     assert all(o.tobytes() in produced for o in batch["obs"])
 
 
+@pytest.mark.slow  # a recorded Pong actor run
 @pytest.mark.timeout(120)
 def test_frame_replay_skips_transitions_whose_frames_were_dropped(pong_run):
     _, _, chunks, want = pong_run

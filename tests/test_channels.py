@@ -296,6 +296,7 @@ def test_local_topic_conflation():
 
 
 # ---------------------------------------------------------------------------- queues
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_order_and_payload_integrity(client, workers):
     recv = actor(client, Receiver, workers[0], "q-order", 8 << 20)
@@ -382,6 +383,7 @@ def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message():
         thread.join(5)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_many_to_one(client, workers):
     # The inbox's capacity is shared by its live senders: each gets a third of it as window,
@@ -411,6 +413,7 @@ def test_queue_many_to_one(client, workers):
     recv.close_channel().result()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_items_larger_than_window_share_still_flow(client, workers):
     # 2 senders share a 64 KiB inbox (32 KiB windows) with 40 KiB items: each item may go
@@ -429,6 +432,7 @@ def test_queue_items_larger_than_window_share_still_flow(client, workers):
     recv.close_channel().result()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_backpressure_wait(client, workers):
     cap = 256 * KIB
@@ -443,6 +447,7 @@ def test_queue_backpressure_wait(client, workers):
     recv.close_channel().result()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_backpressure_drop_oldest(client, workers):
     cap, n = 128 * KIB, 100
@@ -466,6 +471,7 @@ def test_queue_backpressure_drop_oldest(client, workers):
     recv.close_channel().result()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_error_when_channel_closed_or_unknown(client, workers):
     recv = actor(client, Receiver, workers[1], "q-close", 1 << 20)
@@ -509,6 +515,7 @@ def raw_exchange(address, messages):
     return asyncio.run(_raw_exchange(address, messages))
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_malformed_messages_are_refused_not_fatal(client, workers):
     recv = actor(client, Receiver, workers[0], "q-mal", 1 << 20)
@@ -537,6 +544,7 @@ def test_malformed_messages_are_refused_not_fatal(client, workers):
 
 
 # ---------------------------------------------------------------------------- topics
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_topic_conflation_two_subscribers(client, workers):
     subs = [actor(client, Subscriber, w, "params") for w in workers[1:]]
@@ -556,6 +564,7 @@ def test_topic_conflation_two_subscribers(client, workers):
     assert stats["conflated"] > 0
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_topic_failed_subscriber_does_not_stop_others(client, workers):
     sub = actor(client, Subscriber, workers[1], "params-2")
@@ -573,6 +582,7 @@ def test_topic_failed_subscriber_does_not_stop_others(client, workers):
 
 
 # ---------------------------------------------------------------------------- peer death
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_queue_error_after_receiving_worker_dies(client, workers):
     victim = workers[2]
@@ -589,6 +599,7 @@ def test_queue_error_after_receiving_worker_dies(client, workers):
 
 
 # ---------------------------------------------------------------------------- TLS
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_tls_cluster_moves_items():
     sec = Security.temporary()

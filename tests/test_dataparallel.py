@@ -10,6 +10,8 @@ import torch
 
 from tianji_dask.config import load_config
 
+pytestmark = pytest.mark.slow  # torch.distributed process groups
+
 STEPS = 25
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+pytestmark = pytest.mark.slow  # subprocesses of the summary script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "pong_summary.py"
 RESULTS = ROOT / "benchmarks" / "results"

@@ -63,6 +63,7 @@ def test_an_address_without_a_port_or_a_host_is_refused(address, message):
         check_scheduler_listens(address)
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 @pytest.mark.parametrize("command", [["train"], ["profile"]])
 def test_the_cli_exits_2_naming_the_address(closed_port, tmp_path, command):
     address = f"tcp://127.0.0.1:{closed_port}"

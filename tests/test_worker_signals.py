@@ -33,6 +33,7 @@ def _dispositions_of_a_spawned_child() -> dict[int, bool]:
         proc.join(30)
 
 
+@pytest.mark.slow  # spawns two Python processes
 @pytest.mark.timeout(120)
 def test_processes_spawned_inside_the_block_ignore_the_driver_signals_and_others_do_not():
     before = multiprocessing.spawn.get_executable()
