@@ -11,7 +11,8 @@ Two pieces, for the two ways a worker comes to life:
 - :func:`spawned_ignoring_driver_signals`: while a LocalCluster starts, its worker processes are
   spawned through a two-line shell script that ignores both signals and then execs Python. An
   ignored signal stays ignored across ``exec`` (and Python leaves an ignored SIGINT alone), so a
-  worker ignores them from its first instruction on, through the seconds of importing Dask.
+  worker ignores them through the seconds of importing Dask; only the shell's few milliseconds
+  before its ``trap`` are left uncovered.
 - The worker preload (``preload=["tianji_dask.worker_signals"]``): ``dask_setup`` makes the worker
   ignore both signals once it runs, whoever started the process (a nanny restart, a batch job).
 """
