@@ -284,26 +284,12 @@ def test_sigterm_to_the_cli_alone_stops_the_run(h, cli_run):
     assert_stopped_cleanly(h, run, family, run.finish(timeout=30), 128 + signal.SIGTERM)
 
 
-def _python_running(p: psutil.Process) -> bool:
-    try:
-        return os.path.realpath(p.exe()) == os.path.realpath(sys.executable)
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("moment", ["worker starting", "cluster up"])
 def test_ctrl_c_while_the_run_starts_stops_it(h, cli_run, moment):
     run = cli_run("topology.actors=2", terminal=True)
-    if moment == "worker starting":
-        # every worker process runs Python, Dask is not loaded in them yet (the seconds of
-        # imports); not earlier: the launcher's shell has a few milliseconds before its `trap`
-        # where a signal still kills it (docs/architecture.md, "Signals belong to the driver")
-        def all_in_python() -> bool:
-            workers = run.workers()
-            return len(workers) == 3 and all(_python_running(p) for p in workers)
-
-        assert h.wait_until(all_in_python, timeout=60, interval=0.01), run.timeline()
+    if moment == "worker starting":  # the first worker process exists; Dask is not loaded in any yet
+        assert h.wait_until(run.workers, timeout=60, interval=0.005), run.timeline()
     else:  # the workers are up, the hosts are being created
         run.wait_for_line(re.compile(r"dashboard: "), timeout=60)
     family = psutil.Process(run.proc.pid).children(recursive=True)

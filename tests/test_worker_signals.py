@@ -8,7 +8,6 @@ import multiprocessing
 import multiprocessing.spawn
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -45,13 +44,13 @@ def test_processes_spawned_inside_the_block_ignore_the_driver_signals_and_others
     assert outside == {int(s): False for s in DRIVER_SIGNALS}
 
 
-def _python_workers() -> list[psutil.Process]:
-    """This process's spawned children once they run Python (past the launcher script)."""
-    python = os.path.realpath(sys.executable)
+def _spawned_workers() -> list[psutil.Process]:
+    """This process's spawned children from the moment they exec (the launcher's shell, then
+    Python); before that they are forks of this process with the signals already blocked."""
     out = []
     for p in psutil.Process().children():
         try:
-            if "spawn_main" in " ".join(p.cmdline()) and os.path.realpath(p.exe()) == python:
+            if "spawn_main" in " ".join(p.cmdline()):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
@@ -76,8 +75,8 @@ def test_signals_while_a_runs_cluster_starts_kill_no_worker():
     starter = threading.Thread(target=start)
     starter.start()
     hit: dict[int, int] = {}
-    while starter.is_alive():  # signal every worker as soon as it runs Python, until the cluster is up
-        for p in _python_workers():
+    while starter.is_alive():  # signal every worker as soon as it exists, until the cluster is up
+        for p in _spawned_workers():
             for sig in DRIVER_SIGNALS:
                 try:
                     p.send_signal(sig)

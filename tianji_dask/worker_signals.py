@@ -8,11 +8,12 @@ killed, and a worker whose parent process is gone exits by itself).
 
 Two pieces, for the two ways a worker comes to life:
 
-- :func:`spawned_ignoring_driver_signals`: while a LocalCluster starts, its worker processes are
-  spawned through a two-line shell script that ignores both signals and then execs Python. An
-  ignored signal stays ignored across ``exec`` (and Python leaves an ignored SIGINT alone), so a
-  worker ignores them through the seconds of importing Dask; only the shell's few milliseconds
-  before its ``trap`` are left uncovered.
+- :func:`spawned_ignoring_driver_signals`: while a LocalCluster starts, the thread that starts it
+  blocks both signals, so Dask's IO-loop thread and the threads that fork the workers inherit the
+  block, and each worker is forked with them blocked. The workers are spawned through a two-line
+  shell script that ignores both signals and then execs Python: an ignored signal stays ignored
+  across ``exec`` (and Python leaves an ignored SIGINT alone). So a signal can reach no worker
+  from its fork on, through the seconds of importing Dask.
 - The worker preload (``preload=["tianji_dask.worker_signals"]``): ``dask_setup`` makes the worker
   ignore both signals once it runs, whoever started the process (a nanny restart, a batch job).
 """
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 
 DRIVER_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -43,6 +45,9 @@ def ignore_driver_signals() -> None:
 
 def dask_setup(worker) -> None:  # the preload hook Dask calls in the worker's main thread
     ignore_driver_signals()
+    # forked with them blocked (spawned_ignoring_driver_signals): ignored now, so unblocking
+    # discards any that arrived, and what the worker starts later inherits a normal mask
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DRIVER_SIGNALS)
 
 
 def _launcher_text(python: str) -> str:
@@ -52,11 +57,15 @@ def _launcher_text(python: str) -> str:
 
 @contextlib.contextmanager
 def spawned_ignoring_driver_signals() -> Iterator[None]:
-    """Processes that ``multiprocessing``'s spawn method starts inside this block ignore
-    SIGINT and SIGTERM from their start. Outside it, spawning is as it was.
+    """Processes that ``multiprocessing``'s spawn method starts inside this block, and threads
+    started in it, have SIGINT and SIGTERM blocked from their start; spawned processes also ignore
+    both (the launcher). Outside it, spawning is as it was and the calling thread's mask is back.
 
-    Does nothing where a launcher script cannot run (no ``/bin/sh``, or a temporary directory
-    mounted ``noexec``): the preload still covers the worker once it runs."""
+    The launcher is left out where it cannot run (no ``/bin/sh``, or a temporary directory
+    mounted ``noexec``): the block, and then the preload, still cover the worker."""
+    # multiprocessing's resource tracker, when it starts, unblocks both signals in the thread
+    # that starts it (Dask's IO loop, at the first worker): start it now, before the block
+    resource_tracker.ensure_running()
     previous = multiprocessing.spawn.get_executable()
     python = os.fsdecode(previous) if previous is not None else sys.executable
     with _spawn_lock, tempfile.TemporaryDirectory(prefix="tianji-dask-spawn-") as tmp:
@@ -67,8 +76,10 @@ def spawned_ignoring_driver_signals() -> Iterator[None]:
         usable = os.path.exists("/bin/sh") and os.access(launcher, os.X_OK)
         if usable:
             multiprocessing.spawn.set_executable(launcher)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, DRIVER_SIGNALS)
         try:
             yield
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if usable:
                 multiprocessing.spawn.set_executable(previous)
