@@ -9,6 +9,7 @@ params)``), ``sender``, ``tracker``, ``env``, ``id`` and a ``counters`` dict hol
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ def never() -> bool:
     return False
 
 
-class ActorBase:
+class ActorBase(ABC):
     learner_consumed = 0
     policy: Any  # set by the subclass's _setup: load(version, params) and the action rule
 
@@ -80,9 +81,9 @@ class ActorBase:
         }
         self._setup(seed)
 
+    @abstractmethod
     def _setup(self, seed: int) -> None:
         """The subclass's policy, first observations and buffers."""
-        raise NotImplementedError
 
     def reset_env(self, seed: int) -> np.ndarray:
         """First observations (as ``obs_dtype``); starts the Atari training signals' life count."""
@@ -103,7 +104,7 @@ class ActorBase:
         self._on_new_version()
         return True
 
-    def _on_new_version(self) -> None:
+    def _on_new_version(self) -> None:  # noqa: B027 - optional hook, empty by default
         pass
 
     def wait_for_params(self, timeout: float, stop=lambda: False) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 
 INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
 
 
-class BufferBase:
+class BufferBase(ABC):
     def __init__(self, inbox, buffer_id: int):
         self.id = buffer_id
         self.inbox = inbox
@@ -17,13 +18,13 @@ class BufferBase:
         self.received = 0  # transitions
         self.received_bytes = 0
 
+    @abstractmethod
     def _add(self, payload: dict) -> int:
         """Store one message's payload; returns the transitions it held."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _fill(self) -> dict[str, float]:
         """``size`` and ``capacity`` in transitions, and any counters of the buffer's own."""
-        raise NotImplementedError
 
     def ingest(self, timeout: float = 0.0) -> int:
         """Move whatever the inbox holds into the buffer (waiting up to ``timeout`` for
@@ -48,5 +49,5 @@ class BufferBase:
         }
         return {"role": "buffer", "id": self.id, "t": time.time(), "episodes": [], "counters": counters}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - part of LoopRole; a buffer owns nothing to close
         """The host closes the inbox."""

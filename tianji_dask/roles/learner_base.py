@@ -8,6 +8,7 @@ core or the counters directly.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import numpy as np
@@ -19,7 +20,7 @@ from tianji_dask.roles.publishing import publish_params
 AverageGradients = Callable[[list[torch.nn.Parameter]], None]
 
 
-class LearnerBase:
+class LearnerBase(ABC):
     core: LearnerCore
     extra_counters: dict[str, float] = {}  # a subclass's own counters, reported in heartbeats
 
@@ -61,10 +62,10 @@ class LearnerBase:
         }
         self._setup()
 
-    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> LearnerCore:
-        raise NotImplementedError
+    @abstractmethod
+    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> LearnerCore: ...
 
-    def _setup(self) -> None:
+    def _setup(self) -> None:  # noqa: B027 - optional hook, empty by default
         """The subclass's own state, once the core and counters exist."""
 
     def _publish_version(self, version: int) -> None:
@@ -100,5 +101,5 @@ class LearnerBase:
     def checkpoint_meta(self) -> dict[str, int]:
         return {"updates": self.core.updates, "samples": int(self.counters["samples"])}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - part of LoopRole; a learner owns nothing to close
         """The host closes the publisher and the data-parallel group; nothing of the role's own."""
