@@ -3,6 +3,7 @@ the driver does it (rank 0's store on a port the OS picks), real learners. Each 
 different data; after every single update the parameters must be bit-identical."""
 
 import faulthandler
+import glob
 import multiprocessing as mp
 
 import numpy as np
@@ -16,11 +17,20 @@ pytestmark = pytest.mark.slow  # torch.distributed process groups
 STEPS = 25
 
 
+def _native_threads() -> list[str]:
+    """Names of this process's threads that torch.distributed starts (gloo, the TCP store)."""
+    names = []
+    for task in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(task) as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended while we looked
+            pass
+    return sorted(n for n in names if n.startswith(("gloo", "pt_gloo", "pt_tcpstore")))
+
+
 def _rank_main(rank, world, port_q, out_q, algo):
-    # A rank has aborted once in many runs (SIGABRT, "terminate called without an active
-    # exception", cause not found yet): if it happens again, the Python stacks of every thread
-    # at that moment go to the captured stderr.
-    faulthandler.enable(all_threads=True)
+    faulthandler.enable(all_threads=True)  # a rank that crashes leaves its threads' stacks in stderr
     from tianji_dask.dataparallel import DataParallel, open_store
 
     torch.set_num_threads(1)
@@ -72,7 +82,8 @@ def _rank_main(rank, world, port_q, out_q, algo):
     # and without averaging the ranks would have diverged: check one plain local step differs
     before = torch.cat([p.detach().reshape(-1) for p in params]).clone()
     dp.close()
-    out_q.put((rank, sums, before.numpy()))
+    del store  # the test's own reference to rank 0's store: the last one after close()
+    out_q.put((rank, sums, before.numpy(), _native_threads()))
 
 
 @pytest.mark.timeout(120)
@@ -83,11 +94,13 @@ def test_parameters_identical_across_learners_after_every_step(algo):
     procs = [ctx.Process(target=_rank_main, args=(r, 2, port_q, out_q, algo)) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict((r, (s, b)) for r, s, b in (out_q.get(timeout=100) for _ in procs))
+    results = dict((r, (s, b, t)) for r, s, b, t in (out_q.get(timeout=100) for _ in procs))
     for p in procs:
         p.join(30)
     assert [p.exitcode for p in procs] == [0, 0], "exit codes of rank 0 and rank 1"
     for rank in (0, 1):
-        sums, _ = results[rank]
+        sums, _, threads = results[rank]
         assert len(sums) == STEPS and all(sums), f"rank {rank}: parameters differed after some step: {sums}"
+        # threads left running after close() race the interpreter's exit and can abort it
+        assert threads == [], f"rank {rank}: torch.distributed threads still running after close(): {threads}"
     np.testing.assert_array_equal(results[0][1], results[1][1])

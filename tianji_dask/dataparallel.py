@@ -17,6 +17,14 @@ import time
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists, on purpose: its functions take ``group=group.WORLD``
+# as default arguments, evaluated at import. Imported later (torch imports it lazily, for
+# example when the first optimizer is built), those defaults hold the default process group
+# after ``destroy_process_group``, so gloo's threads outlive ``close()`` and race the
+# interpreter's exit, which can abort the process ("terminate called without an active
+# exception").
+import torch.distributed.nn.functional
+
 CLOSE_TIMEOUT_S = 10.0
 
 
