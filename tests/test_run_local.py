@@ -47,14 +47,12 @@ def children() -> set[int]:
 
 def tianji_leftovers(dask_worker) -> dict:
     """What a finished run may not leave on a worker (run inside it by ``client.run``)."""
-    from tianji_dask import hosts
     from tianji_dask.channels import ChannelService
 
     svc = ChannelService.installed(dask_worker)
     return {
         "actors": len(dask_worker.state.actors),
         "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-")),
-        "local_buffers": sorted(hosts._LOCAL_BUFFERS),
         "channels": sorted(svc._inboxes) if svc is not None else [],
     }
 
@@ -270,7 +268,7 @@ def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_p
     assert client.submit(lambda x: x + 1, 41, pure=False).result(timeout=10) == 42
     assert sorted(scheduler_workers(client)) == workers_before
     assert client.run(os.getpid) == pids_before
-    # No tianji host (Dask actor), loop thread, co-located buffer or open channel remains on the
+    # No tianji host (Dask actor, the buffers learners train from included), loop thread or open channel remains on the
     # workers, and no task or stop Event of the run on the scheduler.
     h.wait_until(lambda: clean(client), timeout=3, interval=0.2)
     left = client.run(tianji_leftovers)
@@ -278,7 +276,6 @@ def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_p
     for worker, what in left.items():
         assert what["actors"] == 0, (worker, what)
         assert what["threads"] == [], (worker, what)
-        assert what["local_buffers"] == [], (worker, what)
     assert on_scheduler["tasks"] == [], on_scheduler
     print(f"\ngiven client: {n}; scheduler: {on_scheduler}")
     # The actors' parameter inboxes and the run's stop Event must go too (the inboxes stayed

@@ -258,22 +258,22 @@ class RunCluster:
             n_hosts = len(plan.learners) + len(plan.actors)
             self._on_event(f"{len(workers)} workers for {n_hosts} host processes: hosts will share workers")
         futures = []
+        buffer_futures = {}
         for group in range(cfg.topology.groups):  # each group's buffers, then its actors
             for lp in (p for p in plan.learners if p.group == group):
-                futures.append(
-                    self._submit(
-                        BufferHost,
-                        rid,
-                        cfg_json,
-                        lp.id,
-                        lp.buffer_seed,
-                        lp.trajectories,
-                        tuple(obs.shape),
-                        "float32",
-                        len(lp.feeders),
-                        worker=lp.worker,
-                    )
+                buffer_futures[lp.id] = self._submit(
+                    BufferHost,
+                    rid,
+                    cfg_json,
+                    lp.id,
+                    lp.buffer_seed,
+                    lp.trajectories,
+                    tuple(obs.shape),
+                    "float32",
+                    len(lp.feeders),
+                    worker=lp.worker,
                 )
+                futures.append(buffer_futures[lp.id])
             for ap in (p for p in plan.actors if p.group == group):
                 futures.append(
                     self._submit(
@@ -306,7 +306,7 @@ class RunCluster:
                 list(lp.subscribers),
                 obs_dim,
                 n_actions,
-                buffer_id=lp.id,
+                buffer_futures[lp.id].result(),
                 rank=lp.rank,
                 world_size=cfg.topology.learners,
                 store_port=port,

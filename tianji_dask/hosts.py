@@ -16,33 +16,28 @@ instead of waiting for a host that died.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 import traceback
 
 import numpy as np
 import psutil
-from distributed import get_worker
+from distributed import Actor, get_worker
 from distributed.comm import get_address_host
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
 from tianji_dask.config import ExperimentConfig
+from tianji_dask.dataparallel import DataParallel
+from tianji_dask.gossip import GroupGossip
+from tianji_dask.learner_sync import DataParallelUpdates, GossipSync, LocalUpdates, SnapshotRequests
 
-# Buffer roles of this process by run id: a learner shares its buffer's process and
-# samples from it directly (batches are local; nothing is copied between processes).
-_LOCAL_BUFFERS: dict[str, object] = {}
 FIRST_PARAMS_TIMEOUT_S = 60.0
 DP_TIMEOUT_S = 30.0  # a data-parallel rank waits this long for the others (joining, all-reduce)
 
 
 def metrics_topic(run_id: str) -> str:
     return f"tianji-{run_id}"
-
-
-def buffer_key(run_id: str, buffer_id: int) -> str:
-    return f"{run_id}/{buffer_id}"
 
 
 def stop_event_name(run_id: str) -> str:
@@ -188,7 +183,6 @@ class BufferHost(_LoopHost):
         self.role = spec_for(self.cfg).make_buffer_role(
             self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id
         )
-        _LOCAL_BUFFERS[buffer_key(run_id, host_id)] = self.role
 
     def _make_role(self):
         return self.role
@@ -197,18 +191,19 @@ class BufferHost(_LoopHost):
         return self.cfg.topology.learner_torch_threads
 
     def _after_loop(self) -> None:
-        _LOCAL_BUFFERS.pop(buffer_key(self.run_id, self.id), None)
         ChannelService.for_worker(self.worker).close(self.channel)
 
 
 class LearnerHost(_LoopHost):
-    """Trains on its co-located buffer; a group's rank 0 publishes parameters to ``subscribers``.
+    """Trains on its buffer; a group's rank 0 publishes parameters to ``subscribers``.
 
-    With ``world_size > 1`` the group's learners form a ``torch.distributed`` process group
-    (:mod:`tianji_dask.dataparallel`): rank 0 opens the rendezvous store in its constructor
-    and the driver reads its port with :meth:`rendezvous_port`. With ``gossip`` (rank 0 of
-    each group when there are several groups) it averages parameters with the other groups
-    (:mod:`tianji_dask.gossip`).
+    ``buffer`` is the handle of the :class:`BufferHost` it trains from, which must live on the
+    same worker: the learner samples from that buffer's memory directly, with no copy between
+    processes. Its step composes the parts in :mod:`tianji_dask.learner_sync`: snapshot
+    requests, gossip with the other groups (``gossip``: rank 0 of each group when there are
+    several groups) and updates, alone or as one rank of a data-parallel group
+    (``world_size > 1``: rank 0 opens the rendezvous store in its constructor and the driver
+    reads its port with :meth:`rendezvous_port`).
     """
 
     role_name = "learner"
@@ -225,36 +220,36 @@ class LearnerHost(_LoopHost):
         subscribers: list,
         obs_dim: int,
         n_actions: int,
+        buffer: Actor,
         *,
-        buffer_id: int | None = None,
         rank: int = 0,
         world_size: int = 1,
         store_port: int | None = None,
         gossip_peers: dict | None = None,
     ):
         super().__init__(run_id, config_json, host_id)
-        self.buffer_id = host_id if buffer_id is None else buffer_id
-        self._args = (seed, [tuple(s) for s in subscribers], obs_dim, n_actions)
-        if buffer_key(run_id, self.buffer_id) not in _LOCAL_BUFFERS:
+        buffer_host = self.worker.state.actors.get(buffer.key)
+        if not isinstance(buffer_host, BufferHost):
             raise RuntimeError(
-                f"LearnerHost {host_id} of run {run_id} must be placed on the worker of "
-                f"its BufferHost {self.buffer_id} ({self.worker.address} has none)"
+                f"LearnerHost {host_id} of run {run_id} must be placed on the worker of its BufferHost "
+                f"({buffer.key}): {self.worker.address} does not hold it"
             )
+        self.buffer = buffer_host.role
+        self._args = (seed, [tuple(s) for s in subscribers], obs_dim, n_actions)
         self.rank, self.world_size = rank, world_size
-        self.dp = None
-        self._dp_stopped = False
-        self._host = get_address_host(self.worker.address)
+        self.address_host = get_address_host(self.worker.address)
         self._store = None
         self._store_port = store_port
         if world_size > 1 and rank == 0:
             from tianji_dask.dataparallel import open_store
 
-            self._store = open_store(self._host, world_size, DP_TIMEOUT_S)
+            self._store = open_store(self.address_host, world_size, DP_TIMEOUT_S)
             self._store_port = self._store.port
-        # gossip: {"publish_to": [(address, channel)], "inboxes": {peer_group: channel}}
+        self.snapshots = SnapshotRequests()
+        self.updates: LocalUpdates | DataParallelUpdates = LocalUpdates()
+        # gossip: {"group": g, "publish_to": [(address, channel)], "inboxes": {peer_group: channel}}
         self._gossip_spec = gossip_peers
-        self._snapshot_wanted: concurrent.futures.Future | None = None
-        self.gossip = None
+        self.gossip: GossipSync | None = None
         self._gossip_inboxes = {}
         if gossip_peers:
             service = ChannelService.current()
@@ -267,94 +262,60 @@ class LearnerHost(_LoopHost):
     def _make_role(self):
         seed, subscribers, obs_dim, n_actions = self._args
         self.publisher = TopicPublisher(subscribers, **self._comm_kwargs()) if self.rank == 0 else None
+        average_gradients = None
         if self.world_size > 1:
-            from tianji_dask.dataparallel import DataParallel
-
             backend = "nccl" if self.cfg.learner.device.startswith("cuda") else "gloo"
-            self.dp = DataParallel(
+            dp = DataParallel(
                 self.rank,
                 self.world_size,
-                self._host,
+                self.address_host,
                 self._store_port,
                 backend=backend,
                 timeout_s=DP_TIMEOUT_S,
                 store=self._store,
             )
+            self.updates = DataParallelUpdates(dp)
+            average_gradients = dp.average_gradients
         role = spec_for(self.cfg).learner_role()(
             self.cfg,
-            _LOCAL_BUFFERS[buffer_key(self.run_id, self.buffer_id)],
+            self.buffer,
             self.publisher,
             obs_dim,
             n_actions,
             seed,
             learner_id=self.id,
             world_size=self.world_size,
-            average_gradients=self.dp.average_gradients if self.dp is not None else None,
+            average_gradients=average_gradients,
         )
         if self._gossip_spec:
-            from tianji_dask.gossip import GroupGossip
-
-            pub = TopicPublisher([tuple(x) for x in self._gossip_spec["publish_to"]], **self._comm_kwargs())
-            self.gossip = GroupGossip(
-                int(self._gossip_spec["group"]), pub, self._gossip_inboxes, self.cfg.topology.sync_interval_s
-            )
+            spec = self._gossip_spec
+            pub = TopicPublisher([tuple(x) for x in spec["publish_to"]], **self._comm_kwargs())
+            interval = self.cfg.topology.sync_interval_s
+            self.gossip = GossipSync(GroupGossip(int(spec["group"]), pub, self._gossip_inboxes, interval))
             role.record_gossip(0, float("nan"))
         return role
 
     def _before_loop(self) -> None:
         self.role.publish()  # version 0: actors start acting as soon as it lands
 
-    def _gossip_if_due(self) -> bool:
-        """Rank 0 of a group: average with the other groups when due; True if params changed."""
-        if self.gossip is None or not self.gossip.due():
-            return False
-        averaged, distance, peers = self.gossip.exchange(self.role.policy_params())
-        self.role.record_gossip(self.gossip.rounds, distance)
-        if peers:
-            self.role.load_policy_params(averaged)
-        return bool(peers)
-
     def _continue(self) -> bool:
-        if self.dp is None:
-            return not self._stop.is_set()
-        return not self._dp_stopped  # ranks leave together, through the agreement in _step
+        return self.updates.running(self._stop.is_set())
 
     def _step(self) -> None:
-        if self._snapshot_wanted is not None:
-            self._take_snapshot_if_wanted()
-        if self.dp is None:
-            self._gossip_if_due()
-            if not self.role.step():
-                time.sleep(0.0002)
-            return
-        can = self.role.wants_update()
-        changed = self._gossip_if_due()
-        everyone, stopping, broadcast = self.dp.agree(can, self._stop.is_set(), changed)
-        if stopping:
-            self._dp_stopped = True
-            self._stop.set()
-            return
-        if broadcast:
-            self.dp.broadcast(self.role.module)
-        if everyone:
-            self.role.update()
-        else:
-            time.sleep(0.0002)
+        self.snapshots.serve(self._state_on_cpu)
+        changed = self.gossip.apply(self.role) if self.gossip is not None else False
+        self.updates.step(self.role, self._stop.is_set(), changed)
 
     def _after_loop(self) -> None:
-        want, self._snapshot_wanted = self._snapshot_wanted, None
-        if want is not None:  # asked for as the loop ended: answer rather than leave it to time out
-            want.set_exception(RuntimeError(f"learner {self.id}'s loop ended before its snapshot"))
+        self.snapshots.cancel(f"learner {self.id}'s loop ended before its snapshot")
         if self.publisher is not None:
             self.publisher.close(timeout=2.0)
         if self.gossip is not None:
-            self.gossip.publisher.close(timeout=1.0)
+            self.gossip.close()
         for ch in (self._gossip_spec or {}).get("inboxes", {}).values():
             ChannelService.for_worker(self.worker).close(ch)
-        if self.dp is not None:
-            self.dp.close()
-            self.dp = None
-            self._store = None  # rank 0's rendezvous store goes with the group, not at process exit
+        self.updates.close()
+        self._store = None  # rank 0's rendezvous store goes with the group, not at process exit
 
     async def parameters(self) -> dict:
         """The learner's current network parameters as numpy arrays (tests, diagnostics)."""
@@ -367,30 +328,14 @@ class LearnerHost(_LoopHost):
 
     async def snapshot(self, timeout: float = 60.0) -> tuple[dict, dict]:
         """Like :meth:`checkpoint`, while the loop runs: the loop thread copies the state to CPU
-        between two updates (a copy taken from this thread could catch an update halfway)."""
+        between two updates."""
         if self._thread is None or not self._thread.is_alive():
             return self._state()
-        want: concurrent.futures.Future = concurrent.futures.Future()
-        self._snapshot_wanted = want
-        return await asyncio.wait_for(asyncio.wrap_future(want), timeout)
+        return await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request()), timeout)
 
-    def _take_snapshot_if_wanted(self) -> None:
-        want, self._snapshot_wanted = self._snapshot_wanted, None
-        if want is None:
-            return
-        try:
-            state, meta = self._state()
-            want.set_result(
-                (
-                    {
-                        part: {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
-                        for part, tensors in state.items()
-                    },
-                    meta,
-                )
-            )
-        except Exception as exc:  # noqa: BLE001 - the caller reports it; the loop goes on
-            want.set_exception(exc)
+    def _state_on_cpu(self) -> tuple[dict, dict]:
+        state, meta = self._state()
+        return {part: {k: v.detach().to("cpu", copy=True) for k, v in t.items()} for part, t in state.items()}, meta
 
     def _state(self) -> tuple[dict, dict]:
         return self.role.state(), {**self.role.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}

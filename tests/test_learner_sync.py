@@ -1,0 +1,126 @@
+"""The parts of a learner's loop besides the update: snapshot hand-off, gossip, and updates
+alone or as a data-parallel rank (a real gloo group of one here; two ranks in test_dataparallel)."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from tianji_dask.channels import LocalTopic
+from tianji_dask.dataparallel import DataParallel, open_store
+from tianji_dask.gossip import GroupGossip
+from tianji_dask.learner_sync import DataParallelUpdates, GossipSync, LocalUpdates, SnapshotRequests
+
+
+class ToyLearner:
+    """A learner role's public surface, recording what the sync parts ask of it."""
+
+    def __init__(self, can_update=True):
+        self.can_update = can_update
+        self.net = torch.nn.Linear(2, 1)
+        self.updates = 0
+        self.loaded = []
+        self.gossip = []
+
+    @property
+    def module(self):
+        return self.net
+
+    def step(self):
+        return self.wants_update() and self.update()
+
+    def wants_update(self):
+        return self.can_update
+
+    def update(self):
+        self.updates += 1
+        return True
+
+    def policy_params(self):
+        return {"w": np.zeros(2, np.float32)}
+
+    def load_policy_params(self, params):
+        self.loaded.append(params)
+
+    def record_gossip(self, rounds, distance):
+        self.gossip.append((rounds, distance))
+
+
+def test_snapshot_request_is_answered_by_the_loop_between_steps():
+    snaps = SnapshotRequests()
+    snaps.serve(lambda: pytest.fail("no request is pending: nothing may be taken"))
+    want = snaps.request()
+    assert not want.done()
+    loop = threading.Thread(target=snaps.serve, args=(lambda: {"state": 1},))
+    loop.start()
+    loop.join()
+    assert want.result(timeout=1) == {"state": 1}
+    snaps.serve(lambda: pytest.fail("answered requests are not answered twice"))
+
+
+def test_snapshot_failure_and_loop_end_reach_the_caller():
+    snaps = SnapshotRequests()
+    want = snaps.request()
+    snaps.serve(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        want.result(timeout=1)
+    want = snaps.request()
+    snaps.cancel("learner 3's loop ended")
+    with pytest.raises(RuntimeError, match="learner 3's loop ended"):
+        want.result(timeout=1)
+    snaps.cancel("nothing pending: a no-op")
+
+
+def test_local_updates_update_when_they_can_and_stop_when_asked():
+    learner, updates = ToyLearner(), LocalUpdates()
+    assert updates.running(stop_requested=False)
+    updates.step(learner, stop_requested=False, params_changed=False)
+    assert learner.updates == 1
+    idle = ToyLearner(can_update=False)
+    updates.step(idle, stop_requested=False, params_changed=False)
+    assert idle.updates == 0
+    assert not updates.running(stop_requested=True)
+
+
+def test_gossip_sync_loads_the_average_only_when_peers_answered():
+    clock = [0.0]
+    topic = LocalTopic()
+
+    class Publisher:
+        def publish(self, version, payload):
+            pass
+
+    learner = ToyLearner()
+    sync = GossipSync(GroupGossip(0, Publisher(), {1: topic.subscribe()}, 1.0, clock=lambda: clock[0]))
+    assert not sync.apply(learner) and learner.gossip == []  # not due yet
+    clock[0] = 1.0
+    assert not sync.apply(learner)  # due, but no peer has published: nothing loaded
+    assert learner.loaded == [] and learner.gossip[-1][0] == 1
+    topic.publish(1, {"params": {"w": np.full(2, 4.0, np.float32)}, "group": np.array(1)})
+    clock[0] = 2.0
+    assert sync.apply(learner)
+    np.testing.assert_array_equal(learner.loaded[-1]["w"], np.full(2, 2.0, np.float32))
+    assert learner.gossip[-1] == (2, pytest.approx(np.sqrt(32.0)))
+
+
+@pytest.fixture
+def group_of_one():
+    store = open_store("127.0.0.1", 1, 10)
+    dp = DataParallel(0, 1, "127.0.0.1", store.port, timeout_s=10, store=store)
+    yield dp
+    dp.close()
+
+
+def test_data_parallel_updates_agree_broadcast_and_stop_together(group_of_one):
+    updates = DataParallelUpdates(group_of_one)
+    learner = ToyLearner()
+    updates.step(learner, stop_requested=False, params_changed=True)  # rank 0 broadcasts, then updates
+    assert learner.updates == 1
+    idle = ToyLearner(can_update=False)
+    updates.step(idle, stop_requested=False, params_changed=False)
+    assert idle.updates == 0
+    # a stop request keeps the rank running until the group has agreed on it
+    assert updates.running(stop_requested=True)
+    updates.step(learner, stop_requested=True, params_changed=False)
+    assert learner.updates == 1 and not updates.running(stop_requested=True)
