@@ -18,12 +18,10 @@ from tianji_dask.config import (
     ExperimentConfig,
     apply_overrides,
     check_env,
-    default_config_path,
     load_config,
-    parse_override,
-    read_config_file,
     validate_config,
 )
+from tianji_dask.config.loading import default_config_path, parse_override, read_config_file
 
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "cartpole_dqn.yaml"
 
