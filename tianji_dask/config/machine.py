@@ -1,8 +1,9 @@
 """Checks of an experiment config against this machine, made before any work starts.
 
-:func:`check_env` builds the env once; :func:`check_device` looks for the CUDA device. They
-are slower than the schema's checks or depend on where they run, so they are not validators: a
-config saved in a run directory must validate on any machine.
+:func:`check_env` finds an Atari game among ale-py's ROMs and builds the env once;
+:func:`check_device` looks for the CUDA device. They are slower than the schema's checks or
+depend on where they run, so they are not validators: a config saved in a run directory must
+validate on a machine without ale-py or a GPU.
 :func:`~tianji_dask.config.load_config` runs both unless told not to, and every run checks the
 env again before it starts (:class:`tianji_dask.driver.Run`).
 """
@@ -13,7 +14,7 @@ import difflib
 from typing import Any, NamedTuple
 
 from tianji_dask.config.errors import ConfigError
-from tianji_dask.config.schema import ExperimentConfig
+from tianji_dask.config.schema import EnvConfig, ExperimentConfig
 
 
 class EnvSpaces(NamedTuple):
@@ -27,8 +28,9 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     """Build ``config.env.id`` once with ``gymnasium.make``, close it, and return its spaces.
 
     Raises :class:`ConfigError` when the id is unknown (with close matches from the gymnasium
-    registry), the env fails to build (e.g. a missing optional dependency), or its spaces are not
-    a ``Discrete`` action space and a ``Box`` observation space.
+    registry, or for ``env.kind: atari`` from ale-py's games: :func:`check_atari_game`), the env
+    fails to build (e.g. a missing optional dependency), or its spaces are not a ``Discrete``
+    action space and a ``Box`` observation space.
     """
     import gymnasium
     from gymnasium import spaces
@@ -37,6 +39,7 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     if config.env.kind == "atari":  # the preprocessed spaces: uint8 (4, 84, 84), the game's actions
         from tianji_dask.envs import atari_spaces
 
+        check_atari_game(config.env)
         try:
             return EnvSpaces(*atari_spaces(config.env))
         except Exception as exc:
@@ -70,6 +73,21 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     if problems:
         raise ConfigError(problems)
     return EnvSpaces(observation_space, action_space)
+
+
+def check_atari_game(env: EnvConfig) -> None:
+    """Check that ``env.id`` is an ``ALE/<Game>-v5`` id of a game whose ROM ale-py ships.
+
+    Raises :class:`ConfigError` naming the fix: install ale-py, or the closest game ids.
+    """
+    from tianji_dask.envs import atari_rom
+
+    try:
+        atari_rom(env.id)
+    except ImportError as exc:
+        raise ConfigError(f"env.kind=atari needs ale-py ({exc}); pip install 'ale-py>=0.12'") from None
+    except ValueError as exc:
+        raise ConfigError(f"env.id={env.id!r} (env.kind=atari): {exc}") from None
 
 
 def check_device(config: ExperimentConfig) -> None:
