@@ -20,8 +20,9 @@ The modules, each with one job:
   env once, :func:`check_device` looks for the CUDA device); :func:`load_config` runs both by
   default and each can be switched off.
 
-Deployment settings (cluster address, Slurm resources) are not experiment settings and are not
-here; Slurm resources are in the user's ``jobqueue.yaml``.
+Deployment settings (where runs are written, timeouts, the dashboard address) are not
+experiment settings: they live in the ``tianji`` namespace of the Dask config
+(:mod:`tianji_dask.deployment`), Slurm resources in the user's ``jobqueue.yaml``.
 """
 
 from tianji_dask.config.errors import ConfigError
