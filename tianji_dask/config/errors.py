@@ -16,7 +16,7 @@ from tianji_dask.config.schema import ALGO_CONFIGS, PROBLEM, section_model
 
 
 class ConfigError(ValueError):
-    """A bad experiment config; ``str(error)`` is ready to show to a user.
+    """A bad experiment config or deployment setting; ``str(error)`` is ready to show to a user.
 
     ``problems`` holds one line per problem, each naming the dotted field, the value given and
     what is allowed; the message is an optional header line followed by those lines.
