@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     from distributed import Client
 
     from tianji_dask.config import load_config
+    from tianji_dask.deployment import deployment_settings
     from tianji_dask.driver import train
     from tianji_dask.planner import load_plan
     from tianji_dask.slurm import plan_from_config, planned_processes, slurm_cluster
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     kw = {"walltime": args.walltime} if args.walltime else {}
     with slurm_cluster(plan, **kw) as cluster, Client(cluster) as client:
         print(f"{len(plan.jobs)} jobs submitted; dashboard {client.dashboard_link}", file=sys.stderr)
-        client.wait_for_workers(planned_processes(plan), timeout=600)
+        client.wait_for_workers(planned_processes(plan), timeout=deployment_settings().timeouts.slurm_workers)
         run = train(cfg, client, out=args.out, on_event=lambda s: print(s, file=sys.stderr))
         result = run.wait()
     print(f"{result.status}: time to target {result.time_to_target_s:.1f} s; results in {result.run_dir}")

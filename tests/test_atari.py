@@ -386,9 +386,6 @@ def test_dqn_and_ppo_learners_train_on_uint8_stacks():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["env.id=ALE/Pongg-v5"], "did you mean ALE/Pong-v5?"),
-        (["env.id=PongNoFrameskip-v4"], "did you mean ALE/Pong-v5?"),
-        (["env.id=CartPole-v1"], "a non-Atari gymnasium env needs env.kind=gym"),
         (["env.kind=gym"], "env.id='ALE/Pong-v5' is an Atari game: set env.kind=atari"),
         (["env.atari_backend=native"], "env.atari_backend='native': Input should be 'ale_vector' or 'gymnasium'"),
         (["env.atari_threads=0"], "env.atari_threads=0"),
@@ -398,6 +395,31 @@ def test_bad_atari_configs_name_the_fix(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config(DQN_SMALL, overrides, check_env=False)
     assert message in str(err.value)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "env_id, message",
+    [
+        ("ALE/Pongg-v5", "did you mean ALE/Pong-v5?"),
+        ("PongNoFrameskip-v4", "did you mean ALE/Pong-v5?"),
+        ("CartPole-v1", "a non-Atari gymnasium env needs env.kind=gym"),
+    ],
+)
+def test_an_id_that_is_no_game_of_ale_py_is_refused_by_the_machine_check(env_id, message):
+    overrides = [f"env.id={env_id}"]
+    assert load_config(DQN_SMALL, overrides, check_env=False).env.id == env_id  # the schema cannot know
+    with pytest.raises(ConfigError) as err:
+        load_config(DQN_SMALL, overrides)
+    assert f"env.id={env_id!r} (env.kind=atari)" in str(err.value) and message in str(err.value)
+
+
+@pytest.mark.timeout(30)
+def test_an_atari_config_loads_without_ale_py_unless_the_env_is_checked(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # import ale_py raises ImportError
+    cfg = load_config(DQN_SMALL, check_env=False)
+    with pytest.raises(ConfigError, match=r"env.kind=atari needs ale-py \(.*\); pip install 'ale-py>=0.12'"):
+        check_env(cfg)
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ traceback) whose message names the dotted field, the value given and what is all
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,12 +19,10 @@ from tianji_dask.config import (
     ExperimentConfig,
     apply_overrides,
     check_env,
-    default_config_path,
     load_config,
-    parse_override,
-    read_config_file,
     validate_config,
 )
+from tianji_dask.config.loading import default_config_path, parse_override, read_config_file
 
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "cartpole_dqn.yaml"
 
@@ -433,6 +432,23 @@ def test_errors_are_config_errors_not_pydantic():
     assert not isinstance(info.value, ValidationError)
     assert "algo: required but missing" in str(info.value)
     assert "stop: required but missing" in str(info.value)
+
+
+def test_validating_needs_neither_gymnasium_ale_py_nor_torch():
+    """A saved config reloads on any machine: importing the schema and loading (without the
+    machine checks) an Atari config with a CUDA learner imports none of them."""
+    pong = SHIPPED.with_name("pong_dqn.yaml")
+    code = (
+        "import sys\n"
+        "import tianji_dask.config.schema\n"
+        "from tianji_dask.config import load_config\n"
+        f"cfg = load_config({str(pong)!r}, ['learner.device=cuda:1'], check_env=False, check_device=False)\n"
+        "assert cfg.env.kind == 'atari'\n"
+        "print(sorted(m for m in ('gymnasium', 'ale_py', 'torch') if m in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
 
 
 def test_experiment_config_is_frozen():

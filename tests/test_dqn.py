@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy, double_dqn_loss, epsilon_at
-from tianji_dask.config import DQNConfig
+from tianji_dask.config.schema import DQNConfig
 
 
 def dqn_config(**kw) -> DQNConfig:

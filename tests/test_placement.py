@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tianji_dask.config import TopologyConfig
+from tianji_dask.config.schema import TopologyConfig
 from tianji_dask.placement import PlacementError, place
 from tianji_dask.seeding import group_seeds, role_seeds
 

@@ -16,7 +16,8 @@ from tianji_dask.algos.ppo.buffer import RolloutBufferRole
 from tianji_dask.algos.ppo.core import ActorCritic, PPOLearner, PPOPolicy, gae, ppo_loss
 from tianji_dask.algos.ppo.learner import PPOLearnerRole
 from tianji_dask.channels import LocalQueue, LocalTopic
-from tianji_dask.config import PPOConfig, load_config
+from tianji_dask.config import load_config
+from tianji_dask.config.schema import PPOConfig
 from tianji_dask.envs import make_vector_env
 
 PPO_CONFIG = "configs/cartpole_ppo.yaml"

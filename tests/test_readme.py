@@ -167,7 +167,7 @@ def test_readme_python_api_block_runs_as_a_script(tmp_path):
 def test_readme_states_the_configs_run_intervals():
     """Each ``run.X_interval`` (N s) the README names is the config's default, and the README says
     how often the results are saved while a run goes on."""
-    from tianji_dask.config import RunConfig
+    from tianji_dask.config.schema import RunConfig
 
     stated = dict(re.findall(r"run\.(\w+_interval)`? \(([0-9.]+) s\)", README.read_text(encoding="utf-8")))
     assert "save_interval" in stated, "README.md does not say that run.save_interval rewrites the .nc files"

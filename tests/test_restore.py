@@ -12,7 +12,7 @@ import torch
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.ppo.core import PPOLearner
 from tianji_dask.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from tianji_dask.config import DQNConfig, PPOConfig
+from tianji_dask.config.schema import DQNConfig, PPOConfig
 
 
 def dqn_batch(seed: int, n: int = 32) -> dict[str, np.ndarray]:

@@ -183,11 +183,13 @@ def _stop_at_once(run, progress, signum: int) -> None:
 
 def cmd_train(args) -> int:
     from tianji_dask.config import ConfigError, load_config
+    from tianji_dask.deployment import deployment_settings
     from tianji_dask.planner import PlanError, load_plan
     from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
     from tianji_dask.rundir import RunDirExists
 
     try:
+        deployment_settings()  # a wrong tianji.* Dask setting: exit 2 before any job or cluster starts
         cfg = load_config(args.config, args.overrides)
         plan = None
         if args.plan is not None:
@@ -220,7 +222,7 @@ def cmd_train(args) -> int:
         from distributed import Client
 
         try:
-            client = Client(args.scheduler, timeout="10s")
+            client = Client(args.scheduler, timeout=_connect_timeout())
         except (OSError, TimeoutError, ValueError) as exc:
             return _bad_input(f"cannot connect to the scheduler at {args.scheduler!r}: {exc}")
     if plan is not None and not (args.slurm or args.serial):  # Slurm jobs are sized by the plan itself
@@ -278,6 +280,7 @@ def _slurm_client(cfg, plan, args):
 
     from distributed import Client
 
+    from tianji_dask.deployment import deployment_settings
     from tianji_dask.slurm import plan_from_config, planned_processes, slurm_cluster
 
     plan = plan or plan_from_config(cfg)
@@ -291,12 +294,18 @@ def _slurm_client(cfg, plan, args):
         file=sys.stderr,
     )
     try:
-        client.wait_for_workers(n, timeout=600)
+        client.wait_for_workers(n, timeout=deployment_settings().timeouts.slurm_workers)
     except BaseException:
         client.close()
         cluster.close()
         raise
     return client, cluster
+
+
+def _connect_timeout() -> float:
+    from tianji_dask.deployment import deployment_settings
+
+    return deployment_settings().scheduler.connect_timeout
 
 
 def _profile_client(args, cfg):
@@ -305,7 +314,7 @@ def _profile_client(args, cfg):
     from tianji_dask.cluster import local_cluster
 
     if args.scheduler:
-        return Client(args.scheduler, timeout="10s"), None
+        return Client(args.scheduler, timeout=_connect_timeout()), None
     import os
 
     n = max(2, len(os.sched_getaffinity(0)))

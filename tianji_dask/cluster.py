@@ -19,12 +19,12 @@ import psutil
 from distributed import LocalCluster
 
 from tianji_dask.channels import ChannelPlugin
+from tianji_dask.deployment import deployment_settings
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
 from tianji_dask.placement import place
 from tianji_dask.worker_signals import spawned_ignoring_driver_signals
 from tianji_dask.workers import scheduler_workers
 
-STARTUP_GRACE_S = 60.0  # building envs and importing torch on a busy machine takes a while
 STOP_TIMEOUT_S = 10.0
 HURRY_POLL_S = 0.2  # how soon a host stop being waited for notices the run was told to hurry
 WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' workers are still there
@@ -99,7 +99,7 @@ def local_cluster(n_workers: int, *, dashboard: bool = True, preload_roles: bool
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address="127.0.0.1:0" if dashboard else None,
+            dashboard_address=deployment_settings().local_cluster.dashboard_address if dashboard else None,
             memory_limit=MEMORY_LIMIT,
             preload=preload,
         )
@@ -135,6 +135,7 @@ class RunCluster:
         self._final: list[dict] = []
         self._subscribed = False
         self._started_at = time.time()
+        self._startup_grace_s = deployment_settings().timeouts.host_startup
         self._next_worker_check = 0.0
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -224,9 +225,10 @@ class RunCluster:
         for key, where in self._expected.items():
             last = self._last_rx.get(key)
             if last is None:
-                if now - self._started_at > STARTUP_GRACE_S:
+                if now - self._started_at > self._startup_grace_s:
                     raise HostLost(
-                        f"{key[0]} {key[1]} on {where}: no heartbeat within {STARTUP_GRACE_S:.0f} s of starting"
+                        f"{key[0]} {key[1]} on {where}: no heartbeat within {self._startup_grace_s:g} s of "
+                        "starting (tianji.timeouts.host-startup)"
                     )
             elif now - last > timeout:
                 raise HostLost(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tianji_dask.cluster import HostLost
 from tianji_dask.config import ConfigError, ExperimentConfig, check_env
+from tianji_dask.deployment import deployment_settings
 from tianji_dask.results import MetricsRecorder
 from tianji_dask.rundir import prepare_run_dir, run_name, write_config
 
@@ -97,8 +98,9 @@ class Run:
         serial: bool = False,
         on_row=None,
         on_event=None,
-        runs_root: Path = Path("runs"),
+        runs_root: Path | None = None,
     ):
+        deployment_settings()  # a wrong tianji.* Dask setting is refused before anything starts
         self.cfg = cfg
         self.serial = serial
         self.spaces = check_env(cfg)

@@ -29,11 +29,9 @@ from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
 from tianji_dask.config import ExperimentConfig
 from tianji_dask.dataparallel import DataParallel
+from tianji_dask.deployment import deployment_settings
 from tianji_dask.gossip import GroupGossip
 from tianji_dask.learner_sync import DataParallelUpdates, GossipSync, LocalUpdates, SnapshotRequests
-
-FIRST_PARAMS_TIMEOUT_S = 60.0
-DP_TIMEOUT_S = 30.0  # a data-parallel rank waits this long for the others (joining, all-reduce)
 
 
 def metrics_topic(run_id: str) -> str:
@@ -243,7 +241,7 @@ class LearnerHost(_LoopHost):
         if world_size > 1 and rank == 0:
             from tianji_dask.dataparallel import open_store
 
-            self._store = open_store(self.address_host, world_size, DP_TIMEOUT_S)
+            self._store = open_store(self.address_host, world_size, deployment_settings().timeouts.data_parallel)
             self._store_port = self._store.port
         self.snapshots = SnapshotRequests()
         self.updates: LocalUpdates | DataParallelUpdates = LocalUpdates()
@@ -271,7 +269,7 @@ class LearnerHost(_LoopHost):
                 self.address_host,
                 self._store_port,
                 backend=backend,
-                timeout_s=DP_TIMEOUT_S,
+                timeout_s=deployment_settings().timeouts.data_parallel,
                 store=self._store,
             )
             self.updates = DataParallelUpdates(dp)
@@ -379,7 +377,8 @@ class ActorHost(_LoopHost):
     def _before_loop(self) -> None:
         # the only wait of an actor: for the first parameters; heartbeats go on meanwhile
         interval = self.cfg.run.metrics_interval
-        deadline = time.monotonic() + FIRST_PARAMS_TIMEOUT_S
+        wait_s = deployment_settings().timeouts.first_params
+        deadline = time.monotonic() + wait_s
         while not self._stop.is_set():
             try:
                 self.role.wait_for_params(timeout=interval, stop=self._stop.is_set)
@@ -387,7 +386,8 @@ class ActorHost(_LoopHost):
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"actor {self.id}: no parameters from the learner after {FIRST_PARAMS_TIMEOUT_S:.0f} s"
+                        f"actor {self.id}: no parameters from the learner after {wait_s:g} s "
+                        "(tianji.timeouts.first-params)"
                     ) from None
                 self._beat()
 

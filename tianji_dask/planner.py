@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from tianji_dask.algos.registry import ALGORITHMS, spec_for
+from tianji_dask.deployment import deployment_settings
 
 # Memory a host process needs besides replay: Python, torch, Dask worker (measured: 276 MB for
 # a CartPole actor, 362 MB for buffer + learner with a 100k replay; rounded up).
 ACTOR_PROCESS_BYTES = 512 * 2**20
 LEARNER_PROCESS_BYTES = 1024 * 2**20
 TIE = 0.02  # throughputs within 2 % count as equal; the simpler plan wins
-PLANS_DIR = Path("runs") / "plans"
 
 
 class PlanError(ValueError):
@@ -385,8 +385,9 @@ def _pct(new: float, old: float) -> str:
 
 
 def default_plan_path(config, cores: int) -> Path:
-    """Where ``tianji-dask plan`` writes without ``--out``: ``runs/plans/<config>-<cores>cores.yaml``."""
-    return PLANS_DIR / f"{Path(config).stem}-{cores}cores.yaml"
+    """Where ``tianji-dask plan`` writes without ``--out``: ``<runs-dir>/plans/<config>-<cores>cores.yaml``
+    (``tianji.runs-dir``, :mod:`tianji_dask.deployment`; ``runs`` by default)."""
+    return deployment_settings().runs_dir / "plans" / f"{Path(config).stem}-{cores}cores.yaml"
 
 
 def profile_beside(plan_path) -> Path:

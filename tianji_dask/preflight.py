@@ -8,7 +8,6 @@ import os
 import socket
 from dataclasses import dataclass
 
-CONNECT_TIMEOUT_S = 10.0  # the same as the Client's own timeout in tianji-dask train
 WHAT_TO_CHECK = (
     "Check that the scheduler is started (`dask scheduler` prints the address it listens at, "
     "e.g. tcp://10.0.0.5:8786) and that --scheduler gives that host and port. "
@@ -20,10 +19,15 @@ class SchedulerUnreachable(ValueError):
     """Nothing answers at the scheduler address; the message names the address and what to check."""
 
 
-def check_scheduler_listens(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+def check_scheduler_listens(address: str, timeout: float | None = None) -> None:
     """Raise :class:`SchedulerUnreachable` when a TCP connection to ``address`` (``tcp://``,
     ``tls://`` or a bare ``host:port``) fails. A refused connection fails at once, where the
-    Client would retry it until its timeout. Other transports are left to the Client."""
+    Client would retry it until its timeout. Other transports are left to the Client.
+    ``timeout`` None: ``tianji.scheduler.connect-timeout`` (:mod:`tianji_dask.deployment`)."""
+    from tianji_dask.deployment import deployment_settings
+
+    if timeout is None:
+        timeout = deployment_settings().scheduler.connect_timeout
     from distributed.comm.addressing import parse_address
 
     scheme, location = parse_address(address)

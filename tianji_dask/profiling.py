@@ -25,10 +25,10 @@ import numpy as np
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ExperimentConfig
+from tianji_dask.deployment import deployment_settings
 from tianji_dask.workers import scheduler_workers
 
 DEFAULT_SECONDS = 3.0
-PROFILES_DIR = Path("runs") / "profiles"
 
 
 def _steady_config(cfg: ExperimentConfig, batch_size: int | None = None) -> ExperimentConfig:
@@ -264,14 +264,16 @@ def _node_cpus(client) -> int:
 
 
 def default_profile_path(config, scheduler: str | None = None) -> Path:
-    """Where ``tianji-dask profile`` writes without ``--out``: ``runs/profiles/<config>-<N>cores.nc``
-    for this machine's N cores, or ``<config>-<host>-<port>.nc`` for a ``--scheduler``'s cluster."""
+    """Where ``tianji-dask profile`` writes without ``--out``: ``<runs-dir>/profiles/<config>-<N>cores.nc``
+    for this machine's N cores, or ``<config>-<host>-<port>.nc`` for a ``--scheduler``'s cluster
+    (``tianji.runs-dir``, :mod:`tianji_dask.deployment`; ``runs`` by default)."""
+    profiles = deployment_settings().runs_dir / "profiles"
     if scheduler is None:
-        return PROFILES_DIR / f"{Path(config).stem}-{_cpu_count()}cores.nc"
+        return profiles / f"{Path(config).stem}-{_cpu_count()}cores.nc"
     from distributed.comm.addressing import get_address_host_port
 
     host, port = get_address_host_port(scheduler)
-    return PROFILES_DIR / f"{Path(config).stem}-{host.replace(':', '-')}-{port}.nc"
+    return profiles / f"{Path(config).stem}-{host.replace(':', '-')}-{port}.nc"
 
 
 def _cpu_count() -> int:

@@ -20,6 +20,8 @@ import re
 import uuid
 from pathlib import Path
 
+from tianji_dask.deployment import deployment_settings
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -37,14 +39,15 @@ def run_name(env_id: str, algo: str, seed: int, when: _dt.datetime | None = None
     return f"{_safe(env_id)}__{_safe(algo)}__{int(seed)}__{when:%Y%m%d-%H%M%S}"
 
 
-def prepare_run_dir(out: Path | None, *, root: Path = Path("runs"), name: str) -> Path:
+def prepare_run_dir(out: Path | None, *, root: Path | None = None, name: str) -> Path:
     """Create and return (absolute) the directory a run writes into.
 
-    ``out`` None: ``root/name``, or ``root/name-2``, ``-3``... if taken. ``out`` given: created if
+    ``out`` None: ``root/name``, or ``root/name-2``, ``-3``... if taken; ``root`` None is the
+    ``tianji.runs-dir`` setting (:mod:`tianji_dask.deployment`). ``out`` given: created if
     missing, used if empty, else :class:`RunDirExists`: nothing already written is overwritten.
     """
     if out is None:
-        root = Path(root)
+        root = deployment_settings().runs_dir if root is None else Path(root)
         root.mkdir(parents=True, exist_ok=True)
         base = _safe(name)
         for i in range(1, 10_000):

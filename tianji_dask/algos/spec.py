@@ -5,7 +5,7 @@ registry and the config schema tests the algorithm's name.
 Adding an algorithm: a folder ``algos/<name>/`` with its learner core (``core.py``: the
 :class:`~tianji_dask.algos.core.LearnerCore` contract), its three roles (``actor.py``,
 ``buffer.py``, ``learner.py``) and a ``spec.py`` implementing :class:`AlgorithmSpec`; its config
-section in :mod:`tianji_dask.config`; one line in the registry (docs/algorithms.md).
+section in :mod:`tianji_dask.config.schema`; one line in the registry (docs/algorithms.md).
 """
 
 from __future__ import annotations

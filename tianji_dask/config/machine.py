@@ -1,0 +1,118 @@
+"""Checks of an experiment config against this machine, made before any work starts.
+
+:func:`check_env` finds an Atari game among ale-py's ROMs and builds the env once;
+:func:`check_device` looks for the CUDA device. They are slower than the schema's checks or
+depend on where they run, so they are not validators: a config saved in a run directory must
+validate on a machine without ale-py or a GPU.
+:func:`~tianji_dask.config.load_config` runs both unless told not to, and every run checks the
+env again before it starts (:class:`tianji_dask.driver.Run`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, NamedTuple
+
+from tianji_dask.config.errors import ConfigError
+from tianji_dask.config.schema import EnvConfig, ExperimentConfig
+
+
+class EnvSpaces(NamedTuple):
+    """The spaces of the configured env, as :func:`check_env` found them."""
+
+    observation_space: Any  # gymnasium.spaces.Box
+    action_space: Any  # gymnasium.spaces.Discrete
+
+
+def check_env(config: ExperimentConfig) -> EnvSpaces:
+    """Build ``config.env.id`` once with ``gymnasium.make``, close it, and return its spaces.
+
+    Raises :class:`ConfigError` when the id is unknown (with close matches from the gymnasium
+    registry, or for ``env.kind: atari`` from ale-py's games: :func:`check_atari_game`), the env
+    fails to build (e.g. a missing optional dependency), or its spaces are not a ``Discrete``
+    action space and a ``Box`` observation space.
+    """
+    import gymnasium
+    from gymnasium import spaces
+
+    env_id = config.env.id
+    if config.env.kind == "atari":  # the preprocessed spaces: uint8 (4, 84, 84), the game's actions
+        from tianji_dask.envs import atari_spaces
+
+        check_atari_game(config.env)
+        try:
+            return EnvSpaces(*atari_spaces(config.env))
+        except Exception as exc:
+            raise ConfigError(
+                f"env.id={env_id!r} (env.kind=atari, env.atari_backend={config.env.atari_backend!r}): {exc}"
+            ) from exc
+    try:
+        env = gymnasium.make(env_id)
+    except gymnasium.error.UnregisteredEnv as exc:
+        ids = list(gymnasium.envs.registry)
+        close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.6)
+        # gymnasium's own text helps when nothing is close (e.g. "install the package for ale_py")
+        hint = f"did you mean {', '.join(close)}?" if close else f"{exc} (gymnasium.envs.registry)"
+        raise ConfigError(f"env.id={env_id!r}: no such gymnasium environment; {hint}") from None
+    except Exception as exc:
+        raise ConfigError(f"env.id={env_id!r}: gymnasium.make failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        action_space, observation_space = env.action_space, env.observation_space
+    finally:
+        env.close()
+    problems = []
+    if not isinstance(action_space, spaces.Discrete):
+        problems.append(
+            f"env.id={env_id!r}: action space is {action_space}, but DQN needs a Discrete "
+            f"action space (e.g. CartPole-v1, Acrobot-v1, MountainCar-v0)"
+        )
+    if not isinstance(observation_space, spaces.Box):
+        problems.append(
+            f"env.id={env_id!r}: observation space is {observation_space}, but a Box observation space is needed"
+        )
+    if problems:
+        raise ConfigError(problems)
+    return EnvSpaces(observation_space, action_space)
+
+
+def check_atari_game(env: EnvConfig) -> None:
+    """Check that ``env.id`` is an ``ALE/<Game>-v5`` id of a game whose ROM ale-py ships.
+
+    Raises :class:`ConfigError` naming the fix: install ale-py, or the closest game ids.
+    """
+    from tianji_dask.envs import atari_rom
+
+    try:
+        atari_rom(env.id)
+    except ImportError as exc:
+        raise ConfigError(f"env.kind=atari needs ale-py ({exc}); pip install 'ale-py>=0.12'") from None
+    except ValueError as exc:
+        raise ConfigError(f"env.id={env.id!r} (env.kind=atari): {exc}") from None
+
+
+def check_device(config: ExperimentConfig) -> None:
+    """Check that ``config.learner.device`` exists on *this* machine.
+
+    Only meaningful where the learner will run (or on an identical node); a driver on a login
+    node without a GPU should skip it (``load_config(..., check_device=False)``). Imports torch
+    only when the device is a CUDA one.
+    """
+    device = config.learner.device
+    if device == "cpu":
+        return
+    try:
+        import torch
+    except ImportError as exc:
+        raise ConfigError(f"learner.device={device!r}: torch cannot be imported ({exc})") from None
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"learner.device={device!r}: torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); "
+            f"use --set learner.device=cpu or run where a GPU is visible"
+        )
+    if ":" in device:
+        index, count = int(device.split(":")[1]), torch.cuda.device_count()
+        if index >= count:
+            raise ConfigError(
+                f"learner.device={device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )

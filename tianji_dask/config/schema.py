@@ -1,0 +1,430 @@
+"""The experiment config's schema: one pydantic model per section, machine-independent.
+
+The models check types, ranges and cross-field arithmetic only, so a config saved in a run
+directory validates anywhere; checks against this machine (the env, the device) are
+:mod:`tianji_dask.config.machine`'s. This module imports neither gymnasium, ale-py nor torch.
+
+A validator that finds a problem raises :func:`problem` with lines that already name their
+fields and values; :mod:`tianji_dask.config.errors` shows them as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+#: The pydantic error type of :func:`problem`.
+PROBLEM = "config_problem"
+
+
+def problem(*lines: str) -> PydanticCustomError:
+    """An error whose lines already name their fields and values; shown as they are."""
+    return PydanticCustomError(PROBLEM, "{text}", {"text": "\n".join(lines)})
+
+
+class _Section(BaseModel):
+    # strict: YAML already types its values, so "64" (a string) for an int or true for a count is
+    # a mistake to report, not to coerce. Floats still accept ints (lr: 1 is fine).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class EnvConfig(_Section):
+    """Which gymnasium environment each actor runs, and how many copies (vectorised).
+
+    ``kind: atari`` runs an ALE game with the DeepMind preprocessing (uint8 84x84 4-frame stacks,
+    Nature CNN networks); see :func:`tianji_dask.envs.make_atari_vector_env`.
+    """
+
+    id: str = Field(
+        min_length=1,
+        description="gymnasium id (Discrete actions, Box observations), e.g. CartPole-v1; "
+        "'module:Id' imports the module first; with kind=atari an ALE/<Game>-v5 id, e.g. ALE/Pong-v5",
+    )
+    num_envs: int = Field(8, ge=1, description="envs per actor, stepped as one vector env")
+    kind: Literal["gym", "atari"] = Field(
+        "gym",
+        description="gym: gymnasium.make(id) as it is, float32 observations, MLP networks; "
+        "atari: DeepMind preprocessing (no-op reset <= 30, frame skip 4 with max-pool, 84x84 gray, "
+        "4-frame stack, uint8; episodic life and reward clipping for training only, full-game "
+        "returns recorded) and Nature CNN networks",
+    )
+    atari_backend: Literal["ale_vector", "gymnasium"] = Field(
+        "ale_vector",
+        description="kind=atari only: ale_vector = ale-py's native C++ AtariVectorEnv (faster); "
+        "gymnasium = SyncVectorEnv of gymnasium's AtariPreprocessing wrappers (needs opencv)",
+    )
+    atari_threads: int = Field(
+        1, ge=1, description="kind=atari, ale_vector only: C++ threads stepping one actor's envs"
+    )
+
+    @property
+    def frame_stacks(self) -> bool:
+        """Observations are stacks of uint8 frames (``kind: atari``): replays keep each frame once,
+        actors send each new frame once, and the networks are CNNs."""
+        return self.kind == "atari"
+
+    @model_validator(mode="after")
+    def _check_kind_fits_id(self) -> EnvConfig:
+        # Whether an atari id names a game of ale-py is a machine check (check_env).
+        if self.kind == "gym" and self.id.startswith("ALE/"):
+            raise problem(
+                f"env.id={self.id!r} is an Atari game: set env.kind=atari for the DeepMind "
+                f"preprocessing and the Nature CNN"
+            )
+        return self
+
+
+class DQNConfig(_Section):
+    """DQN hyperparameters, named as in the serial reference algorithm (SB3/cleanrl style).
+
+    ``train_freq`` and ``gradient_steps`` describe the serial algorithm; the distributed run
+    keeps their ratio (:attr:`target_replay_ratio`) rather than the literal schedule.
+    """
+
+    name: Literal["dqn"] = Field(description="algorithm name; selects this section's schema")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
+    n_step: int = Field(3, ge=1, le=20, description="n-step returns computed by the actors (1 = plain one-step DQN)")
+    lr: float = Field(0.001, gt=0, description="optimizer learning rate")
+    batch_size: int = Field(64, ge=1, description="transitions per update")
+    buffer_size: int = Field(100_000, ge=1, description="replay capacity in transitions")
+    learning_starts: int = Field(1000, ge=0, description="transitions in replay memory before updates start")
+    train_freq: int = Field(64, ge=1, description="serial reference: env steps (transitions) between training rounds")
+    gradient_steps: int = Field(8, ge=1, description="serial reference: updates per training round")
+    target_update_interval: int = Field(250, ge=1, description="learner updates between target-network syncs")
+    exploration_initial_eps: float = Field(1.0, ge=0, le=1, description="epsilon at step 0")
+    exploration_final_eps: float = Field(0.02, ge=0, le=1, description="epsilon after exploration_steps")
+    exploration_steps: int = Field(8000, ge=1, description="env steps (all actors together) of linear epsilon decay")
+    hidden_sizes: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 64],
+        min_length=1,
+        description="widths of the Q-network's hidden layers",
+    )
+    max_grad_norm: float = Field(10.0, gt=0, description="gradient clipping norm")
+    ratio_tolerance: float | None = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="relative band around target_replay_ratio outside which the balance "
+        "controller slows the faster side; null turns the controller off (nothing ever waits)",
+    )
+
+    @property
+    def target_replay_ratio(self) -> float:
+        """Samples consumed by updates per sample produced, as in the serial algorithm.
+
+        ``gradient_steps * batch_size / train_freq``: every ``train_freq`` env steps the serial
+        algorithm runs ``gradient_steps`` updates of ``batch_size`` samples each.
+        """
+        return self.gradient_steps * self.batch_size / self.train_freq
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> DQNConfig:
+        problems = []
+        if self.buffer_size < self.batch_size:
+            problems.append(
+                f"algo.buffer_size={self.buffer_size} is below algo.batch_size={self.batch_size}: "
+                f"the replay memory must hold at least one batch; raise buffer_size to "
+                f">= {self.batch_size}"
+            )
+        if self.learning_starts < self.batch_size:
+            problems.append(
+                f"algo.learning_starts={self.learning_starts} is below "
+                f"algo.batch_size={self.batch_size}: the first update needs at least one full "
+                f"batch; raise learning_starts to >= {self.batch_size}"
+            )
+        if self.learning_starts > self.buffer_size:
+            problems.append(
+                f"algo.learning_starts={self.learning_starts} is above "
+                f"algo.buffer_size={self.buffer_size}: the replay memory can never hold that "
+                f"many transitions, so updates would never start; lower learning_starts to "
+                f"<= {self.buffer_size} or raise buffer_size"
+            )
+        if self.exploration_final_eps > self.exploration_initial_eps:
+            problems.append(
+                f"algo.exploration_final_eps={self.exploration_final_eps} is above "
+                f"algo.exploration_initial_eps={self.exploration_initial_eps}: epsilon decays "
+                f"from initial to final, so 0 <= final <= initial <= 1 is required"
+            )
+        if problems:
+            raise problem(*problems)
+        return self
+
+
+class PPOConfig(_Section):
+    """PPO hyperparameters (clipped surrogate, GAE, value loss, entropy bonus), cleanrl/SB3 names.
+
+    The sample distribution is ``sample_reuse``: in how many learner iterations one rollout may
+    be used. 1 is the paper's "New" setting (each sample consumed once, 1:1), 8 its "Staleness"
+    setting (1:8). Rollouts more than ``max_policy_lag`` versions behind the learner are dropped
+    (and counted) instead of trained on.
+    """
+
+    name: Literal["ppo"] = Field(description="algorithm name; selects this section's schema")
+    gamma: float = Field(0.98, gt=0, le=1, description="discount factor")
+    gae_lambda: float = Field(0.8, ge=0, le=1, description="GAE lambda")
+    lr: float = Field(0.001, gt=0, description="Adam learning rate")
+    lr_anneal_steps: int | None = Field(
+        100_000,
+        ge=1,
+        description="lr decays linearly to 5 % over this many env steps of training, counted as "
+        "the serial algorithm would (learner iterations x rollout size x learners / sample_reuse, "
+        "not what the actors produced); null = constant",
+    )
+    rollout_steps: int = Field(32, ge=1, description="env steps per env in one rollout (one push)")
+    rollouts_per_update: int = Field(1, ge=1, description="rollouts in one learner iteration's batch")
+    epochs: int = Field(20, ge=1, description="passes over the batch per learner iteration")
+    minibatches: int = Field(1, ge=1, description="minibatches per epoch")
+    clip_coef: float = Field(0.2, gt=0, description="PPO ratio clip")
+    vf_coef: float = Field(0.5, ge=0, description="value-loss coefficient")
+    ent_coef: float = Field(0.0, ge=0, description="entropy-bonus coefficient")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient clipping norm")
+    normalize_advantages: bool = Field(True, description="normalise advantages per minibatch")
+    hidden_sizes: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 64], min_length=1, description="hidden widths of actor and critic"
+    )
+    max_policy_lag: int = Field(
+        1, ge=0, description="rollouts more than this many versions behind are dropped and counted"
+    )
+    sample_reuse: int = Field(
+        1, ge=1, description="learner iterations one rollout may be used in (1 = New 1:1, 8 = Staleness 1:8)"
+    )
+    ratio_tolerance: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="band around sample_reuse outside which the balance controller slows the "
+        "faster side; null (default) = off: nothing waits, stale rollouts are dropped",
+    )
+
+    @property
+    def target_replay_ratio(self) -> float:
+        """Samples consumed per sample produced: each rollout is used ``sample_reuse`` times."""
+        return float(self.sample_reuse)
+
+    @property
+    def learning_starts(self) -> int:
+        return 0
+
+
+#: Algorithm name -> config model.
+ALGO_CONFIGS: dict[str, type[_Section]] = {"dqn": DQNConfig, "ppo": PPOConfig}
+
+
+class TopologyConfig(_Section):
+    """How many hosts of each role, and the threads each may use.
+
+    A group is ``actors`` actors plus ``learners`` data-parallel learners, each learner with its
+    own buffer in its process; the group's actors are split across those buffers. ``groups``
+    replicates the whole group; groups average their parameters every ``sync_interval_s``.
+    """
+
+    mode: Literal["relaxed", "synchronous"] = Field(
+        "relaxed",
+        description="relaxed: TianJi's relaxed assignment dependencies (nothing waits); "
+        "synchronous: Gorila-style ablation, an actor waits for newer parameters after each push "
+        "and the learner waits for fresh data before each update",
+    )
+    actors: int = Field(1, ge=1, description="actor hosts per group")
+    learners: int = Field(1, ge=1, description="data-parallel learners per group (gradients averaged every update)")
+    groups: int = Field(1, ge=1, description="replicated training groups")
+    sync_interval_s: float = Field(
+        1.0, gt=0, description="seconds between a group's parameter-averaging (gossip) rounds"
+    )
+    torch_threads: int = Field(1, ge=1, description="torch/OpenMP threads per host")
+    learner_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads of each learner's process (it hosts the buffer "
+        "too); null = torch_threads. The planner sizes it",
+    )
+
+    @property
+    def learner_torch_threads(self) -> int:
+        return self.learner_threads or self.torch_threads
+
+    @model_validator(mode="after")
+    def _check_actors_per_learner(self) -> TopologyConfig:
+        if self.actors < self.learners:
+            raise problem(
+                f"topology.actors={self.actors} is below topology.learners={self.learners}: every "
+                f"learner's buffer is fed by at least one actor of its group; raise actors to "
+                f">= {self.learners} or lower learners"
+            )
+        return self
+
+
+class ChannelConfig(_Section):
+    """The trajectory channel from actors to the buffer (credit flow control)."""
+
+    chunk_steps: int = Field(32, ge=1, description="vector-env steps per trajectory chunk an actor pushes")
+    capacity_mb: float = Field(16.0, gt=0, description="credit window per sender, in MB (10^6 bytes)")
+    full_policy: Literal["wait", "drop_oldest"] = Field(
+        "wait", description="what a sender does when its credit is used up"
+    )
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The credit window per sender in bytes: ``int(capacity_mb * 1e6)``."""
+        return int(self.capacity_mb * 1e6)
+
+    @model_validator(mode="after")
+    def _check_capacity(self) -> ChannelConfig:
+        if self.capacity_bytes < 1:
+            raise problem(
+                f"channel.capacity_mb={self.capacity_mb} is {self.capacity_mb} * 1e6 = "
+                f"{self.capacity_mb * 1e6:g} bytes, below one byte; raise capacity_mb"
+            )
+        return self
+
+
+_DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
+
+
+class LearnerConfig(_Section):
+    """The learner host: where it computes and how often it publishes parameters."""
+
+    publish_interval: int = Field(50, ge=1, description="learner updates between parameter publications")
+    device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device_form(cls, value: str) -> str:
+        if not _DEVICE_RE.fullmatch(value):
+            raise ValueError("must be 'cpu', 'cuda' or 'cuda:N' (N a device index)")
+        return value
+
+
+class StopConfig(_Section):
+    """When the run stops: the first criterion reached wins; at least one must be set."""
+
+    target_return: float | None = Field(None, description="mean return over the last 100 episodes; null = no target")
+    max_env_steps: int | None = Field(None, ge=1, description="env steps (all actors together); null = no limit")
+    max_seconds: float | None = Field(None, gt=0, description="wall-clock seconds; null = no limit")
+
+    @model_validator(mode="after")
+    def _check_some_criterion(self) -> StopConfig:
+        if self.target_return is None and self.max_env_steps is None and self.max_seconds is None:
+            raise problem(
+                "stop: target_return, max_env_steps and max_seconds are all null, so the run "
+                "would never stop; set at least one (e.g. --set stop.max_seconds=600)"
+            )
+        return self
+
+
+class RunConfig(_Section):
+    """Run supervision: metric cadence, liveness and checkpoints."""
+
+    metrics_interval: float = Field(0.5, gt=0, description="seconds between metric rows / heartbeats")
+    heartbeat_timeout: float = Field(
+        5.0, gt=0, description="seconds without a heartbeat before a host is declared lost"
+    )
+    checkpoint: bool = Field(True, description="write checkpoints into the run directory")
+    checkpoint_interval: float = Field(
+        600.0,
+        ge=0,
+        description="seconds between checkpoints while the run goes on (0: only at "
+        "its end); each replaces the last only once it is whole, so a crash keeps the newest",
+    )
+    save_interval: float = Field(
+        60.0,
+        ge=0,
+        description="seconds between writes of metrics.nc and episodes.nc while the "
+        "run goes on (0: only at its end); a crash or a lost machine keeps what was written",
+    )
+
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> RunConfig:
+        limit = 2 * self.metrics_interval
+        if self.heartbeat_timeout <= limit:
+            raise problem(
+                f"run.heartbeat_timeout={self.heartbeat_timeout} must be > 2 * "
+                f"run.metrics_interval = 2 * {self.metrics_interval} = {limit}: hosts send a "
+                f"heartbeat every metrics_interval, so a shorter timeout declares healthy hosts "
+                f"lost after one late beat; raise heartbeat_timeout above {limit} or lower "
+                f"metrics_interval"
+            )
+        return self
+
+
+class ExperimentConfig(_Section):
+    """One experiment: env, algorithm, topology, channel, learner, stop rule and run settings.
+
+    Build it with :func:`~tianji_dask.config.load_config` (YAML plus overrides) or
+    :func:`~tianji_dask.config.validate_config` (a dict); both raise
+    :class:`~tianji_dask.config.ConfigError`. All seeds derive from ``seed`` through
+    ``numpy.random.SeedSequence(seed).spawn``, one per host and env.
+    """
+
+    seed: int = Field(0, ge=0, description="root seed; every other seed is spawned from it")
+    env: EnvConfig
+    algo: Annotated[DQNConfig | PPOConfig, Field(discriminator="name")]
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    channel: ChannelConfig = Field(default_factory=ChannelConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    stop: StopConfig
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @field_validator("algo", mode="before")
+    @classmethod
+    def _check_algo_name(cls, value: Any) -> Any:
+        # Checked before the section's own schema so an unknown name gets one clear line instead
+        # of one "unknown key" line per field of the named algorithm.
+        if isinstance(value, Mapping):
+            allowed = ", ".join(repr(n) for n in ALGO_CONFIGS)
+            if "name" not in value:
+                raise problem(f"algo.name is missing; allowed names: {allowed}")
+            name = value["name"]
+            if not isinstance(name, str) or name not in ALGO_CONFIGS:
+                raise problem(f"algo.name={name!r} is not a known algorithm; allowed names: {allowed}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_cross_sections(self) -> ExperimentConfig:
+        steps = self.stop.max_env_steps
+        if steps is not None and steps < self.algo.learning_starts:
+            raise problem(
+                f"stop.max_env_steps={steps} is below algo.learning_starts="
+                f"{self.algo.learning_starts}: the run would stop before the first update; "
+                f"raise max_env_steps or lower learning_starts"
+            )
+        return self
+
+    def model_dump_yaml(self) -> str:
+        """The resolved config (defaults filled in) as YAML; :func:`~tianji_dask.config.load_config` reads it back."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def to_json(self) -> str:
+        """The resolved config as one compact JSON string (e.g. for NetCDF attrs)."""
+        return self.model_dump_json()
+
+
+def section_model(path: Sequence[str], data: Mapping[str, Any] | None) -> type[BaseModel] | None:
+    """The model that holds the keys at ``path`` (keys from the top level), or None.
+
+    ``data`` is the raw config, needed to pick the algo model by ``algo.name``. None means the
+    schema there is unknown (an unknown algo name) or ``path`` leads to a value, not a section.
+    """
+    model: type[BaseModel] = ExperimentConfig
+    for key in path:
+        if model is ExperimentConfig and key == "algo":
+            algo = data.get("algo") if isinstance(data, Mapping) else None
+            name = algo.get("name") if isinstance(algo, Mapping) else None
+            found = ALGO_CONFIGS.get(name) if isinstance(name, str) else None
+            if found is None:
+                return None
+            model = found
+            continue
+        field = model.model_fields.get(key)
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
