@@ -216,7 +216,7 @@ def test_frame_replay_rebuilds_exactly_what_the_env_produced(backend, pong_run):
     assert actor.tracker.count >= 1, "no Pong game ended: no episode boundary was crossed"
     # chunks move each frame once (plus the 4 frames of each episode's first stack)
     sent_frames = sum(len(c["frame_ids"]) for c in chunks)
-    steps = actor.counters["env_steps"]
+    steps = actor.counters.env_steps
     assert sent_frames == steps + 4 * (actor.num_envs + actor.tracker.count)
     assert all(c["frames"].dtype == np.uint8 and c["obs"].dtype == np.int64 for c in chunks)
 

@@ -90,16 +90,16 @@ def test_dqn_actor_pauses_only_below_the_band(n_actors, env_steps, consumed, pau
     queue, params = _channels()
     actor = DQNActorRole(_dqn_cfg(), 0, 1, queue, params, n_actors=n_actors)
     assert actor.balance
-    actor.counters["env_steps"] = env_steps
+    actor.counters.env_steps = env_steps
     actor.learner_consumed = consumed
     assert actor.ahead_of_learner() is paused
     actor.step()  # the controller's decision shows in step(): no env step, throttled time recorded
     if paused:
-        assert actor.counters["env_steps"] == env_steps
-        assert actor.counters["throttled_s"] > 0
+        assert actor.counters.env_steps == env_steps
+        assert actor.counters.throttled_s > 0
     else:
-        assert actor.counters["env_steps"] == env_steps + actor.num_envs
-        assert actor.counters["throttled_s"] == 0
+        assert actor.counters.env_steps == env_steps + actor.num_envs
+        assert actor.counters.throttled_s == 0
 
 
 @pytest.mark.timeout(30)
@@ -111,12 +111,12 @@ def test_dqn_actor_never_pauses_without_controller(how):
     else:
         actor = DQNActorRole(load_config(DQN, ["algo.ratio_tolerance=null"]), 0, 1, queue, params)
     assert actor.balance is False
-    actor.counters["env_steps"] = 10**9  # absurdly far ahead of a learner that consumed nothing
+    actor.counters.env_steps = 10**9  # absurdly far ahead of a learner that consumed nothing
     actor.learner_consumed = 0
     for i in range(1, 4):
         actor.step()
-        assert actor.counters["env_steps"] == 10**9 + i * actor.num_envs
-    assert actor.counters["throttled_s"] == 0
+        assert actor.counters.env_steps == 10**9 + i * actor.num_envs
+    assert actor.counters.throttled_s == 0
 
 
 # ------------------------------------------------------------------ DQN learner
@@ -138,12 +138,12 @@ DQN_LEARNER_CASES = [
 def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
     learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(received), LocalTopic(), 4, 2, seed=0)
     assert learner.balance
-    learner.counters["samples"] = samples
+    learner.counters.samples = samples
     assert learner.ahead_of_actors() is paused
     updated = learner.step()
     assert updated is (not paused)
-    assert learner.counters["updates"] == (0 if paused else 1)
-    assert (learner.counters["throttled_s"] > 0) is paused
+    assert learner.counters.updates == (0 if paused else 1)
+    assert (learner.counters.throttled_s > 0) is paused
 
 
 @pytest.mark.timeout(30)
@@ -155,10 +155,10 @@ def test_dqn_learner_never_pauses_without_controller(how):
         cfg = load_config(DQN, ["algo.ratio_tolerance=null"])
         learner = DQNLearnerRole(cfg, _StubReplay(2000), LocalTopic(), 4, 2, seed=0)
     assert learner.balance is False
-    learner.counters["samples"] = 10**9  # ratio ~10^6, far above any band
+    learner.counters.samples = 10**9  # ratio ~10^6, far above any band
     assert all(learner.step() for _ in range(3))
-    assert learner.counters["updates"] == 3
-    assert learner.counters["throttled_s"] == 0
+    assert learner.counters.updates == 3
+    assert learner.counters.throttled_s == 0
 
 
 # ------------------------------------------------------------------ PPO actor
@@ -189,13 +189,13 @@ def test_ppo_actor_pauses_only_after_its_share_of_a_version(reuse, per_update, n
     assert not actor.ahead_of_learner()
     actor._rollouts_this_version = quota
     assert actor.ahead_of_learner()
-    steps = actor.counters["env_steps"]
+    steps = actor.counters.env_steps
     actor.step()  # between rollouts: the controller holds it
-    assert actor.counters["env_steps"] == steps and actor.counters["throttled_s"] > 0
+    assert actor.counters.env_steps == steps and actor.counters.throttled_s > 0
     state = {k: v.numpy().copy() for k, v in actor.policy.net.state_dict().items()}
     topic.publish(5, {"params": state, "consumed": 0})  # a newer version arrives: it goes on at once
     actor.step()
-    assert actor.counters["env_steps"] == steps + actor.num_envs
+    assert actor.counters.env_steps == steps + actor.num_envs
 
 
 @pytest.mark.timeout(30)
@@ -208,10 +208,10 @@ def test_ppo_actor_never_pauses_inside_a_rollout():
     assert actor.ahead_of_learner()
     for _ in range(actor.T - 1):  # the rest of the rollout runs
         actor.step()
-    assert actor.counters["throttled_s"] == 0
-    assert actor.counters["chunks_sent"] == 1 and len(queue.poll()) == 1
+    assert actor.counters.throttled_s == 0
+    assert actor.counters.chunks_sent == 1 and len(queue.poll()) == 1
     actor.step()  # the next rollout would start: now it pauses
-    assert actor.counters["throttled_s"] > 0 and actor._t == 0
+    assert actor.counters.throttled_s > 0 and actor._t == 0
 
 
 @pytest.mark.timeout(30)
@@ -225,9 +225,9 @@ def test_ppo_actor_never_pauses_without_controller(how):
         assert cfg.algo.ratio_tolerance is None
         actor = PPOActorRole(cfg, 0, 1, queue, params)
     assert actor.balance is False
-    actor.counters["env_steps"] = 10**9
+    actor.counters.env_steps = 10**9
     actor._rollouts_this_version = 10**6  # far past any quota
     for _ in range(actor.T + 1):  # a whole rollout and the start of the next
         actor.step()
-    assert actor.counters["env_steps"] == 10**9 + (actor.T + 1) * actor.num_envs
-    assert actor.counters["throttled_s"] == 0 and actor.counters["chunks_sent"] == 1
+    assert actor.counters.env_steps == 10**9 + (actor.T + 1) * actor.num_envs
+    assert actor.counters.throttled_s == 0 and actor.counters.chunks_sent == 1

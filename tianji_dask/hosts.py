@@ -31,6 +31,7 @@ from tianji_dask.config import ExperimentConfig
 from tianji_dask.dataparallel import DataParallel
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.gossip import GroupGossip
+from tianji_dask.heartbeats import COUNTERS, Heartbeat
 from tianji_dask.learner_sync import DataParallelUpdates, GossipSync, LocalUpdates, SnapshotRequests
 
 
@@ -136,7 +137,7 @@ class _LoopHost:
 
     def _beat(self) -> None:
         if self.role is None:
-            hb = {"role": self.role_name, "id": self.id, "t": time.time(), "counters": {}, "episodes": []}
+            hb = Heartbeat(self.role_name, self.id, COUNTERS[self.role_name]()).message()
         else:
             hb = self.role.heartbeat()
         hb["counters"]["rss_mb"] = self._proc.memory_info().rss / 1e6

@@ -58,7 +58,7 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
         run.actor.step()
     run.queue.poll()
     time.sleep(max(0.0, start_at - time.time()))
-    steps0 = run.actor.counters["env_steps"]
+    steps0 = run.actor.counters.env_steps
     busy = 0.0
     last = None
     t_end = time.perf_counter() + seconds
@@ -68,7 +68,7 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
         items = run.queue.poll()
         if items:
             last = items[-1]
-    steps = run.actor.counters["env_steps"] - steps0
+    steps = run.actor.counters.env_steps - steps0
     if last is None:
         run.actor.flush()
         last = run.queue.poll()[-1]

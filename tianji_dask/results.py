@@ -27,22 +27,14 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-ROLES = ("actor", "buffer", "learner")
+from tianji_dask.heartbeats import ROLES, growing_counters, rates
 
 # Counters that only grow while a host lives. If one of them goes down, the host restarted and
 # its counters began again at zero; the recorder then adds the old totals as an offset so sums
 # over hosts and rates stay monotone.
-_MONOTONE = {
-    "actor": ("env_steps", "chunks_sent", "bytes_sent", "dropped", "blocked_s", "throttled_s", "params_received"),
-    "buffer": ("received", "received_bytes", "seq_gaps", "stale_dropped"),
-    "learner": ("updates", "samples", "throttled_s"),
-}
+_GROWING = {role: growing_counters(role) for role in ROLES}
 # Per role: counter whose rate over the last interval is reported, keyed by the name of the rate.
-_RATES = {
-    "actor": {"sample_fps": "env_steps", "send_bytes_per_s": "bytes_sent"},
-    "buffer": {"receive_fps": "received"},
-    "learner": {"train_fps": "samples"},
-}
+_RATES = {role: rates(role) for role in ROLES}
 
 # name -> (long_name, units, dtype). Order is the order in the dataset.
 _TIME_VARS: dict[str, tuple[str, str, str]] = {
@@ -103,11 +95,8 @@ _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
     "buffer_rss_mb": ("buffer", "resident memory of one buffer's worker process", "MB", "rss_mb"),
     "learner_rss_mb": ("learner", "resident memory of one learner's worker process", "MB", "rss_mb"),
 }
-_HOST_KEYS = {
-    "actor": ("sample_fps", "env_steps", "param_version", "blocked_s", "rss_mb"),
-    "buffer": ("receive_fps", "rss_mb"),
-    "learner": ("train_fps", "rss_mb"),
-}
+# Per role: the values kept per host each row, in the order of _HOST_VARS.
+_HOST_KEYS = {role: tuple(src for dim, _, _, src in _HOST_VARS.values() if dim == role) for role in ROLES}
 
 _EPISODE_VARS: dict[str, tuple[str, str, str]] = {
     "return": ("episode return (undiscounted)", "1", "float64"),
@@ -202,8 +191,8 @@ class MetricsRecorder:
             if host is None:
                 self._hosts[key] = _Host(t, counters)
             elif t > host.t:
-                if any(counters.get(k, math.inf) < host.raw.get(k, -math.inf) for k in _MONOTONE[role]):
-                    for k in _MONOTONE[role]:
+                if any(counters.get(k, math.inf) < host.raw.get(k, -math.inf) for k in _GROWING[role]):
+                    for k in _GROWING[role]:
                         if not math.isnan(host.raw.get(k, math.nan)):
                             host.offset[k] = host.offset.get(k, 0.0) + host.raw[k]
                 host.prev_t, host.prev_version = host.t, _version(host)

@@ -70,11 +70,11 @@ class SerialRun:
                     self._train_round()
                 if time.monotonic() >= next_beat:
                     next_beat += interval
-                    beat_steps = self.actor.counters["env_steps"]
+                    beat_steps = self.actor.counters.env_steps
                     for hb in self.heartbeats():
                         emit(hb)
         finally:
-            if self.actor.counters["env_steps"] != beat_steps:  # an unchanged beat would read as 0 fps
+            if self.actor.counters.env_steps != beat_steps:  # an unchanged beat would read as 0 fps
                 for hb in self.heartbeats():
                     emit(hb)
             self.actor.close()

@@ -1,9 +1,10 @@
 """What every actor role shares: probing for parameter versions, the one wait for the first
 version, the synchronous ablation's wait, heartbeats and closing the envs.
 
-A subclass sets ``params`` (anything with ``probe()``), ``policy`` (with ``load(version,
-params)``), ``sender``, ``tracker``, ``env``, ``id`` and a ``counters`` dict holding at least
-``param_version`` and ``params_received``; ``_on_new_version()`` is its hook.
+A subclass sets ``policy`` (with ``load(version, params)``) in ``_setup``; the base owns
+``params`` (anything with ``probe()``), ``sender``, ``tracker``, ``env``, ``id`` and ``counters``
+(an :class:`~tianji_dask.heartbeats.ActorCounters`, or the subclass's ``counters_class``);
+``_on_new_version()`` is its hook.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tianji_dask.envs import (
     observation_dtype,
     training_signals,
 )
+from tianji_dask.heartbeats import ActorCounters, Heartbeat
 
 
 def never() -> bool:
@@ -30,6 +32,8 @@ def never() -> bool:
 
 
 class ActorBase(ABC):
+    counters_class: type[ActorCounters] = ActorCounters
+    counters: ActorCounters
     learner_consumed = 0
     policy: Any  # set by the subclass's _setup: load(version, params) and the action rule
 
@@ -68,17 +72,7 @@ class ActorBase(ABC):
         self.tracker = EpisodeTracker(self.num_envs)  # the env's own rewards and episodes
         # what the learner trains on: Atari clips rewards and ends an episode at each lost life
         self.training_signals = identity_training_signals
-        self.counters: dict[str, float] = {
-            "env_steps": 0,
-            "chunks_sent": 0,
-            "bytes_sent": 0,
-            "dropped": 0,
-            "blocked_s": 0.0,
-            "throttled_s": 0.0,
-            "param_version": -1,
-            "params_received": 0,
-            "epsilon": float("nan"),  # exploration of epsilon-greedy actors
-        }
+        self.counters = self.counters_class()
         self._setup(seed)
 
     @abstractmethod
@@ -99,8 +93,8 @@ class ActorBase(ABC):
         version, payload = got
         self.policy.load(version, payload["params"])
         self.learner_consumed = int(payload.get("consumed", 0))
-        self.counters["param_version"] = version
-        self.counters["params_received"] += 1
+        self.counters.param_version = version
+        self.counters.params_received += 1
         self._on_new_version()
         return True
 
@@ -128,19 +122,13 @@ class ActorBase(ABC):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"actor {self.id}: synchronous mode, no newer parameters after {timeout:.0f} s")
             time.sleep(0.0002)
-        self.counters["sync_wait_s"] = self.counters.get("sync_wait_s", 0.0) + time.perf_counter() - t
+        self.counters.sync_wait_s += time.perf_counter() - t
 
     def heartbeat(self) -> dict:
         sent = self.sender.stats()
-        self.counters["blocked_s"] = float(sent.get("blocked_s", 0.0))
-        self.counters["dropped"] = int(sent.get("dropped", 0))
-        return {
-            "role": "actor",
-            "id": self.id,
-            "t": time.time(),
-            "counters": dict(self.counters),
-            "episodes": self.tracker.drain(),
-        }
+        self.counters.blocked_s = float(sent.get("blocked_s", 0.0))
+        self.counters.dropped = int(sent.get("dropped", 0))
+        return Heartbeat("actor", self.id, self.counters, self.tracker.drain()).message()
 
     def close(self) -> None:
         self.env.close()

@@ -4,8 +4,10 @@ the heartbeat. A subclass stores one payload (``_add``) and reports its fill (``
 from __future__ import annotations
 
 import threading
-import time
 from abc import ABC, abstractmethod
+from typing import Any
+
+from tianji_dask.heartbeats import BufferCounters, Heartbeat
 
 INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
 
@@ -23,8 +25,9 @@ class BufferBase(ABC):
         """Store one message's payload; returns the transitions it held."""
 
     @abstractmethod
-    def _fill(self) -> dict[str, float]:
-        """``size`` and ``capacity`` in transitions, and any counters of the buffer's own."""
+    def _fill(self) -> dict[str, Any]:
+        """``size`` and ``capacity`` in transitions, and any other fields of
+        :class:`~tianji_dask.heartbeats.BufferCounters` the buffer keeps itself."""
 
     def ingest(self, timeout: float = 0.0) -> int:
         """Move whatever the inbox holds into the buffer (waiting up to ``timeout`` for
@@ -41,13 +44,13 @@ class BufferBase(ABC):
         return self.ingest(INGEST_WAIT_S) > 0
 
     def heartbeat(self) -> dict:
-        counters = {
-            "received": self.received,
-            "received_bytes": self.received_bytes,
-            "seq_gaps": int(self.inbox.stats().get("seq_gaps", 0)),
+        counters = BufferCounters(
+            received=self.received,
+            received_bytes=self.received_bytes,
+            seq_gaps=int(self.inbox.stats().get("seq_gaps", 0)),
             **self._fill(),
-        }
-        return {"role": "buffer", "id": self.id, "t": time.time(), "episodes": [], "counters": counters}
+        )
+        return Heartbeat("buffer", self.id, counters).message()
 
     def close(self) -> None:  # noqa: B027 - part of LoopRole; a buffer owns nothing to close
         """The host closes the inbox."""

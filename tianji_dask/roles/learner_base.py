@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tianji_dask.algos.core import LearnerCore, State
+from tianji_dask.heartbeats import LearnerCounters
 from tianji_dask.roles.publishing import publish_params
 
 AverageGradients = Callable[[list[torch.nn.Parameter]], None]
@@ -22,7 +23,8 @@ AverageGradients = Callable[[list[torch.nn.Parameter]], None]
 
 class LearnerBase(ABC):
     core: LearnerCore
-    extra_counters: dict[str, float] = {}  # a subclass's own counters, reported in heartbeats
+    counters_class: type[LearnerCounters] = LearnerCounters
+    counters: LearnerCounters
 
     def __init__(
         self,
@@ -52,14 +54,7 @@ class LearnerBase(ABC):
         self.core = self._make_core(obs_dim, n_actions, seed)
         params = list(self.core.module.parameters())
         self.grad_hook = (lambda: average_gradients(params)) if average_gradients is not None else None
-        self.counters: dict[str, float] = {
-            "updates": 0,
-            "samples": 0,
-            "param_version": -1,
-            "throttled_s": 0.0,
-            "publish_errors": 0,
-            **self.extra_counters,
-        }
+        self.counters = self.counters_class()
         self._setup()
 
     @abstractmethod
@@ -70,14 +65,10 @@ class LearnerBase(ABC):
 
     def _publish_version(self, version: int) -> None:
         if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
-            publish_params(
-                self.publisher,
-                version,
-                self.core.policy_params(),
-                int(self.counters["samples"]) * self.world_size,
-                self.counters,
-            )
-        self.counters["param_version"] = version
+            consumed = self.counters.samples * self.world_size
+            if not publish_params(self.publisher, version, self.core.policy_params(), consumed):
+                self.counters.publish_errors += 1
+        self.counters.param_version = version
 
     @property
     def module(self) -> torch.nn.Module:
@@ -92,14 +83,14 @@ class LearnerBase(ABC):
 
     def record_gossip(self, rounds: int, distance: float) -> None:
         """Reported in the heartbeat: the group's gossip rounds and its distance to the others."""
-        self.counters["gossip_rounds"] = rounds
-        self.counters["group_distance"] = distance
+        self.counters.gossip_rounds = rounds
+        self.counters.group_distance = distance
 
     def state(self) -> State:
         return self.core.state()
 
     def checkpoint_meta(self) -> dict[str, int]:
-        return {"updates": self.core.updates, "samples": int(self.counters["samples"])}
+        return {"updates": self.core.updates, "samples": self.counters.samples}
 
     def close(self) -> None:  # noqa: B027 - part of LoopRole; a learner owns nothing to close
         """The host closes the publisher and the data-parallel group; nothing of the role's own."""

@@ -12,8 +12,8 @@ class LoopRole(Protocol):
         ...
 
     def heartbeat(self) -> dict:
-        """``{"role", "id", "t", "counters", "episodes"}``: cumulative counters since the role
-        was built, and the episodes finished since the previous heartbeat."""
+        """A :class:`~tianji_dask.heartbeats.Heartbeat` as its ``message()``: cumulative counters
+        since the role was built, and the episodes finished since the previous heartbeat."""
         ...
 
     def close(self) -> None:

@@ -9,16 +9,18 @@ from tianji_dask.channels import ChannelError
 logger = logging.getLogger("tianji_dask.learner")
 
 
-def publish_params(publisher, version: int, params: dict, consumed: int, counters: dict) -> None:
-    """Publish a version with the consumption count the actors pace themselves on.
+def publish_params(publisher, version: int, params: dict, consumed: int) -> bool:
+    """Publish a version with the consumption count the actors pace themselves on; False if
+    it did not reach every subscriber.
 
-    A subscriber that is gone (an actor that stopped or died) is counted in
-    ``counters["publish_errors"]``, never raised: the learner keeps training, and the driver's
+    A subscriber that is gone (an actor that stopped or died) is reported by the return value,
+    never raised: the learner keeps training, and the driver's
     heartbeat supervision decides what a lost actor means for the run. In a data-parallel
     group an exception here would also leave the other ranks waiting in an all-reduce.
     """
     try:
         publisher.publish(version, {"params": params, "consumed": consumed})
     except ChannelError as exc:
-        counters["publish_errors"] = counters.get("publish_errors", 0) + 1
         logger.info("parameter version %d not delivered everywhere: %s", version, exc)
+        return False
+    return True

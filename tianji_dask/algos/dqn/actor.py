@@ -9,15 +9,22 @@ thread and in the serial runner.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from tianji_dask.algos.dqn.core import DQNPolicy, epsilon_at
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import next_observations
+from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
 from tianji_dask.roles.frame_replay import FrameStreams
 from tianji_dask.roles.nstep import NStepWindow
+
+
+@dataclass
+class DQNActorCounters(ActorCounters):
+    epsilon: float = counter(1.0)  # exploration rate in use
 
 
 class DQNActorRole(ActorBase):
@@ -31,6 +38,9 @@ class DQNActorRole(ActorBase):
     ``frame_ids``) and the transitions' ``obs``/``next_obs`` as 4-frame id stacks
     (:mod:`tianji_dask.roles.frame_replay`); the n-step window runs on those ids.
     """
+
+    counters_class = DQNActorCounters
+    counters: DQNActorCounters
 
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
@@ -47,7 +57,6 @@ class DQNActorRole(ActorBase):
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
-        self.counters["epsilon"] = 1.0
 
     def _new_chunk(self) -> None:
         n = self.chunk_len
@@ -70,7 +79,7 @@ class DQNActorRole(ActorBase):
             + self.chunk_len * self.n_actors
             + self.learner_consumed / (a.target_replay_ratio * (1.0 - a.ratio_tolerance))
         )
-        return self.counters["env_steps"] * self.n_actors > allowed
+        return self.counters.env_steps * self.n_actors > allowed
 
     def step(self) -> bool:
         self.probe_params()
@@ -78,11 +87,11 @@ class DQNActorRole(ActorBase):
             t = time.perf_counter()
             self.flush()  # the learner must see everything produced, or both sides could wait forever
             time.sleep(0.002)
-            self.counters["throttled_s"] += time.perf_counter() - t
+            self.counters.throttled_s += time.perf_counter() - t
             return False
         a = self.cfg.algo
         eps = epsilon_at(
-            int(self.counters["env_steps"]) * self.n_actors,
+            self.counters.env_steps * self.n_actors,
             a.exploration_initial_eps,
             a.exploration_final_eps,
             a.exploration_steps,
@@ -101,8 +110,8 @@ class DQNActorRole(ActorBase):
             out = self.window.add(ids, actions, train_rewards, real_next, train_terminated, train_dones)
         self.tracker.update(rewards, dones, time.time())
         self.obs = next_obs
-        self.counters["env_steps"] += self.num_envs
-        self.counters["epsilon"] = eps
+        self.counters.env_steps += self.num_envs
+        self.counters.epsilon = eps
         if out is not None:
             i, n = self._fill, self.num_envs
             for k, v in out.items():
@@ -121,10 +130,10 @@ class DQNActorRole(ActorBase):
             chunk["frames"], chunk["frame_ids"] = self.frames.take()
         nbytes = sum(v.nbytes for v in chunk.values())
         if self.sender.push(chunk):
-            self.counters["chunks_sent"] += 1
-            self.counters["bytes_sent"] += nbytes
+            self.counters.chunks_sent += 1
+            self.counters.bytes_sent += nbytes
         self._new_chunk()  # the pushed arrays now belong to the channel
-        if self.synchronous and self.counters["env_steps"] * self.n_actors >= (
+        if self.synchronous and self.counters.env_steps * self.n_actors >= (
             self.cfg.algo.learning_starts * self.cfg.topology.learners
         ):
             self.wait_for_newer_params()

@@ -4,6 +4,8 @@ and serves sampled batches to the learner that shares its process. Atari runs us
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tianji_dask.roles.buffer_base import BufferBase
@@ -51,5 +53,5 @@ class ReplayBufferRole(BufferBase):
         with self._lock:
             return self.replay.sample(n, self.rng)
 
-    def _fill(self) -> dict[str, float]:
+    def _fill(self) -> dict[str, Any]:
         return {"size": len(self.replay), "capacity": self.replay.capacity}

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.networks import network_kind
+from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
+
+
+@dataclass
+class DQNLearnerCounters(LearnerCounters):
+    q_mean: float = counter(math.nan)  # mean Q value of the batches since the previous heartbeat
 
 
 class DQNLearnerRole(LearnerBase):
@@ -20,6 +27,8 @@ class DQNLearnerRole(LearnerBase):
     False when it did not update (warm-up or balance control)."""
 
     core: DQNLearner
+    counters_class = DQNLearnerCounters
+    counters: DQNLearnerCounters
 
     def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> DQNLearner:
         cfg = self.cfg
@@ -42,7 +51,7 @@ class DQNLearnerRole(LearnerBase):
         a = self.cfg.algo
         fresh = max(self.buffer.received - a.learning_starts, 0)
         slack = self.cfg.learner.publish_interval * a.batch_size
-        return self.counters["samples"] >= a.target_replay_ratio * (1.0 + a.ratio_tolerance) * fresh + slack
+        return self.counters.samples >= a.target_replay_ratio * (1.0 + a.ratio_tolerance) * fresh + slack
 
     def ready(self) -> bool:
         return len(self.buffer) >= self.cfg.algo.learning_starts
@@ -55,7 +64,7 @@ class DQNLearnerRole(LearnerBase):
         if self.synchronous:
             return self.buffer.received > self._received_at_update
         if self.balance and self.ahead_of_actors():
-            if self.counters["param_version"] != self.core.updates:
+            if self.counters.param_version != self.core.updates:
                 self.publish()  # actors pace themselves on the consumption count it carries
             return False
         return True
@@ -69,9 +78,9 @@ class DQNLearnerRole(LearnerBase):
         self._loss_sum += loss
         self._q_sum += q
         self._n += 1
-        self.counters["updates"] += 1
-        self.counters["samples"] += a.batch_size
-        if self.synchronous or self.counters["updates"] % self.cfg.learner.publish_interval == 0:
+        self.counters.updates += 1
+        self.counters.samples += a.batch_size
+        if self.synchronous or self.counters.updates % self.cfg.learner.publish_interval == 0:
             self.publish()  # synchronous mode: the actors wait for every version
 
     def step(self) -> bool:
@@ -81,13 +90,13 @@ class DQNLearnerRole(LearnerBase):
         if self.ready():  # held back by the balance controller
             t = time.perf_counter()
             time.sleep(0.0005)
-            self.counters["throttled_s"] += time.perf_counter() - t
+            self.counters.throttled_s += time.perf_counter() - t
         return False
 
     def heartbeat(self) -> dict:
-        c = dict(self.counters)
-        c["loss"] = self._loss_sum / self._n if self._n else math.nan
-        c["q_mean"] = self._q_sum / self._n if self._n else math.nan
+        c = self.counters
+        c.loss = self._loss_sum / self._n if self._n else math.nan
+        c.q_mean = self._q_sum / self._n if self._n else math.nan
         self._loss_sum = self._q_sum = 0.0
         self._n = 0
-        return {"role": "learner", "id": self.id, "t": time.time(), "counters": c, "episodes": []}
+        return Heartbeat("learner", self.id, c).message()

@@ -69,7 +69,7 @@ class PPOActorRole(ActorBase):
             if self.balance and self.ahead_of_learner():
                 t = time.perf_counter()
                 time.sleep(0.002)
-                self.counters["throttled_s"] += time.perf_counter() - t
+                self.counters.throttled_s += time.perf_counter() - t
                 return False
         actions, logp, values = self.policy.act(self.obs)
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
@@ -89,7 +89,7 @@ class PPOActorRole(ActorBase):
         r["rewards"][t], r["dones"][t] = rewards, dones
         self.obs = next_obs
         self._t += 1
-        self.counters["env_steps"] += self.num_envs
+        self.counters.env_steps += self.num_envs
         if self._t == self.T:
             self.flush()
         return True
@@ -105,8 +105,8 @@ class PPOActorRole(ActorBase):
         nbytes = sum(v.nbytes for v in r.values())
         self._rollouts_this_version += 1
         if self.sender.push(r):
-            self.counters["chunks_sent"] += 1
-            self.counters["bytes_sent"] += nbytes
+            self.counters.chunks_sent += 1
+            self.counters.bytes_sent += nbytes
         self._new_rollout()
         if self.synchronous:
             self.wait_for_newer_params()

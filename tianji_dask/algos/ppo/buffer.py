@@ -10,6 +10,7 @@ each use is counted against the rollout.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tianji_dask.roles.buffer_base import BufferBase
 
@@ -65,7 +66,7 @@ class RolloutBufferRole(BufferBase):
             self._held = [r for r in keep if r.uses < a.sample_reuse]
             return usable
 
-    def _fill(self) -> dict[str, float]:
+    def _fill(self) -> dict[str, Any]:
         with self._lock:
             size = sum(r.transitions for r in self._held)
         capacity = self.capacity_rollouts * self.cfg.algo.rollout_steps * self.cfg.env.num_envs

@@ -11,19 +11,34 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo.core import PPOLearner, gae
+from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
+
+
+@dataclass
+class PPOLearnerCounters(LearnerCounters):
+    iterations: int = counter()  # training iterations: one batch of rollouts each
+    # means since the previous heartbeat
+    approx_kl: float = counter(math.nan)
+    entropy: float = counter(math.nan)
+    clipfrac: float = counter(math.nan)
+    policy_lag_mean: float = counter(math.nan)  # versions between a rollout's policy and the learner's
+    policy_lag_max: float = counter(math.nan)
+    sample_age_s: float = counter(math.nan)  # training time minus a rollout's creation time
 
 
 class PPOLearnerRole(LearnerBase):
     """``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
 
     core: PPOLearner
-    extra_counters = {"iterations": 0}
+    counters_class = PPOLearnerCounters
+    counters: PPOLearnerCounters
 
     def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> PPOLearner:
         cfg = self.cfg
@@ -88,27 +103,26 @@ class PPOLearnerRole(LearnerBase):
         # the actors produced: with actors faster than the learner most rollouts are dropped
         # unused, and annealing on received transitions reached the lr floor within a few dozen
         # iterations (identical on every data-parallel rank: iterations advance together)
-        self.core.set_lr_for(int(self.counters["iterations"] * self._env_steps_per_iteration))
+        self.core.set_lr_for(int(self.counters.iterations * self._env_steps_per_iteration))
         before = self.core.updates
         stats = self.core.train(batch, self.grad_hook)
         for k, v in stats.items():
             self._stats[k] = self._stats.get(k, 0.0) + v
         self._n += 1
         self.version += 1
-        self.counters["iterations"] += 1
-        self.counters["updates"] += self.core.updates - before
-        self.counters["samples"] += len(batch["actions"])
+        self.counters.iterations += 1
+        self.counters.updates += self.core.updates - before
+        self.counters.samples += len(batch["actions"])
         self.publish()
 
     def heartbeat(self) -> dict:
-        c = dict(self.counters)
-        n = self._n
-        c["loss"] = self._stats.get("loss", math.nan) / n if n else math.nan
-        c["q_mean"] = math.nan
-        for k in ("approx_kl", "entropy", "clipfrac"):
-            c[k] = self._stats.get(k, math.nan) / n if n else math.nan
-        c["policy_lag_mean"] = float(np.mean(self._lags)) if self._lags else math.nan
-        c["policy_lag_max"] = float(max(self._lags)) if self._lags else math.nan
-        c["sample_age_s"] = float(np.mean(self._ages)) if self._ages else math.nan
+        c, n = self.counters, self._n
+        c.loss = self._stats.get("loss", math.nan) / n if n else math.nan
+        c.approx_kl = self._stats.get("approx_kl", math.nan) / n if n else math.nan
+        c.entropy = self._stats.get("entropy", math.nan) / n if n else math.nan
+        c.clipfrac = self._stats.get("clipfrac", math.nan) / n if n else math.nan
+        c.policy_lag_mean = float(np.mean(self._lags)) if self._lags else math.nan
+        c.policy_lag_max = float(max(self._lags)) if self._lags else math.nan
+        c.sample_age_s = float(np.mean(self._ages)) if self._ages else math.nan
         self._stats, self._n, self._lags, self._ages = {}, 0, [], []
-        return {"role": "learner", "id": self.id, "t": time.time(), "counters": c, "episodes": []}
+        return Heartbeat("learner", self.id, c).message()
