@@ -30,7 +30,7 @@ from tianji_dask.results import provenance_attrs
 
 MODES = ("relaxed", "synchronous")
 RATES = {
-    "sample_fps": ("env steps per second (all actors)", "s-1"),
+    "env_fps": ("env steps per second (all actors)", "s-1"),
     "receive_fps": ("transitions received per second (all buffers)", "s-1"),
     "train_fps": ("samples consumed per second (all learners)", "s-1"),
     "updates_per_s": ("learner updates per second", "s-1"),
@@ -43,12 +43,12 @@ def mean_rates(ds: xr.Dataset) -> dict:
     t, u = ds.time.values, ds.updates.values
     started = np.flatnonzero(u > 0)
     if len(started) < 2:
-        return {k: math.nan for k in ("sample_fps", "receive_fps", "train_fps", "updates_per_s")}
+        return {k: math.nan for k in ("env_fps", "receive_fps", "train_fps", "updates_per_s")}
     i0, i1 = started[0], len(t) - 1
     dt = t[i1] - t[i0]
     received = ds.receive_fps.values
     return {
-        "sample_fps": float((ds.env_steps.values[i1] - ds.env_steps.values[i0]) / dt),
+        "env_fps": float((ds.env_steps.values[i1] - ds.env_steps.values[i0]) / dt),
         "receive_fps": float(np.nanmean(received[i0 : i1 + 1])),
         "train_fps": float(np.nanmean(ds.train_fps.values[i0 : i1 + 1])),
         "updates_per_s": float((u[i1] - u[i0]) / dt),
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(
                 f"{mode:>11} seed {seed}: {row['status']:>14}  train {row['train_fps']:8.0f} samples/s  "
-                f"updates {row['updates_per_s']:6.0f}/s  sample {row['sample_fps']:7.0f} steps/s  "
+                f"updates {row['updates_per_s']:6.0f}/s  sample {row['env_fps']:7.0f} steps/s  "
                 f"time to target {row['time_to_target_s']:5.1f} s  load {load0:.2f}",
                 flush=True,
             )

@@ -66,7 +66,7 @@ def run_rates(cfg, seconds: float, out: Path) -> dict:
         keep = warm & (t < t[-1] - 1.0)
         if keep.sum() < 3:
             keep = t < t[-1] - 1.0
-        med = {k: float(np.nanmedian(ds[k].values[keep])) for k in ("sample_fps", "receive_fps", "train_fps")}
+        med = {k: float(np.nanmedian(ds[k].values[keep])) for k in ("env_fps", "receive_fps", "train_fps")}
         med["rows"] = int(keep.sum())
         med["return_mean_100_last"] = float(ds.return_mean_100.values[-1])
     med.update(status=res.status, error=res.error, env_steps=res.env_steps, wall_s=res.wall_s)
@@ -104,11 +104,11 @@ def main(argv=None) -> int:
                 "learner_device": cfg.learner.device,
                 "raw_env_steps_per_s_per_core": raw,
                 "raw_frames_per_s_per_core": raw * FRAME_SKIP,
-                "sample_frames_per_s": r["sample_fps"] * FRAME_SKIP,
+                "sample_frames_per_s": r["env_fps"] * FRAME_SKIP,
                 "receive_frames_per_s": r["receive_fps"] * FRAME_SKIP,
                 "train_samples_per_s": r["train_fps"],
                 "train_frames_per_s": r["train_fps"] / cfg.algo.target_replay_ratio * FRAME_SKIP,
-                "fraction_of_raw": r["sample_fps"] / (raw * actor_cores),
+                "fraction_of_raw": r["env_fps"] / (raw * actor_cores),
                 "load_avg_1m": load,
                 **{k: r[k] for k in ("status", "error", "env_steps", "wall_s", "rows", "return_mean_100_last")},
             }

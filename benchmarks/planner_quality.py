@@ -67,12 +67,12 @@ def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path, startup
 
     with xr.open_dataset(Path(res.run_dir) / "metrics.nc", engine="h5netcdf") as ds:
         t = ds.time.values
-        fps, sps = ds.train_fps.values, ds.sample_fps.values
+        fps, sps = ds.train_fps.values, ds.env_fps.values
         training = np.nonzero(ds.updates.values > 0)[0]
         t_first = float(t[training[0]]) if len(training) else float("nan")
         keep = (t >= t_first + 1.0) & (t < t[-1] - 1.0) & np.isfinite(fps)
         train_fps = float(np.median(fps[keep])) if keep.sum() >= 3 else float("nan")
-        sample_fps = float(np.nanmedian(sps[keep])) if keep.sum() >= 3 else float("nan")
+        env_fps = float(np.nanmedian(sps[keep])) if keep.sum() >= 3 else float("nan")
     return {
         "groups": G,
         "actors": A,
@@ -80,7 +80,7 @@ def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path, startup
         "status": res.status,
         "error": res.error,
         "train_fps": train_fps,
-        "sample_fps": sample_fps,
+        "env_fps": env_fps,
         "first_update_s": t_first,
         "rows_measured": int(keep.sum()),
         "load_avg_1m": load,
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
             rows.append(r)
             print(
                 f"G={G:2d} A={A:2d} T={T:2d}{' (plan)' if r['is_plan'] else '       '}  train {r['train_fps']:10,.0f} "
-                f"samples/s  sample {r['sample_fps']:10,.0f} env steps/s  first update {r['first_update_s']:.1f} s, "
+                f"samples/s  sample {r['env_fps']:10,.0f} env steps/s  first update {r['first_update_s']:.1f} s, "
                 f"{r['rows_measured']} rows  {r['status']}  load {r['load_avg_1m']:.1f}",
                 flush=True,
             )
@@ -172,10 +172,10 @@ def main(argv=None) -> int:
                 [r["train_fps"] for r in rows],
                 {"long_name": "training throughput (median train_fps, steady part)", "units": "samples/s"},
             ),
-            "sample_fps": (
+            "env_fps": (
                 "allocation",
-                [r["sample_fps"] for r in rows],
-                {"long_name": "sample throughput (median sample_fps)", "units": "env steps/s"},
+                [r["env_fps"] for r in rows],
+                {"long_name": "sample throughput (median env_fps)", "units": "env steps/s"},
             ),
             "groups": ("allocation", [r["groups"] for r in rows], {"long_name": "groups G", "units": "1"}),
             "actors": ("allocation", [r["actors"] for r in rows], {"long_name": "actors per group A", "units": "1"}),

@@ -46,7 +46,7 @@ def run_summary(ds, target: float, budget_s: float) -> dict:
     if not math.isnan(ttt):
         steps_at_target = float(ds["env_steps"].sel(time=ttt, method="nearest"))
     ends = ds["episode_wall_time"].values <= budget_s
-    medians = {v: _num(within[v].where(within[v] > 0).median()) for v in ("sample_fps", "receive_fps", "train_fps")}
+    medians = {v: _num(within[v].where(within[v] > 0).median()) for v in ("env_fps", "receive_fps", "train_fps")}
     return {
         "run": ds.attrs.get("run_name", Path(ds.attrs["run_dir"]).name),
         "dir": Path(ds.attrs["run_dir"]).name,

@@ -119,12 +119,12 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
         "episodes": int(eps.sizes["episode"]),
         "last": {
             k: float(ds[k][-1])
-            for k in ("sample_fps", "receive_fps", "train_fps", "replay_ratio", "replay_size", "loss", "q_mean")
+            for k in ("env_fps", "receive_fps", "train_fps", "replay_ratio", "replay_size", "loss", "q_mean")
         },
         # the final row's rates span only the time from the previous row to the hosts'
         # final heartbeats (a few ms when the stop follows a heartbeat): judge "the end"
         # by the last two rows
-        "end_rates": {k: [float(v) for v in ds[k].values[-2:]] for k in ("sample_fps", "receive_fps", "train_fps")},
+        "end_rates": {k: [float(v) for v in ds[k].values[-2:]] for k in ("env_fps", "receive_fps", "train_fps")},
     }
     if eps.sizes["episode"]:
         assert np.all(eps["length"].values >= 1)

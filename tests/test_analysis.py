@@ -114,7 +114,7 @@ def test_open_run_merges_metrics_episodes_and_config(runs):
     ds = open_run(run_dir)
     assert ds["time"].dims == ("time",) and "time" in ds.indexes
     assert ds.sizes["time"] >= 2 and ds.sizes["actor"] == 2 and ds.sizes["episode"] > 0
-    assert ds["return_mean_100"].dims == ("time",) and ds["actor_sample_fps"].dims == ("time", "actor")
+    assert ds["return_mean_100"].dims == ("time",) and ds["actor_env_fps"].dims == ("time", "actor")
     for var in ("return", "length", "actor", "wall_time", "env_steps"):
         assert ds[f"episode_{var}"].dims == ("episode",), var
     assert int(ds["episodes"][-1]) == ds.sizes["episode"]
@@ -182,7 +182,7 @@ def test_open_runs_stacks_runs_with_differing_config_as_coords(runs):
         np.testing.assert_array_equal(one["episode_return"].values[:m], single["episode_return"].values)
         assert np.isnan(one["episode_return"].values[m:]).all()
         assert one["run_dir"].item() == single.attrs["run_dir"]
-    assert np.isnan(ds.sel(run="serial-seed0")["actor_sample_fps"].sel(actor=1)).all()
+    assert np.isnan(ds.sel(run="serial-seed0")["actor_env_fps"].sel(actor=1)).all()
 
     # a list of paths gives the same Dataset as the glob, and it saves as netCDF
     assert ds.identical(open_runs([runs[n][0] for n in names]))

@@ -97,7 +97,7 @@ def test_rates_sums_and_ratios():
     r = m.row(1.0)
     assert r["time"] == 1.0
     assert r["env_steps"] == 1500 == m.env_steps
-    assert r["sample_fps"] == pytest.approx(3000.0)  # 1000/0.5 + 500/0.5
+    assert r["env_fps"] == pytest.approx(3000.0)  # 1000/0.5 + 500/0.5
     assert r["receive_fps"] == pytest.approx(2800.0)
     assert r["train_fps"] == pytest.approx(640.0)  # 20 updates/s * 32
     assert r["updates"] == 10
@@ -113,7 +113,7 @@ def test_rates_sums_and_ratios():
 
     ds = m.dataset()
     assert ds.sizes == {"time": 1, "actor": 2, "buffer": 1, "learner": 1}
-    np.testing.assert_allclose(ds.actor_sample_fps.sel(time=1.0).values, [2000.0, 1000.0])
+    np.testing.assert_allclose(ds.actor_env_fps.sel(time=1.0).values, [2000.0, 1000.0])
     np.testing.assert_allclose(ds.actor_env_steps.values, [[1000.0, 500.0]])
     np.testing.assert_allclose(ds.actor_param_version.values, [[8.0, 6.0]])
     np.testing.assert_allclose(ds.buffer_receive_fps.values, [[2800.0]])
@@ -124,17 +124,17 @@ def test_rates_sums_and_ratios():
 def test_rate_uses_interval_between_rows_and_heartbeat_time():
     m = recorder()
     m.add(actor(0, 0.0, 0))
-    assert math.isnan(m.row(0.1)["sample_fps"])  # one heartbeat: no rate yet
+    assert math.isnan(m.row(0.1)["env_fps"])  # one heartbeat: no rate yet
     m.add(actor(0, 0.5, 1000))
-    assert m.row(0.6)["sample_fps"] == pytest.approx(2000.0)
+    assert m.row(0.6)["env_fps"] == pytest.approx(2000.0)
     # No new heartbeat since the previous row (zero interval): keep the last rate, no division by 0.
-    assert m.row(0.7)["sample_fps"] == pytest.approx(2000.0)
+    assert m.row(0.7)["env_fps"] == pytest.approx(2000.0)
     m.add(actor(0, 1.5, 1500))  # 500 steps over 1.0 s of heartbeat time, whatever the row times
-    assert m.row(5.0)["sample_fps"] == pytest.approx(500.0)
+    assert m.row(5.0)["env_fps"] == pytest.approx(500.0)
     # An out-of-order (older) heartbeat must not move the counters backwards.
     m.add(actor(0, 1.0, 1200))
     assert m.env_steps == 1500
-    np.testing.assert_allclose(m.dataset().sample_fps.values, [np.nan, 2000, 2000, 500])
+    np.testing.assert_allclose(m.dataset().env_fps.values, [np.nan, 2000, 2000, 500])
 
 
 def test_restarted_host_keeps_totals_monotone():
@@ -145,7 +145,7 @@ def test_restarted_host_keeps_totals_monotone():
     m.add(actor(0, 2.0, 300))  # host restarted: counters began again at 0
     r = m.row(2.0)
     assert r["env_steps"] == 1300
-    assert r["sample_fps"] == pytest.approx(300.0)
+    assert r["env_fps"] == pytest.approx(300.0)
 
 
 def test_unpublished_param_version_is_missing_not_minus_one():
@@ -202,7 +202,7 @@ def test_empty_recorder_reports_nan_and_zero():
     r = m.row(0.0)
     assert r["env_steps"] == 0 and r["updates"] == 0
     for k in (
-        "sample_fps",
+        "env_fps",
         "receive_fps",
         "train_fps",
         "return_mean_100",
@@ -284,7 +284,7 @@ def test_every_variable_has_long_name_and_units():
     m.row(1.0)
     required = {
         "env_steps",
-        "sample_fps",
+        "env_fps",
         "receive_fps",
         "train_fps",
         "updates",
@@ -300,7 +300,7 @@ def test_every_variable_has_long_name_and_units():
         "throttled_learner_s",
         "dropped",
         "seq_gaps",
-        "actor_sample_fps",
+        "actor_env_fps",
         "actor_env_steps",
         "actor_param_version",
         "learner_train_fps",
@@ -402,7 +402,7 @@ def test_empty_datasets_write(tmp_path):
     m.write(tmp_path)
     with xr.open_dataset(tmp_path / "metrics.nc") as ds:
         assert ds.sizes["time"] == 0 and ds.sizes["actor"] == 0
-        assert "sample_fps" in ds and ds.attrs["run_name"] == "test-run"
+        assert "env_fps" in ds and ds.attrs["run_name"] == "test-run"
     with xr.open_dataset(tmp_path / "episodes.nc") as eps:
         assert eps.sizes["episode"] == 0 and "return" in eps
 
@@ -580,5 +580,5 @@ def test_missing_or_none_counters_do_not_break_rows():
     m.add({"role": "buffer", "id": 0, "t": T0 + 1, "counters": {}, "episodes": []})
     r = m.row(1.0)
     assert (r["env_steps"], r["dropped"], r["seq_gaps"]) == (200, 0, 0)
-    assert r["sample_fps"] == pytest.approx(100.0)
+    assert r["env_fps"] == pytest.approx(100.0)
     assert math.isnan(r["replay_fill"]) and math.isnan(r["replay_ratio"])

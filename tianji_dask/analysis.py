@@ -45,7 +45,12 @@ _OUTCOME_ATTRS = {
 }
 UNKNOWN_STATUS = "unknown"  # the status of runs written before the files recorded it
 # metrics.nc variables renamed since runs were first written: old name -> current name
-RENAMED = {"buffer_size": "replay_size", "buffer_fill": "replay_fill"}
+RENAMED = {
+    "buffer_size": "replay_size",
+    "buffer_fill": "replay_fill",
+    "sample_fps": "env_fps",
+    "actor_sample_fps": "actor_env_fps",
+}
 
 
 class RunNotFound(FileNotFoundError):
@@ -352,7 +357,7 @@ class TianjiAccessor:
     def plot_throughput(self, ax=None):
         """Sample, receive and training throughput (env steps, transitions, samples per second)."""
         ax = _axes(ax)
-        names = ("sample_fps", "receive_fps", "train_fps")
+        names = ("env_fps", "receive_fps", "train_fps")
         for i, name in enumerate(names):
             self._lines(self._ds[name], "time", ax, color=f"C{i}", what=name)
         ax.set_ylabel(f"throughput [{self._ds[names[0]].attrs.get('units', '')}]")

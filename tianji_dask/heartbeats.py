@@ -35,7 +35,7 @@ class HostCounters:
 
 @dataclass
 class ActorCounters(HostCounters):
-    env_steps: int = counter(rate="sample_fps")
+    env_steps: int = counter(rate="env_fps")
     chunks_sent: int = counter(grows=True)
     bytes_sent: int = counter(rate="send_bytes_per_s")
     dropped: int = counter(grows=True)  # chunks the channel dropped (full_policy "drop")

@@ -21,7 +21,7 @@ def progress_line(row: dict, target: float | None) -> str:
     goal = f"/{target:g}" if target is not None else ""
     return (
         f"{row.get('time', 0.0):6.1f}s  steps {int(row.get('env_steps', 0)):>9,}  "
-        f"{_fmt(row.get('sample_fps'))} steps/s  train {_fmt(row.get('train_fps'))} samples/s  "
+        f"{_fmt(row.get('env_fps'))} steps/s  train {_fmt(row.get('train_fps'))} samples/s  "
         f"return(100) {ret}{goal}  replay ratio {_fmt(row.get('replay_ratio'), '.1f')}  "
         f"updates {int(row.get('updates', 0) or 0):,}"
     )

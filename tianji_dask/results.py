@@ -39,7 +39,7 @@ _RATES = {role: rates(role) for role in ROLES}
 # name -> (long_name, units, dtype). Order is the order in the dataset.
 _TIME_VARS: dict[str, tuple[str, str, str]] = {
     "env_steps": ("env steps (all actors)", "1", "int64"),
-    "sample_fps": ("env steps per second (all actors)", "s-1", "float64"),
+    "env_fps": ("env steps per second (all actors)", "s-1", "float64"),
     "receive_fps": ("transitions received per second (all buffers)", "s-1", "float64"),
     "train_fps": ("samples consumed per second (all learners)", "s-1", "float64"),
     "send_bytes_per_s": ("trajectory bytes sent per second (all actors)", "B s-1", "float64"),
@@ -85,7 +85,7 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
 }
 # name -> (dim, long_name, units, source) with source the per-host value stored each row.
 _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
-    "actor_sample_fps": ("actor", "env steps per second of one actor", "s-1", "sample_fps"),
+    "actor_env_fps": ("actor", "env steps per second of one actor", "s-1", "env_fps"),
     "actor_env_steps": ("actor", "env steps of one actor", "1", "env_steps"),
     "actor_param_version": ("actor", "parameter version in use by one actor", "1", "param_version"),
     "actor_blocked_s": ("actor", "time one actor was blocked on channel credit (cumulative)", "s", "blocked_s"),
@@ -309,7 +309,7 @@ class MetricsRecorder:
             r = {
                 "time": float(t_rel),
                 "env_steps": int(total(actors, "env_steps")),
-                "sample_fps": rate(actors, "sample_fps"),
+                "env_fps": rate(actors, "env_fps"),
                 "receive_fps": rate(buffers, "receive_fps"),
                 "train_fps": rate(learners, "train_fps"),
                 "send_bytes_per_s": rate(actors, "send_bytes_per_s"),
