@@ -93,7 +93,8 @@ def test_dev_train_trains_the_reference_config(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     from tianji_dask.config import load_config
 
-    assert load_config(out / "config.yaml") == load_config(ROOT / "configs" / "cartpole_dqn.yaml", ["stop.max_seconds=3"])
+    reference = load_config(ROOT / "configs" / "cartpole_dqn.yaml", ["stop.max_seconds=3"])
+    assert load_config(out / "config.yaml") == reference
     assert (out / "metrics.nc").is_file()
 
 
