@@ -278,11 +278,12 @@ def _slurm_client(cfg, plan, args):
 
     from distributed import Client
 
-    from tianji_dask.slurm import plan_from_config, planned_processes, slurm_cluster
+    from tianji_dask.slurm import plan_from_config, planned_processes
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     plan = plan or plan_from_config(cfg)
     kw = {"walltime": args.walltime} if args.walltime else {}
-    cluster = slurm_cluster(plan, run_tag=f"{int(time.time()) % 100000}", **kw)
+    cluster = PlannedSLURMCluster(plan, run_tag=f"{int(time.time()) % 100000}", **kw)
     client = Client(cluster)
     n = planned_processes(plan)
     print(
