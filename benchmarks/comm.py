@@ -1,5 +1,5 @@
-"""The paper's virtual communication experiment (TianJi Fig. 5, equation 1); the code is
-``tianji_dask/bench/comm.py``, and ``tianji-dask bench comm`` runs the same thing.
+"""The paper's virtual communication experiment (TianJi Fig. 5, equation 1); the code is the
+``comm_bench`` package beside this script.
 
     python benchmarks/comm.py                 # full run: N = 10,000 per case (about 10 minutes)
     python benchmarks/comm.py --small         # N = 500 per case (about a minute)
@@ -11,7 +11,7 @@ is defined in docs/benchmarks.md.
 
 import sys
 
-from tianji_dask.bench.comm import main
+from comm_bench.comm import main
 
 if __name__ == "__main__":  # the raw TCP anchor spawns processes that re-import this file
     sys.exit(main())

@@ -7,8 +7,7 @@ one ``QueueInbox`` on a receiver worker until that inbox has delivered N message
 consumer. Every case is also run over raw TCP between plain Python processes with the same
 sizes, senders and sample time, right before it, and reported as a fraction of it.
 
-    python benchmarks/comm.py [--small] [--out DIR]
-    tianji-dask bench comm [--small] [--out DIR] [--max-actors 16]
+    python benchmarks/comm.py [--small] [--out DIR] [--max-actors 16]
 
 Sweeps (docs/benchmarks.md defines every output):
   size       64 KiB .. 4 MiB, 1 actor, sample time 0
@@ -246,7 +245,7 @@ class _Bench:
         return self.client.submit(cls, *args, actor=True, workers=[worker], pure=False)
 
     def run_channel(self, case: Case, name: str) -> dict:
-        from .comm_hosts import ChannelCollector, ChannelProducer
+        from .hosts import ChannelCollector, ChannelProducer
 
         cfg, A = self.cfg, case.actors
         cap = int(cfg.capacity_mb * MB)
@@ -289,7 +288,7 @@ class _Bench:
         }
 
     def run_actor_calls(self, case: Case, name: str) -> dict:
-        from .comm_hosts import CallReceiver, CallSender
+        from .hosts import CallReceiver, CallSender
 
         futs = [self._actor(CallReceiver, self.workers[0]), self._actor(CallSender, self.workers[1])]
         try:
@@ -305,7 +304,7 @@ class _Bench:
     def run_queue(self, case: Case, name: str) -> dict:
         from distributed import Queue
 
-        from .comm_hosts import QueueCollector, QueueProducer
+        from .hosts import QueueCollector, QueueProducer
 
         q = Queue(name, client=self.client, maxsize=16)  # created here first, so this maxsize holds
         futs = [self._actor(QueueCollector, self.workers[0]), self._actor(QueueProducer, self.workers[1])]
@@ -781,7 +780,7 @@ def _json_default(o):
 
 # ------------------------------------------------------------------------------ command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``tianji-dask bench comm`` and ``benchmarks/comm.py``."""
+    """The options of ``benchmarks/comm.py``."""
     p.add_argument(
         "--small",
         action="store_true",
@@ -874,15 +873,19 @@ def main_from_args(args) -> int:
     try:
         cfg = config_from_args(args)
     except ValueError as exc:
-        print(f"tianji-dask bench comm: error: {exc}", file=sys.stderr)
+        print(f"benchmarks/comm.py: error: {exc}", file=sys.stderr)
         return 2
     ds = run(cfg, args.out, log=lambda s: print(s, flush=True))
     return 1 if json.loads(ds.attrs["errors"]) else 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="benchmarks/comm.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(p)
-    return main_from_args(p.parse_args(argv))
+    return p
+
+
+def main(argv=None) -> int:
+    return main_from_args(build_parser().parse_args(argv))

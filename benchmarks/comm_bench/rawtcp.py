@@ -28,7 +28,7 @@ import selectors
 import socket
 import time
 
-from .workload import RssSampler, process_cpu_s, sample
+from .workload import RssSampler, process_cpu_s, sleep_until, timed_sample
 
 _READY_TIMEOUT_S = 60.0
 
@@ -90,9 +90,7 @@ def _sender(pipe, port: int, size: int, sample_mode: str, sample_time: float, st
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     pipe.send("ready")
     start.wait()
-    delay = start_at.value - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
+    sleep_until(start_at.value)
     check_every = max(1, (256 << 10) // max(size, 1))  # Event.is_set takes a lock: not per tiny message
     sent = 0
     sample_wall = sample_cpu = send_wall = 0.0
@@ -100,10 +98,9 @@ def _sender(pipe, port: int, size: int, sample_mode: str, sample_time: float, st
     t_first = time.monotonic()
     while sent % check_every or not stop.is_set():
         if sample_time > 0:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            sample(sample_mode, sample_time)
-            sample_wall += time.perf_counter() - t0
-            sample_cpu += time.thread_time() - c0
+            wall, cpu = timed_sample(sample_mode, sample_time)
+            sample_wall += wall
+            sample_cpu += cpu
         t0 = time.perf_counter()
         sock.sendall(payload)
         send_wall += time.perf_counter() - t0
