@@ -20,20 +20,11 @@ SCRIPT = ROOT / "benchmarks" / "comm.py"
 # so that benchmarks/comm.py does not hide the installed package named comm (Jupyter's).
 sys.path.append(str(SCRIPT.parent))
 
-from comm_bench.comm import (  # noqa: E402
-    COORDS,
-    KIB,
-    VARIABLES,
-    Case,
-    CommBenchConfig,
-    add_raw_ratios,
-    build_parser,
-    config_from_args,
-    derive,
-    grid,
-    plan_cases,
-    run,
-)
+from comm_bench.cases import KIB, Case, CommBenchConfig, plan_cases  # noqa: E402
+from comm_bench.cli import build_parser, config_from_args  # noqa: E402
+from comm_bench.derived import add_raw_ratios, derive  # noqa: E402
+from comm_bench.results import COORDS, VARIABLES, grid  # noqa: E402
+from comm_bench.run import run  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 

@@ -22,12 +22,14 @@ Call protocol::
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import selectors
 import socket
 import time
 
+from .cases import MB, Case, CommBenchConfig
 from .workload import RssSampler, process_cpu_s, sleep_until, timed_sample
 
 _READY_TIMEOUT_S = 60.0
@@ -200,4 +202,23 @@ def run_raw_tcp(
         "receiver_start_rss_bytes": rss.start_bytes,
         "receiver_peak_rss_bytes": rss.peak_bytes,
         "receiver_malloc_env": rres["malloc_env"],
+    }
+
+
+def run_raw(case: Case, cfg: CommBenchConfig) -> dict:
+    """One raw TCP case as a row of comm.nc's variables."""
+    r = run_raw_tcp(
+        case.messages, case.message_bytes, case.actors, case.sample_time, cfg.sample_mode, timeout=cfg.case_timeout_s
+    )
+    return {
+        "collection_time": r["collection_time_s"],
+        "messages_sent": r["sent"],
+        "t_sp": r["t_sp_s"],
+        "t_sp_cpu": r["t_sp_cpu_s"],
+        "t_sd": r["t_sd_s"],
+        "t_rv": r["t_rv_s"],
+        "send_call_time": r["send_call_s"],
+        "receiver_rss_start": r["receiver_start_rss_bytes"] / MB,
+        "receiver_rss_peak": r["receiver_peak_rss_bytes"] / MB,
+        "receiver_malloc_env": json.dumps(r["receiver_malloc_env"], sort_keys=True),
     }
