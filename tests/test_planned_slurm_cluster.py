@@ -133,19 +133,21 @@ def test_scaling_keeps_the_plans_first_jobs_and_never_grows_past_them(fake_slurm
 
 
 def test_a_refused_job_cancels_the_submitted_ones_and_closes_the_cluster(fake_slurm, tmp_path):
-    import gc
-
     from distributed.core import Status
 
     from tianji_dask.slurm_cluster import PlannedSLURMCluster, SlurmSubmitError
 
+    begun = []
+
+    class Watched(PlannedSLURMCluster):
+        def __init__(self, *args, **kwargs):
+            begun.append(self)
+            super().__init__(*args, **kwargs)
+
     (fake_slurm / "refuse").write_text(f"{ACTORS}\n")
     plan = six_core_plan(load_config(CONFIG, [*SHORT]))
-    made = []
     with pytest.raises(SlurmSubmitError, match="(?s)More processors requested than permitted.*were cancelled"):
-        made.append(PlannedSLURMCluster(plan, run_tag="t", **site(tmp_path)))
-    assert made == []
+        Watched(plan, run_tag="t", **site(tmp_path))
     assert lines(fake_slurm / "submitted") == [LEARNER]
     assert len(lines(fake_slurm / "cancelled")) == 1
-    clusters = [o for o in gc.get_objects() if isinstance(o, PlannedSLURMCluster)]
-    assert clusters and {c.status for c in clusters} == {Status.closed}
+    assert begun[0].status == Status.closed
