@@ -258,6 +258,7 @@ def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):  # noqa: F811
 
 @pytest.mark.timeout(240)
 def test_a_planned_cluster_scales_down_and_back_up_to_its_plan(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+    import dask
     from distributed import Client
 
     from tianji_dask.slurm_cluster import PlannedSLURMCluster
@@ -266,24 +267,28 @@ def test_a_planned_cluster_scales_down_and_back_up_to_its_plan(slurm_conf, jobqu
     plan = two_core_plan(load_config(CONFIG, [*SHORT]))
     planned = {"tianji-t3-g0-learner": {"tianji_learner": 1, "tianji_group_0": 1}}
     planned["tianji-t3-g0-actors"] = {"tianji_actor": 1, "tianji_group_0": 1}
-    cluster = PlannedSLURMCluster(plan, run_tag="t3", **site(tmp_path))
-    try:
-        with Client(cluster) as client:
-            client.wait_for_workers(planned_processes(plan), timeout=90)
-            first_jobs = squeue()
-            cluster.scale(0)
-            assert wait_empty() == []
-            deadline = time.monotonic() + 30
-            while scheduler_workers(client) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert scheduler_workers(client) == {}
-            cluster.scale(jobs=len(plan.jobs))
-            client.wait_for_workers(planned_processes(plan), timeout=90)
-            again = squeue()
-            assert sorted(name for _, name in again) == sorted(planned)
-            assert not {job for job, _ in again} & {job for job, _ in first_jobs}, "new jobs, not the cancelled ones"
-            resources = {w["name"]: w["resources"] for w in scheduler_workers(client).values()}
-            assert resources == planned
-    finally:
-        cluster.close()
+    # SpecCluster closes the job of a worker that left, by worker name, lost-worker-timeout later;
+    # a job submitted again under that name before then would be cancelled with it.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1s"}):
+        cluster = PlannedSLURMCluster(plan, run_tag="t3", **site(tmp_path))
+        try:
+            with Client(cluster) as client:
+                client.wait_for_workers(planned_processes(plan), timeout=90)
+                first_jobs = squeue()
+                cluster.scale(0)
+                assert wait_empty() == []
+                deadline = time.monotonic() + 30
+                while scheduler_workers(client) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert scheduler_workers(client) == {}
+                time.sleep(1.5)
+                cluster.scale(jobs=len(plan.jobs))
+                client.wait_for_workers(planned_processes(plan), timeout=90)
+                again = squeue()
+                assert sorted(name for _, name in again) == sorted(planned)
+                assert not {job for job, _ in again} & {job for job, _ in first_jobs}, "new jobs, not the cancelled"
+                resources = {w["name"]: w["resources"] for w in scheduler_workers(client).values()}
+                assert resources == planned
+        finally:
+            cluster.close()
     assert wait_empty() == [], "closing the cluster left jobs"

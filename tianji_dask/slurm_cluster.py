@@ -86,7 +86,9 @@ class PlannedSLURMCluster(SLURMCluster):
     def scale(self, n=None, jobs=0, memory=None, cores=None):
         """Run the plan's first ``jobs`` jobs, in plan order, and cancel the others; ``n`` asks
         for the fewest first jobs that hold ``n`` workers. All of the plan is
-        ``jobs=len(cluster.planned_spec)``; ``scale(0)`` cancels every job."""
+        ``jobs=len(cluster.planned_spec)``; ``scale(0)`` cancels every job. A job started again
+        keeps its name, and SpecCluster cancels the job named like a worker that left
+        ``distributed.deploy.lost-worker-timeout`` (15 s) after it left: scale back up after that."""
         if memory is not None or cores is not None:
             raise ValueError("a planned cluster scales by its plan's jobs (jobs=) or workers (n=), not memory or cores")
         if n is not None:
