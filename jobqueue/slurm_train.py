@@ -28,13 +28,14 @@ def main(argv=None) -> int:
     from tianji_dask.deployment import deployment_settings
     from tianji_dask.driver import train
     from tianji_dask.planner import load_plan
-    from tianji_dask.slurm import plan_from_config, planned_processes, slurm_cluster
+    from tianji_dask.slurm import plan_from_config, planned_processes
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     cfg = load_config(args.config, args.overrides)
     plan = load_plan(args.plan) if args.plan else plan_from_config(cfg)
     cfg = plan.apply(cfg)
     kw = {"walltime": args.walltime} if args.walltime else {}
-    with slurm_cluster(plan, **kw) as cluster, Client(cluster) as client:
+    with PlannedSLURMCluster(plan, **kw) as cluster, Client(cluster) as client:
         print(f"{len(plan.jobs)} jobs submitted; dashboard {client.dashboard_link}", file=sys.stderr)
         client.wait_for_workers(planned_processes(plan), timeout=deployment_settings().timeouts.slurm_workers)
         run = train(cfg, client, out=args.out, on_event=lambda s: print(s, file=sys.stderr))

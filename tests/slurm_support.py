@@ -1,5 +1,5 @@
-"""Pytest wiring for the tests that need a real (local) Slurm: ``require_slurm()`` and the
-session fixture ``slurm_conf``.
+"""Pytest wiring for the Slurm tests: ``require_slurm()`` and the session fixture ``slurm_conf``
+for the ones that need a real (local) Slurm; ``fake_command`` and the plans they submit for all.
 
 A test module uses it with::
 
@@ -138,3 +138,48 @@ def jobqueue_defaults():
     defaults = yaml.safe_load(pkg.read_text(encoding="utf-8"))["jobqueue"]["slurm"]
     with dask.config.set({"jobqueue.slurm": defaults}):
         yield
+
+
+def fake_command(monkeypatch, bin_dir: Path, name: str, body: str) -> Path:
+    """An executable shell script ``name`` (``body`` after the shebang) in ``bin_dir``, which goes
+    first on PATH, so it answers instead of the real command for the rest of the test."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
+    path.chmod(0o755)
+    if os.environ["PATH"].split(os.pathsep)[0] != str(bin_dir):
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return path
+
+
+def six_core_plan(cfg):
+    """One group on 6 cores: a learner job of 2 threads, an actors job of 4 single-core processes."""
+    from tianji_dask.planner import Profile, Resources, make_plan
+
+    prof = Profile(
+        actors=(1, 2, 4),
+        actor_env_steps_per_s=(1_000.0, 2_000.0, 4_000.0),
+        threads=(1, 2, 4),
+        batch_sizes=(64,),
+        learner_samples_per_s=((16_000.0,), (64_000.0,), (64_000.0,)),
+        replay_bytes_per_transition=48.0,
+    )
+    plan = make_plan(cfg, prof, Resources(cores=6))
+    assert (plan.groups, plan.actors, plan.learner_threads) == (1, 4, 2)
+    return plan
+
+
+def two_core_plan(cfg):
+    """The planner's answer for a 2-core node (the local Slurm's) on a profile where one actor
+    outruns the learner: a learner job and an actors job of one core each."""
+    from tianji_dask.planner import Profile, Resources, make_plan
+
+    prof = Profile(
+        actors=(1, 2),
+        actor_env_steps_per_s=(20_000.0, 40_000.0),
+        threads=(1,),
+        batch_sizes=(64,),
+        learner_samples_per_s=((50_000.0,),),
+        replay_bytes_per_transition=48.0,
+    )
+    return make_plan(cfg, prof, Resources(cores=2))

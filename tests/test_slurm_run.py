@@ -11,11 +11,11 @@ import time
 import cloudpickle
 import pytest
 from conftest import CONFIG, SHORT, check_run_dir
-from slurm_support import jobqueue_defaults, slurm_conf  # noqa: F401
+from slurm_support import fake_command, jobqueue_defaults, six_core_plan, slurm_conf, two_core_plan  # noqa: F401
 
 from tianji_dask.config import load_config
-from tianji_dask.planner import Job, PlanError, Profile, Resources, make_plan
-from tianji_dask.slurm import check_fits, job_scripts, planned_processes, slurm_cluster
+from tianji_dask.planner import Job, PlanError
+from tianji_dask.slurm import check_fits, job_scripts, planned_processes
 from tianji_dask.workers import scheduler_workers
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
@@ -35,19 +35,6 @@ def wait_empty(timeout=30.0):
     return q
 
 
-def two_core_plan(cfg):
-    """The planner's answer for this 2-core node on a profile where one actor outruns the learner."""
-    prof = Profile(
-        actors=(1, 2),
-        actor_env_steps_per_s=(20_000.0, 40_000.0),
-        threads=(1,),
-        batch_sizes=(64,),
-        learner_samples_per_s=((50_000.0,),),
-        replay_bytes_per_transition=48.0,
-    )
-    return make_plan(cfg, prof, Resources(cores=2))
-
-
 def site(tmp_path):
     return dict(
         walltime="00:10:00",
@@ -60,17 +47,7 @@ def site(tmp_path):
 
 
 def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):  # noqa: F811
-    cfg = load_config(CONFIG, [*SHORT])
-    prof = Profile(
-        actors=(1, 2, 4),
-        actor_env_steps_per_s=(1_000.0, 2_000.0, 4_000.0),
-        threads=(1, 2, 4),
-        batch_sizes=(64,),
-        learner_samples_per_s=((16_000.0,), (64_000.0,), (64_000.0,)),
-        replay_bytes_per_transition=48.0,
-    )
-    plan = make_plan(cfg, prof, Resources(cores=6))
-    assert (plan.groups, plan.actors, plan.learner_threads) == (1, 4, 2)
+    plan = six_core_plan(load_config(CONFIG, [*SHORT]))
     scripts = dict(job_scripts(plan, walltime="00:07:00"))
     learner = scripts["tianji-run-g0-learner"]
     actors = scripts["tianji-run-g0-actors"]
@@ -96,6 +73,8 @@ def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):  # noq
 
 
 def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+
     cfg = load_config(CONFIG, [*SHORT])
     plan = two_core_plan(cfg)
     plan.jobs[0] = Job("learner", 0, 64, 1, 2**30, 0)
@@ -105,32 +84,33 @@ def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_def
         match=r"learner job needs 64 cores.*largest node of the default partition has "
         r"\d+ CPUs.*nothing was submitted",
     ):
-        slurm_cluster(plan, **site(tmp_path))
+        PlannedSLURMCluster(plan, **site(tmp_path))
     assert squeue() == before
     with pytest.raises(PlanError, match="nothing was submitted"):
         check_fits(plan)
 
 
-def test_no_sbatch_is_refused_before_anything_starts(monkeypatch, tmp_path):
+def test_no_sbatch_is_refused_before_anything_starts(jobqueue_defaults, monkeypatch, tmp_path):  # noqa: F811
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     plan = two_core_plan(load_config(CONFIG, [*SHORT]))
     with pytest.raises(PlanError, match="sbatch is not on PATH.*local-slurm.sh"):
-        slurm_cluster(plan)
+        PlannedSLURMCluster(plan)
 
 
 @pytest.mark.timeout(120)
 def test_a_job_slurm_refuses_cancels_the_rest(slurm_conf, jobqueue_defaults, tmp_path, monkeypatch):  # noqa: F811
     """Past check_fits (a site whose sinfo misleads it), sbatch's own refusal surfaces as an error
     that quotes Slurm, and the plan's other job is not left queued."""
-    import tianji_dask.slurm as slurm
-    from tianji_dask.slurm import SlurmSubmitError
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster, SlurmSubmitError
 
     assert wait_empty() == []
     plan = two_core_plan(load_config(CONFIG, [*SHORT]))
     plan.jobs[1] = Job("actors", 0, 64, 1, 2**30, 0)
-    monkeypatch.setattr(slurm, "check_fits", lambda plan, queue=None: None)
+    fake_command(monkeypatch, tmp_path / "bin", "sinfo", 'echo "debug* 64 1000000"')
     with pytest.raises(SlurmSubmitError, match="More processors requested than permitted"):
-        slurm.slurm_cluster(plan, **site(tmp_path))
+        PlannedSLURMCluster(plan, **site(tmp_path))
     assert wait_empty() == []
 
 
@@ -139,13 +119,14 @@ def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_def
     from distributed import Client
 
     from tianji_dask.driver import train
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     assert wait_empty() == [], "jobs left over from an earlier test"
     cfg = two_core_plan(load_config(CONFIG, [*SHORT, "stop.max_seconds=6"])).apply(
         load_config(CONFIG, [*SHORT, "stop.max_seconds=6"])
     )
     plan = two_core_plan(cfg)
-    cluster = slurm_cluster(plan, run_tag="t1", **site(tmp_path))
+    cluster = PlannedSLURMCluster(plan, run_tag="t1", **site(tmp_path))
     try:
         with Client(cluster) as client:
             client.wait_for_workers(planned_processes(plan), timeout=90)
@@ -184,12 +165,13 @@ def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue
     from distributed import Client
 
     from tianji_dask.driver import train
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     assert wait_empty() == [], "jobs left over from an earlier test"
     cfg = load_config(CONFIG, [*SHORT, "stop.max_seconds=120", "run.heartbeat_timeout=5"])
     plan = two_core_plan(cfg)
     cfg = plan.apply(cfg)
-    cluster = slurm_cluster(plan, run_tag="t2", **site(tmp_path))
+    cluster = PlannedSLURMCluster(plan, run_tag="t2", **site(tmp_path))
     try:
         with Client(cluster) as client:
             client.wait_for_workers(planned_processes(plan), timeout=90)
@@ -272,3 +254,41 @@ def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):  # noqa: F811
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert any(n.startswith("tianji-") and "learner" in n for n in logs), logs  # jobqueue.yaml was honoured
     assert wait_empty() == []
+
+
+@pytest.mark.timeout(240)
+def test_a_planned_cluster_scales_down_and_back_up_to_its_plan(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+    import dask
+    from distributed import Client
+
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+
+    assert wait_empty() == [], "jobs left over from an earlier test"
+    plan = two_core_plan(load_config(CONFIG, [*SHORT]))
+    planned = {"tianji-t3-g0-learner": {"tianji_learner": 1, "tianji_group_0": 1}}
+    planned["tianji-t3-g0-actors"] = {"tianji_actor": 1, "tianji_group_0": 1}
+    # SpecCluster closes the job of a worker that left, by worker name, lost-worker-timeout later;
+    # a job submitted again under that name before then would be cancelled with it.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1s"}):
+        cluster = PlannedSLURMCluster(plan, run_tag="t3", **site(tmp_path))
+        try:
+            with Client(cluster) as client:
+                client.wait_for_workers(planned_processes(plan), timeout=90)
+                first_jobs = squeue()
+                cluster.scale(0)
+                assert wait_empty() == []
+                deadline = time.monotonic() + 30
+                while scheduler_workers(client) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert scheduler_workers(client) == {}
+                time.sleep(1.5)
+                cluster.scale(jobs=len(plan.jobs))
+                client.wait_for_workers(planned_processes(plan), timeout=90)
+                again = squeue()
+                assert sorted(name for _, name in again) == sorted(planned)
+                assert not {job for job, _ in again} & {job for job, _ in first_jobs}, "new jobs, not the cancelled"
+                resources = {w["name"]: w["resources"] for w in scheduler_workers(client).values()}
+                assert resources == planned
+        finally:
+            cluster.close()
+    assert wait_empty() == [], "closing the cluster left jobs"

@@ -118,22 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     js.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml")
     js.add_argument("--walltime", default=None)
-    b = sub.add_parser(
-        "bench",
-        help="run a benchmark (docs/benchmarks.md)",
-        description="Benchmarks of the system itself; each writes NetCDF, JSON and PNG results.",
-    )
-    bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
-    from tianji_dask.bench.comm import add_arguments as add_comm_arguments
-
-    c = bsub.add_parser(
-        "comm",
-        help="the paper's virtual communication experiment (Fig. 5, equation 1)",
-        description="Actors push messages through the trajectory channel into one inbox until N "
-        "arrived; raw TCP between plain processes is the anchor. Sweeps message size, "
-        "actors x sample time, alternative transports and 100-byte messages.",
-    )
-    add_comm_arguments(c)
     return p
 
 
@@ -281,11 +265,12 @@ def _slurm_client(cfg, plan, args):
     from distributed import Client
 
     from tianji_dask.deployment import deployment_settings
-    from tianji_dask.slurm import plan_from_config, planned_processes, slurm_cluster
+    from tianji_dask.slurm import plan_from_config, planned_processes
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     plan = plan or plan_from_config(cfg)
     kw = {"walltime": args.walltime} if args.walltime else {}
-    cluster = slurm_cluster(plan, run_tag=f"{int(time.time()) % 100000}", **kw)
+    cluster = PlannedSLURMCluster(plan, run_tag=f"{int(time.time()) % 100000}", **kw)
     client = Client(cluster)
     n = planned_processes(plan)
     print(
@@ -494,10 +479,6 @@ def _main(argv: list[str] | None) -> int:
         return cmd_plan(args)
     if args.command == "job-script":
         return cmd_job_script(args)
-    if args.command == "bench" and args.bench == "comm":
-        from tianji_dask.bench.comm import main_from_args
-
-        return main_from_args(args)
     return EXIT_BAD_INPUT
 
 

@@ -1,4 +1,6 @@
-"""Slurm through dask-jobqueue, sized by a :class:`~tianji_dask.planner.Plan`.
+"""Slurm batch jobs sized by a :class:`~tianji_dask.planner.Plan`: their names, dask-jobqueue
+keywords and scripts, and the check that a node can hold them. The cluster that submits them is
+:class:`~tianji_dask.slurm_cluster.PlannedSLURMCluster`.
 
 Each group of the plan becomes two kinds of batch jobs: a learner job (one process per learner,
 ``learner_threads`` cores each; it also hosts the group's buffer, so its memory includes the
@@ -6,13 +8,13 @@ replay memory) and an actors job (one single-core process per actor). Their work
 resources (``tianji_learner`` or ``tianji_actor``, and ``tianji_group_<g>``) by which the run
 places its hosts. Site settings (queue, account, interface, walltime, prologue, log directory)
 come from the user's dask-jobqueue configuration (``jobqueue.yaml``: see jobqueue/jobqueue.yaml),
-never from the experiment config; keyword arguments given here override it, as in
-``SLURMCluster(...)``.
+never from the experiment config; keyword arguments override it, as in ``SLURMCluster(...)``.
+Nothing here imports dask-jobqueue at module import: importing it writes a template
+``jobqueue.yaml`` into the user's Dask config directory.
 """
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
 
@@ -71,16 +73,30 @@ def job_options(job: Job, **site) -> dict:
     }
 
 
+def planned_worker_spec(plan: Plan, run_tag: str, job_cls, site: dict) -> dict[str, dict]:
+    """The plan's jobs as a ``SpecCluster`` worker spec, in plan order: job name ->
+    ``{"cls": job_cls, "options": job keywords, "group": worker name suffixes}``."""
+    spec = {}
+    for job in plan.jobs:
+        name = job_name(run_tag, job)
+        entry: dict = {"cls": job_cls, "options": {**job_options(job, **site), "job_name": name}}
+        if job.processes > 1:
+            # dask-worker --nworkers names its workers <name>-0, <name>-1, ...; SpecCluster maps
+            # them back to their job through these suffixes.
+            entry["group"] = [f"-{i}" for i in range(job.processes)]
+        spec[name] = entry
+    return spec
+
+
 def job_scripts(plan: Plan, run_tag: str = "run", **site) -> list[tuple[str, str]]:
     """(job name, script) for every job of the plan, without a scheduler or a submission."""
     from dask_jobqueue.slurm import SLURMJob
 
-    out = []
-    for job in plan.jobs:
-        name = job_name(run_tag, job)
-        script = SLURMJob(SCHEDULER_PLACEHOLDER, name=name, job_name=name, **job_options(job, **site)).job_script()
-        out.append((name, script))
-    return out
+    spec = planned_worker_spec(plan, run_tag, SLURMJob, site)
+    return [
+        (name, entry["cls"](SCHEDULER_PLACEHOLDER, name=name, **entry["options"]).job_script())
+        for name, entry in spec.items()
+    ]
 
 
 def partition_limits(queue: str | None = None) -> tuple[int, int] | None:
@@ -120,52 +136,6 @@ def check_fits(plan: Plan, queue: str | None = None) -> None:
                 f"{mem / 2**30:.2f} GiB (sinfo): nothing was submitted. Plan for this cluster with "
                 f"tianji-dask plan CONFIG --cores M --cores-per-node {cpus}"
             )
-
-
-def slurm_cluster(plan: Plan, run_tag: str = "run", **kwargs):
-    """A ``SLURMCluster`` with the plan's jobs submitted. ``kwargs`` go to ``SLURMCluster``
-    (e.g. ``walltime``, ``log_directory``); what is not given comes from jobqueue.yaml."""
-    import dask
-    from dask_jobqueue import SLURMCluster
-
-    if shutil.which("sbatch") is None:
-        raise PlanError(
-            "Slurm's sbatch is not on PATH, so no job can be submitted from here; run on a "
-            "Slurm login node, or try a local Slurm: jobqueue/local-slurm.sh start DIR"
-        )
-    check_fits(plan, kwargs.get("queue") or dask.config.get("jobqueue.slurm.queue", None))
-    first = plan.jobs[0]  # the cluster's own job template (cluster.job_script()); no job is submitted for it
-    cluster = SLURMCluster(
-        **{"cores": first.cores, "processes": first.processes, "memory": f"{first.memory_bytes}B", **kwargs}
-    )
-    site = {k: v for k, v in cluster._job_kwargs.items()}  # the resolved keywords every job shares
-    for job in plan.jobs:
-        name = job_name(run_tag, job)
-        spec = {"cls": cluster.job_cls, "options": {**job_options(job, **site), "job_name": name}}
-        if job.processes > 1:
-            spec["group"] = [f"-{i}" for i in range(job.processes)]
-        cluster.worker_spec[name] = spec
-    try:
-        cluster.sync(cluster._correct_state)  # submits every job (sbatch), raises if one is refused
-    except Exception as exc:
-        _cancel_and_close(cluster)
-        raise SlurmSubmitError(
-            f"Slurm refused a job of the plan ({exc}); the jobs already submitted "
-            "were cancelled. Check the plan with tianji-dask job-script"
-        ) from exc
-    return cluster
-
-
-class SlurmSubmitError(RuntimeError):
-    """sbatch refused a planned job; nothing of the plan is left queued or running."""
-
-
-def _cancel_and_close(cluster) -> None:
-    cluster.worker_spec.clear()
-    with contextlib.suppress(Exception):  # the refused job itself cannot be closed
-        cluster.sync(cluster._correct_state)  # scancel what was submitted
-    with contextlib.suppress(AssertionError):  # distributed asserts every job started; the refused one never did
-        cluster.close()
 
 
 def planned_processes(plan: Plan) -> int:

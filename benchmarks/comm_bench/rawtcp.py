@@ -22,13 +22,15 @@ Call protocol::
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import selectors
 import socket
 import time
 
-from .workload import RssSampler, process_cpu_s, sample
+from .cases import MB, Case, CommBenchConfig
+from .workload import RssSampler, process_cpu_s, sleep_until, timed_sample
 
 _READY_TIMEOUT_S = 60.0
 
@@ -90,9 +92,7 @@ def _sender(pipe, port: int, size: int, sample_mode: str, sample_time: float, st
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     pipe.send("ready")
     start.wait()
-    delay = start_at.value - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
+    sleep_until(start_at.value)
     check_every = max(1, (256 << 10) // max(size, 1))  # Event.is_set takes a lock: not per tiny message
     sent = 0
     sample_wall = sample_cpu = send_wall = 0.0
@@ -100,10 +100,9 @@ def _sender(pipe, port: int, size: int, sample_mode: str, sample_time: float, st
     t_first = time.monotonic()
     while sent % check_every or not stop.is_set():
         if sample_time > 0:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            sample(sample_mode, sample_time)
-            sample_wall += time.perf_counter() - t0
-            sample_cpu += time.thread_time() - c0
+            wall, cpu = timed_sample(sample_mode, sample_time)
+            sample_wall += wall
+            sample_cpu += cpu
         t0 = time.perf_counter()
         sock.sendall(payload)
         send_wall += time.perf_counter() - t0
@@ -203,4 +202,23 @@ def run_raw_tcp(
         "receiver_start_rss_bytes": rss.start_bytes,
         "receiver_peak_rss_bytes": rss.peak_bytes,
         "receiver_malloc_env": rres["malloc_env"],
+    }
+
+
+def run_raw(case: Case, cfg: CommBenchConfig) -> dict:
+    """One raw TCP case as a row of comm.nc's variables."""
+    r = run_raw_tcp(
+        case.messages, case.message_bytes, case.actors, case.sample_time, cfg.sample_mode, timeout=cfg.case_timeout_s
+    )
+    return {
+        "collection_time": r["collection_time_s"],
+        "messages_sent": r["sent"],
+        "t_sp": r["t_sp_s"],
+        "t_sp_cpu": r["t_sp_cpu_s"],
+        "t_sd": r["t_sd_s"],
+        "t_rv": r["t_rv_s"],
+        "send_call_time": r["send_call_s"],
+        "receiver_rss_start": r["receiver_start_rss_bytes"] / MB,
+        "receiver_rss_peak": r["receiver_peak_rss_bytes"] / MB,
+        "receiver_malloc_env": json.dumps(r["receiver_malloc_env"], sort_keys=True),
     }

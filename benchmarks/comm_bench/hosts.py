@@ -32,7 +32,7 @@ import numpy as np
 
 from tianji_dask.channels import ChannelService, QueueSender
 
-from .workload import process_cpu_s, sample
+from .workload import process_cpu_s, sleep_until, timed_sample
 
 _WARMUP_KEY = "warmup"
 
@@ -125,9 +125,7 @@ class ChannelProducer:
         self._ready.set_result(True)
         data = message_array(size)
         self._go.wait()
-        delay = self._start_at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+        sleep_until(self._start_at)
         blocked0 = sender.stats()["blocked_s"]
         sent = 0
         sample_wall = sample_cpu = push_wall = 0.0
@@ -135,10 +133,9 @@ class ChannelProducer:
         t_first = time.monotonic()
         while not self._stop.is_set():
             if sample_time > 0:
-                t0, c0 = time.perf_counter(), time.thread_time()
-                sample(sample_mode, sample_time)
-                sample_wall += time.perf_counter() - t0
-                sample_cpu += time.thread_time() - c0
+                wall, cpu = timed_sample(sample_mode, sample_time)
+                sample_wall += wall
+                sample_cpu += cpu
             t0 = time.perf_counter()
             sender.push({"data": data})
             push_wall += time.perf_counter() - t0

@@ -32,6 +32,19 @@ def sample(mode: str, seconds: float) -> None:
         raise ValueError(f"sample mode must be one of {SAMPLE_MODES}, got {mode!r}")
 
 
+def timed_sample(mode: str, seconds: float) -> tuple[float, float]:
+    """One simulated sampling step: its wall seconds and its CPU seconds in this thread."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    sample(mode, seconds)
+    return time.perf_counter() - t0, time.thread_time() - c0
+
+
+def sleep_until(monotonic_t: float) -> None:
+    delay = monotonic_t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
 def process_cpu_s() -> float:
     """User + system CPU seconds of this process, all threads (kernel socket copies included)."""
     return time.process_time()

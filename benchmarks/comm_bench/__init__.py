@@ -1,0 +1,1 @@
+"""The communication benchmark that ``python benchmarks/comm.py`` runs; see docs/benchmarks.md."""

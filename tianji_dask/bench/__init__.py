@@ -1,1 +1,0 @@
-"""Benchmarks that ship with the package (``tianji-dask bench ...``); see docs/benchmarks.md."""
