@@ -214,3 +214,28 @@ class _Helpers:
 def h() -> type[_Helpers]:
     """The end-to-end helpers: ``h.CONFIG``, ``h.SHORT``, ``h.check_run_dir(...)``, ``h.cli(...)``."""
     return _Helpers
+
+
+# ------------------------------------------------------------------ Slurm (tests/slurm_support.py)
+@pytest.fixture(scope="session")
+def slurm_conf() -> str:
+    """Path of the local Slurm's slurm.conf (also in ``os.environ["SLURM_CONF"]``, which
+    sbatch and the jobs inherit); skips or fails as ``require_slurm()`` does."""
+    from slurm_support import require_slurm
+
+    return require_slurm()["SLURM_CONF"]
+
+
+@pytest.fixture
+def jobqueue_defaults():
+    """Run the test with dask-jobqueue's own defaults for ``jobqueue.slurm``, so that a user's
+    jobqueue.yaml (queue, account, interface, ...) cannot leak into tests on the local Slurm."""
+    import dask
+    import yaml
+    from slurm_support import import_dask_jobqueue
+
+    dask_jobqueue = import_dask_jobqueue()
+    pkg = Path(dask_jobqueue.__file__).with_name("jobqueue.yaml")
+    defaults = yaml.safe_load(pkg.read_text(encoding="utf-8"))["jobqueue"]["slurm"]
+    with dask.config.set({"jobqueue.slurm": defaults}):
+        yield

@@ -1,11 +1,6 @@
-"""Pytest wiring for the Slurm tests: ``require_slurm()`` and the session fixture ``slurm_conf``
-for the ones that need a real (local) Slurm; ``fake_command`` and the plans they submit for all.
-
-A test module uses it with::
-
-    from slurm_support import slurm_conf  # noqa: F401
-
-    def test_something(slurm_conf): ...
+"""Helpers of the Slurm tests: ``require_slurm()`` for the ones that need a real (local) Slurm
+(the fixtures ``slurm_conf`` and ``jobqueue_defaults`` in conftest.py build on it);
+``fake_command`` and the plans they submit for all.
 
 (``tests/`` is on ``sys.path`` under pytest's default import mode, as for ``conftest``.)
 
@@ -28,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "jobqueue" / "local-slurm.sh"
@@ -103,13 +97,6 @@ def require_slurm() -> dict[str, str]:
     pytest.skip(f"no local Slurm: {reason}; {HOW_TO_START}")
 
 
-@pytest.fixture(scope="session")
-def slurm_conf() -> str:
-    """Path of the local Slurm's slurm.conf (also in ``os.environ["SLURM_CONF"]``, which
-    sbatch and the jobs inherit); skips or fails as ``require_slurm()`` does."""
-    return require_slurm()["SLURM_CONF"]
-
-
 def import_dask_jobqueue():
     """``import dask_jobqueue`` without its side effect of writing a commented template
     ``jobqueue.yaml`` into the user's dask config dir (~/.config/dask or $DASK_CONFIG)."""
@@ -125,19 +112,6 @@ def import_dask_jobqueue():
         finally:
             dask.config.PATH = saved
     return dask_jobqueue
-
-
-@pytest.fixture
-def jobqueue_defaults():
-    """Run the test with dask-jobqueue's own defaults for ``jobqueue.slurm``, so that a user's
-    jobqueue.yaml (queue, account, interface, ...) cannot leak into tests on the local Slurm."""
-    import dask
-
-    dask_jobqueue = import_dask_jobqueue()
-    pkg = Path(dask_jobqueue.__file__).with_name("jobqueue.yaml")
-    defaults = yaml.safe_load(pkg.read_text(encoding="utf-8"))["jobqueue"]["slurm"]
-    with dask.config.set({"jobqueue.slurm": defaults}):
-        yield
 
 
 def fake_command(monkeypatch, bin_dir: Path, name: str, body: str) -> Path:

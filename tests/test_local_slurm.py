@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_support import SCRIPT, jobqueue_defaults, slurm_conf  # noqa: F401
+from slurm_support import SCRIPT
 
 from tianji_dask.workers import scheduler_workers
 
@@ -50,7 +50,7 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(180)
-def test_slurmcluster_scale_compute_close(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+def test_slurmcluster_scale_compute_close(slurm_conf, jobqueue_defaults, tmp_path):
     from dask_jobqueue import SLURMCluster
     from distributed import Client
 
@@ -93,7 +93,7 @@ def test_slurmcluster_scale_compute_close(slurm_conf, jobqueue_defaults, tmp_pat
     assert any(n.startswith("tianji-test-") and n.endswith(".err") for n in logs), logs
 
 
-def test_oversized_job_rejected_at_submit(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+def test_oversized_job_rejected_at_submit(slurm_conf, jobqueue_defaults, tmp_path):
     """EnforcePartLimits=ALL: a job bigger than the node fails at sbatch time (it does not sit
     PENDING forever) with Slurm's own message; a fitting one passes --test-only."""
     from dask_jobqueue.slurm import SLURMJob
@@ -131,7 +131,7 @@ def test_oversized_job_rejected_at_submit(slurm_conf, jobqueue_defaults, tmp_pat
     assert squeue_ids() == []  # --test-only submits nothing
 
 
-def test_script_status_env_and_refusals(slurm_conf):  # noqa: F811
+def test_script_status_env_and_refusals(slurm_conf):
     state = str(Path(slurm_conf).parent)
     st = run_script("status", state)
     assert st.returncode == 0, st.stdout + st.stderr

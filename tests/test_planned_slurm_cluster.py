@@ -9,7 +9,7 @@ import time
 import dask
 import pytest
 from conftest import CONFIG, SHORT
-from slurm_support import fake_command, jobqueue_defaults, six_core_plan  # noqa: F401
+from slurm_support import fake_command, six_core_plan
 
 from tianji_dask.config import load_config
 

@@ -11,7 +11,7 @@ import time
 import cloudpickle
 import pytest
 from conftest import CONFIG, SHORT, check_run_dir
-from slurm_support import fake_command, jobqueue_defaults, six_core_plan, slurm_conf, two_core_plan  # noqa: F401
+from slurm_support import fake_command, six_core_plan, two_core_plan
 
 from tianji_dask.config import load_config
 from tianji_dask.planner import Job, PlanError
@@ -46,7 +46,7 @@ def site(tmp_path):
     )
 
 
-def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):  # noqa: F811
+def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):
     plan = six_core_plan(load_config(CONFIG, [*SHORT]))
     scripts = dict(job_scripts(plan, walltime="00:07:00"))
     learner = scripts["tianji-run-g0-learner"]
@@ -72,7 +72,7 @@ def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):  # noq
     assert out.stdout.count("#!/usr/bin/env bash") == 2 and "--cpus-per-task=1" in out.stdout
 
 
-def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_defaults, tmp_path):
     from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     cfg = load_config(CONFIG, [*SHORT])
@@ -90,7 +90,7 @@ def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_def
         check_fits(plan)
 
 
-def test_no_sbatch_is_refused_before_anything_starts(jobqueue_defaults, monkeypatch, tmp_path):  # noqa: F811
+def test_no_sbatch_is_refused_before_anything_starts(jobqueue_defaults, monkeypatch, tmp_path):
     from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
@@ -100,7 +100,7 @@ def test_no_sbatch_is_refused_before_anything_starts(jobqueue_defaults, monkeypa
 
 
 @pytest.mark.timeout(120)
-def test_a_job_slurm_refuses_cancels_the_rest(slurm_conf, jobqueue_defaults, tmp_path, monkeypatch):  # noqa: F811
+def test_a_job_slurm_refuses_cancels_the_rest(slurm_conf, jobqueue_defaults, tmp_path, monkeypatch):
     """Past check_fits (a site whose sinfo misleads it), sbatch's own refusal surfaces as an error
     that quotes Slurm, and the plan's other job is not left queued."""
     from tianji_dask.slurm_cluster import PlannedSLURMCluster, SlurmSubmitError
@@ -115,7 +115,7 @@ def test_a_job_slurm_refuses_cancels_the_rest(slurm_conf, jobqueue_defaults, tmp
 
 
 @pytest.mark.timeout(240)
-def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_defaults, tmp_path):
     from distributed import Client
 
     from tianji_dask.driver import train
@@ -161,7 +161,7 @@ def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_def
 
 
 @pytest.mark.timeout(240)
-def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue_defaults, tmp_path):
     from distributed import Client
 
     from tianji_dask.driver import train
@@ -200,7 +200,7 @@ def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue
 
 
 @pytest.mark.timeout(240)
-def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):  # noqa: F811
+def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):
     """tianji-dask train --plan --slurm with the site settings in a user's jobqueue.yaml."""
     import os
 
@@ -257,7 +257,7 @@ def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):  # noqa: F811
 
 
 @pytest.mark.timeout(240)
-def test_a_planned_cluster_scales_down_and_back_up_to_its_plan(slurm_conf, jobqueue_defaults, tmp_path):  # noqa: F811
+def test_a_planned_cluster_scales_down_and_back_up_to_its_plan(slurm_conf, jobqueue_defaults, tmp_path):
     import dask
     from distributed import Client
 
