@@ -209,7 +209,7 @@ def test_ppo_actor_never_pauses_inside_a_rollout():
     for _ in range(actor.T - 1):  # the rest of the rollout runs
         actor.step()
     assert actor.counters.throttled_s == 0
-    assert actor.counters.chunks_sent == 1 and len(queue.poll()) == 1
+    assert actor.counters.messages_sent == 1 and len(queue.poll()) == 1
     actor.step()  # the next rollout would start: now it pauses
     assert actor.counters.throttled_s > 0 and actor._t == 0
 
@@ -230,4 +230,4 @@ def test_ppo_actor_never_pauses_without_controller(how):
     for _ in range(actor.T + 1):  # a whole rollout and the start of the next
         actor.step()
     assert actor.counters.env_steps == 10**9 + (actor.T + 1) * actor.num_envs
-    assert actor.counters.throttled_s == 0 and actor.counters.chunks_sent == 1
+    assert actor.counters.throttled_s == 0 and actor.counters.messages_sent == 1

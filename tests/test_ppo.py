@@ -469,7 +469,7 @@ def test_actor_tags_each_rollout_with_the_version_it_started_with():
     assert first["last_values"].shape == (2,)
     assert float(second["created"]) >= float(first["created"])
     hb = actor.heartbeat()["counters"]
-    assert hb["env_steps"] == 32 and hb["chunks_sent"] == 2 and hb["param_version"] == 1
+    assert hb["env_steps"] == 32 and hb["messages_sent"] == 2 and hb["param_version"] == 1
 
 
 @pytest.mark.timeout(30)

@@ -34,7 +34,7 @@ def recorder(target=None, **kw) -> MetricsRecorder:
 def actor(i, t, env_steps, *, version=0, episodes=(), **c):
     counters = {
         "env_steps": env_steps,
-        "chunks_sent": env_steps // 100,
+        "messages_sent": env_steps // 100,
         "bytes_sent": env_steps * 10,
         "dropped": 0,
         "blocked_s": 0.0,

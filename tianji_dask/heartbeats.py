@@ -36,7 +36,7 @@ class HostCounters:
 @dataclass
 class ActorCounters(HostCounters):
     env_steps: int = counter(rate="env_fps")
-    chunks_sent: int = counter(grows=True)
+    messages_sent: int = counter(grows=True)  # on the trajectory channel: a chunk (DQN) or a rollout (PPO)
     bytes_sent: int = counter(rate="send_bytes_per_s")
     dropped: int = counter(grows=True)  # chunks the channel dropped (full_policy "drop")
     blocked_s: float = counter(0.0, grows=True)  # waiting for channel credit

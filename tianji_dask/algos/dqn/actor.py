@@ -130,7 +130,7 @@ class DQNActorRole(ActorBase):
             chunk["frames"], chunk["frame_ids"] = self.frames.take()
         nbytes = sum(v.nbytes for v in chunk.values())
         if self.sender.push(chunk):
-            self.counters.chunks_sent += 1
+            self.counters.messages_sent += 1
             self.counters.bytes_sent += nbytes
         self._new_chunk()  # the pushed arrays now belong to the channel
         if self.synchronous and self.counters.env_steps * self.n_actors >= (

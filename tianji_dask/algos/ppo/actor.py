@@ -24,7 +24,6 @@ class PPOActorRole(ActorBase):
         self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed, network=network_kind(cfg))
         self.obs = self.reset_env(seed)  # uint8 frame stacks for Atari (rollouts move as uint8)
         self.T = cfg.algo.rollout_steps
-        self.chunk_len = self.T * self.num_envs
         self.learner_consumed = 0
         a, topo = cfg.algo, cfg.topology
         share = a.rollouts_per_update * topo.learners / (self.n_actors * a.sample_reuse)
@@ -105,7 +104,7 @@ class PPOActorRole(ActorBase):
         nbytes = sum(v.nbytes for v in r.values())
         self._rollouts_this_version += 1
         if self.sender.push(r):
-            self.counters.chunks_sent += 1
+            self.counters.messages_sent += 1
             self.counters.bytes_sent += nbytes
         self._new_rollout()
         if self.synchronous:
