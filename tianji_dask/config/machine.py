@@ -36,7 +36,7 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     from gymnasium import spaces
 
     env_id = config.env.id
-    if config.env.kind == "atari":  # the preprocessed spaces: uint8 (4, 84, 84), the game's actions
+    if config.env.frame_stacks:  # Atari preprocessed: uint8 (4, 84, 84) frame stacks, the game's actions
         from tianji_dask.envs import atari_spaces
 
         check_atari_game(config.env)
