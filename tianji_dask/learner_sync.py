@@ -48,9 +48,9 @@ class SnapshotRequests:
 
     def serve(self, take: Callable[[], Any]) -> None:
         """In the loop thread: answer the pending request, if any, with ``take()``."""
-        want, self._wanted = self._wanted, None
-        if want is None:
+        if self._wanted is None:  # the usual case, every step: read only, so no request is overwritten
             return
+        want, self._wanted = self._wanted, None
         try:
             want.set_result(take())
         except Exception as exc:  # noqa: BLE001 - the caller reports it; the loop goes on
