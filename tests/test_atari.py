@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
-from tianji_dask.algos.dqn.buffer import ReplayBufferRole
 from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy
 from tianji_dask.algos.networks import AtariActorCritic, NatureQNetwork, network_kind
 from tianji_dask.algos.ppo.core import PPOLearner, PPOPolicy
 from tianji_dask.channels import LocalQueue
 from tianji_dask.config import ConfigError, check_env, load_config
 from tianji_dask.envs import ATARI_OBS_SHAPE, AtariTrainingSignals, make_atari_vector_env, next_observations
+from tianji_dask.roles.buffer import ReplayBufferRole
 from tianji_dask.roles.frame_replay import FrameReplay, FrameStreams
-from tianji_dask.roles.nstep import NStepWindow
+from tianji_dask.roles.replay import NStepWindow
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
-from tianji_dask.algos.dqn.buffer import ReplayBufferRole
 from tianji_dask.algos.dqn.learner import DQNLearnerRole
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import load_config
+from tianji_dask.roles.buffer import ReplayBufferRole
 
 
 def run_pair(mode: str, updates: int = 150):

@@ -25,6 +25,8 @@ import torch.distributed as dist
 # exception").
 import torch.distributed.nn.functional
 
+from tianji_dask.roles.loop import LearnerLoopRole
+
 CLOSE_TIMEOUT_S = 10.0
 
 
@@ -108,3 +110,32 @@ class DataParallel:
                 time.sleep(0.005)
         except RuntimeError:  # the store's server (rank 0) is gone: nobody left to wait for
             pass
+
+
+class DataParallelUpdates:
+    """The update part of one data-parallel rank's loop: every step the ranks agree whether all
+    can update, whether one is stopping (then all stop together, so no rank waits in a
+    collective for a rank that left) and whether rank 0 broadcasts parameters that gossip
+    changed."""
+
+    def __init__(self, dp: DataParallel):
+        self.dp = dp
+        self._stopped = False
+
+    def running(self, stop_requested: bool) -> bool:
+        return not self._stopped  # a stop request reaches the others through the next agreement
+
+    def step(self, learner: LearnerLoopRole, stop_requested: bool, params_changed: bool) -> bool:
+        """One agreement, then the update if every rank can make it; True if it did."""
+        everyone, stopping, broadcast = self.dp.agree(learner.wants_update(), stop_requested, params_changed)
+        if stopping:
+            self._stopped = True
+            return False
+        if broadcast:
+            self.dp.broadcast(learner.module)
+        if everyone:
+            learner.update()
+        return everyone
+
+    def close(self) -> None:
+        self.dp.close()

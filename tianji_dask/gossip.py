@@ -11,10 +11,13 @@ group). Snapshots older than ``max_age_s`` are left out. Nothing waits.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from tianji_dask.channels import ChannelError
+from tianji_dask.roles.loop import LearnerLoopRole
 
 
 class GroupGossip:
@@ -24,7 +27,7 @@ class GroupGossip:
         self,
         group: int,
         publisher,
-        inboxes: dict[int, object],
+        inboxes: Mapping[int, Any],
         interval_s: float,
         max_age_s: float | None = None,
         clock=time.monotonic,
@@ -68,3 +71,24 @@ class GroupGossip:
 def parameter_distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     """L2 norm of the difference of two parameter sets (all tensors together)."""
     return float(np.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in a)))
+
+
+class GossipSync:
+    """The gossip part of a group's lead learner's loop: averages its policy with the other
+    groups' when due."""
+
+    def __init__(self, gossip: GroupGossip):
+        self.gossip = gossip
+
+    def apply(self, learner: LearnerLoopRole) -> bool:
+        """Average when due; True if the learner's parameters changed."""
+        if not self.gossip.due():
+            return False
+        averaged, distance, peers = self.gossip.exchange(learner.policy_params())
+        learner.record_gossip(self.gossip.rounds, distance)
+        if peers:
+            learner.load_policy_params(averaged)
+        return bool(peers)
+
+    def close(self) -> None:
+        self.gossip.publisher.close(timeout=1.0)

@@ -16,9 +16,12 @@ instead of waiting for a host that died.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import psutil
@@ -28,11 +31,13 @@ from distributed.comm import get_address_host
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
 from tianji_dask.config import ExperimentConfig
-from tianji_dask.dataparallel import DataParallel
+from tianji_dask.dataparallel import DataParallel, DataParallelUpdates
 from tianji_dask.deployment import deployment_settings
-from tianji_dask.gossip import GroupGossip
+from tianji_dask.gossip import GossipSync, GroupGossip
 from tianji_dask.heartbeats import COUNTERS, Heartbeat
-from tianji_dask.learner_sync import DataParallelUpdates, GossipSync, LocalUpdates, SnapshotRequests
+from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+
+IDLE_S = 0.0002  # a learner with nothing to train on yields this long before looking again
 
 
 def metrics_topic(run_id: str) -> str:
@@ -44,7 +49,10 @@ def stop_event_name(run_id: str) -> str:
     return f"tianji-stop-{run_id}"
 
 
-class _LoopHost:
+R = TypeVar("R", bound=LoopRole)
+
+
+class _LoopHost(Generic[R]):
     """A role loop in an owned thread, with heartbeats and a clean stop."""
 
     role_name = "?"
@@ -54,7 +62,7 @@ class _LoopHost:
         self.cfg = ExperimentConfig.model_validate_json(config_json)
         self.id = host_id
         self.worker = get_worker()
-        self.role = None
+        self.role: R | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: str | None = None
@@ -67,7 +75,7 @@ class _LoopHost:
     def _comm_kwargs(self) -> dict:
         """Where channel I/O runs (this worker's event loop) and how it connects (its security)."""
         return {
-            "loop": self.worker.loop.asyncio_loop,
+            "loop": self.worker.loop.asyncio_loop,  # type: ignore[attr-defined]  # always tornado's AsyncIOLoop
             "connection_args": self.worker.security.get_connection_args("worker"),
         }
 
@@ -147,11 +155,21 @@ class _LoopHost:
         self._last = hb
         self.worker.log_event(metrics_topic(self.run_id), hb)
 
+    @property
+    def _built(self) -> R:
+        """The role, in the loop thread once ``_make_role`` has built it."""
+        if self.role is None:
+            raise RuntimeError(f"{self.role_name} {self.id}: the role was used before it was built")
+        return self.role
+
+    def _make_role(self) -> R:
+        raise NotImplementedError
+
     def _continue(self) -> bool:
         return not self._stop.is_set()
 
     def _step(self) -> None:
-        self.role.step()
+        self._built.step()
 
     def _before_loop(self) -> None:
         pass
@@ -160,7 +178,7 @@ class _LoopHost:
         pass
 
 
-class BufferHost(_LoopHost):
+class BufferHost(_LoopHost[LoopRole]):
     """Receives trajectory chunks on channel ``channel`` of its worker into replay memory."""
 
     role_name = "buffer"
@@ -183,8 +201,8 @@ class BufferHost(_LoopHost):
             self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id
         )
 
-    def _make_role(self):
-        return self.role
+    def _make_role(self) -> LoopRole:
+        return self._built
 
     def _torch_threads(self) -> int:  # shares the learner's process: the same process-wide setting
         return self.cfg.topology.learner_torch_threads
@@ -193,15 +211,62 @@ class BufferHost(_LoopHost):
         ChannelService.for_worker(self.worker).close(self.channel)
 
 
-class LearnerHost(_LoopHost):
+class SnapshotRequests:
+    """Hands a copy of the learner's state from its loop thread to a caller on another thread.
+
+    A copy taken from outside the loop could catch an update halfway, so the caller asks
+    (:meth:`request`) and the loop answers between two updates (:meth:`serve`)."""
+
+    def __init__(self) -> None:
+        self._wanted: concurrent.futures.Future | None = None
+
+    def request(self) -> concurrent.futures.Future:
+        want: concurrent.futures.Future = concurrent.futures.Future()
+        self._wanted = want
+        return want
+
+    def serve(self, take: Callable[[], Any]) -> None:
+        """In the loop thread: answer the pending request, if any, with ``take()``."""
+        if self._wanted is None:  # the usual case, every step: read only, so no request is overwritten
+            return
+        want, self._wanted = self._wanted, None
+        try:
+            want.set_result(take())
+        except Exception as exc:  # noqa: BLE001 - the caller reports it; the loop goes on
+            want.set_exception(exc)
+
+    def cancel(self, reason: str) -> None:
+        """As the loop ends: answer a pending request with an error rather than let it time out."""
+        want, self._wanted = self._wanted, None
+        if want is not None:
+            want.set_exception(RuntimeError(reason))
+
+
+class LocalUpdates:
+    """The update part of a learner alone in its group: it updates whenever it can and stops
+    when asked."""
+
+    def running(self, stop_requested: bool) -> bool:
+        return not stop_requested
+
+    def step(self, learner: LearnerLoopRole, stop_requested: bool, params_changed: bool) -> bool:
+        """True if the learner updated."""
+        return learner.step()
+
+    def close(self) -> None:
+        pass
+
+
+class LearnerHost(_LoopHost[LearnerLoopRole]):
     """Trains on its buffer; a group's rank 0 publishes parameters to ``subscribers``.
 
     ``buffer`` is the handle of the :class:`BufferHost` it trains from, which must live on the
     same worker: the learner samples from that buffer's memory directly, with no copy between
-    processes. Its step composes the parts in :mod:`tianji_dask.learner_sync`: snapshot
-    requests, gossip with the other groups (``gossip``: rank 0 of each group when there are
-    several groups) and updates, alone or as one rank of a data-parallel group
-    (``world_size > 1``: rank 0 opens the rendezvous store in its constructor and the driver
+    processes. Its step composes separate parts: snapshot requests (:class:`SnapshotRequests`),
+    gossip with the other groups (:class:`~tianji_dask.gossip.GossipSync`, rank 0 of each group
+    when there are several groups) and updates, alone (:class:`LocalUpdates`) or as one rank of
+    a data-parallel group (:class:`~tianji_dask.dataparallel.DataParallelUpdates`,
+    ``world_size > 1``: rank 0 opens the rendezvous store in its constructor and the driver
     reads its port with :meth:`rendezvous_port`).
     """
 
@@ -258,11 +323,13 @@ class LearnerHost(_LoopHost):
         """Port of this rank-0 learner's rendezvous store (None without data parallelism)."""
         return self._store_port
 
-    def _make_role(self):
+    def _make_role(self) -> LearnerLoopRole:
         seed, subscribers, obs_dim, n_actions = self._args
         self.publisher = TopicPublisher(subscribers, **self._comm_kwargs()) if self.rank == 0 else None
         average_gradients = None
         if self.world_size > 1:
+            if self._store_port is None:
+                raise ValueError(f"learner {self.id}: rank {self.rank} of a data-parallel group needs store_port")
             backend = "nccl" if self.cfg.learner.device.startswith("cuda") else "gloo"
             dp = DataParallel(
                 self.rank,
@@ -295,15 +362,17 @@ class LearnerHost(_LoopHost):
         return role
 
     def _before_loop(self) -> None:
-        self.role.publish()  # version 0: actors start acting as soon as it lands
+        self._built.publish()  # version 0: actors start acting as soon as it lands
 
     def _continue(self) -> bool:
         return self.updates.running(self._stop.is_set())
 
     def _step(self) -> None:
         self.snapshots.serve(self._state_on_cpu)
-        changed = self.gossip.apply(self.role) if self.gossip is not None else False
-        self.updates.step(self.role, self._stop.is_set(), changed)
+        role = self._built
+        changed = self.gossip.apply(role) if self.gossip is not None else False
+        if not self.updates.step(role, self._stop.is_set(), changed):
+            time.sleep(IDLE_S)
 
     def _after_loop(self) -> None:
         self.snapshots.cancel(f"learner {self.id}'s loop ended before its snapshot")
@@ -337,10 +406,11 @@ class LearnerHost(_LoopHost):
         return {part: {k: v.detach().to("cpu", copy=True) for k, v in t.items()} for part, t in state.items()}, meta
 
     def _state(self) -> tuple[dict, dict]:
-        return self.role.state(), {**self.role.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
+        role = self._built
+        return role.state(), {**role.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
 
 
-class ActorHost(_LoopHost):
+class ActorHost(_LoopHost[ActorLoopRole]):
     """Steps a vector env with the newest parameters and pushes chunks to the buffer."""
 
     role_name = "actor"
@@ -360,7 +430,7 @@ class ActorHost(_LoopHost):
         self.params = ChannelService.current().open_latest(params_channel)
         self._args = (seed, buffer_address, traj_channel)
 
-    def _make_role(self):
+    def _make_role(self) -> ActorLoopRole:
         seed, buffer_address, traj_channel = self._args
         c = self.cfg.channel
         self.sender = QueueSender(
@@ -382,7 +452,7 @@ class ActorHost(_LoopHost):
         deadline = time.monotonic() + wait_s
         while not self._stop.is_set():
             try:
-                self.role.wait_for_params(timeout=interval, stop=self._stop.is_set)
+                self._built.wait_for_params(timeout=interval, stop=self._stop.is_set)
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:

@@ -3,8 +3,9 @@ it about. :mod:`tianji_dask.algos.registry` maps ``algo.name`` to a spec; nothin
 registry and the config schema tests the algorithm's name.
 
 Adding an algorithm: a folder ``algos/<name>/`` with its learner core (``core.py``: the
-:class:`~tianji_dask.algos.core.LearnerCore` contract), its three roles (``actor.py``,
-``buffer.py``, ``learner.py``) and a ``spec.py`` implementing :class:`AlgorithmSpec`; its config
+:class:`~tianji_dask.algos.core.LearnerCore` contract), its roles (``actor.py``, ``learner.py``,
+and ``buffer.py`` unless the shared :class:`~tianji_dask.roles.buffer.ReplayBufferRole` serves)
+and a ``spec.py`` implementing :class:`AlgorithmSpec`; its config
 section in :mod:`tianji_dask.config.schema`; one line in the registry (docs/algorithms.md).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from tianji_dask.roles.loop import LoopRole
+from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
 
 
 class AlgorithmSpec(Protocol):
@@ -23,7 +24,7 @@ class AlgorithmSpec(Protocol):
     tunable_batch: bool
 
     # --- roles ------------------------------------------------------------------------------
-    def actor_role(self) -> type[LoopRole]:
+    def actor_role(self) -> Callable[..., ActorLoopRole]:
         """The actor role class: ``(cfg, actor_id, seed, sender, params, *, balance, n_actors)``."""
         ...
 
@@ -31,7 +32,7 @@ class AlgorithmSpec(Protocol):
         self, cfg, inbox, obs_shape: tuple[int, ...], obs_dtype, seed: int, buffer_id: int = 0
     ) -> LoopRole: ...
 
-    def learner_role(self) -> type[LoopRole]:
+    def learner_role(self) -> Callable[..., LearnerLoopRole]:
         """The learner role class: ``(cfg, buffer, publisher, obs_dim, n_actions, seed, ...)``."""
         ...
 

@@ -3,7 +3,8 @@ through it and the role's own documented methods."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class LoopRole(Protocol):
@@ -18,4 +19,42 @@ class LoopRole(Protocol):
 
     def close(self) -> None:
         """Release what the role owns (envs); channels belong to the host."""
+        ...
+
+
+class LearnerLoopRole(LoopRole, Protocol):
+    """A learner role as its host and the parts of its loop use it (``roles.learner_base.LearnerBase``
+    and its subclasses have all of it)."""
+
+    @property
+    def module(self) -> Any:
+        """The network data-parallel ranks keep identical (a ``torch.nn.Module``)."""
+        ...
+
+    def wants_update(self) -> bool:
+        """Whether the buffer holds enough for an update now."""
+        ...
+
+    def update(self) -> Any: ...
+
+    def publish(self) -> None:
+        """Send the policy parameters to the actors."""
+        ...
+
+    def policy_params(self) -> dict: ...
+
+    def load_policy_params(self, params: dict) -> None: ...
+
+    def record_gossip(self, rounds: int, distance: float) -> None: ...
+
+    def state(self) -> dict: ...
+
+    def checkpoint_meta(self) -> dict: ...
+
+
+class ActorLoopRole(LoopRole, Protocol):
+    """An actor role as its host uses it (``roles.actor_base.ActorBase`` has it)."""
+
+    def wait_for_params(self, timeout: float, stop: Callable[[], bool] = ...) -> None:
+        """Block until the first policy parameters arrived (``TimeoutError`` after ``timeout``)."""
         ...

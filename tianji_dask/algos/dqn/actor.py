@@ -19,7 +19,7 @@ from tianji_dask.envs import next_observations
 from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
 from tianji_dask.roles.frame_replay import FrameStreams
-from tianji_dask.roles.nstep import NStepWindow
+from tianji_dask.roles.replay import NStepWindow
 
 
 @dataclass

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tianji_dask.roles.loop import LoopRole
+from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
 
 
 class DQNSpec:
     name = "dqn"
     tunable_batch = True
 
-    def actor_role(self) -> type[LoopRole]:
+    def actor_role(self) -> Callable[..., ActorLoopRole]:
         from tianji_dask.algos.dqn.actor import DQNActorRole
 
         return DQNActorRole
 
     def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0) -> LoopRole:
-        from tianji_dask.algos.dqn.buffer import ReplayBufferRole
+        from tianji_dask.roles.buffer import ReplayBufferRole
 
         return ReplayBufferRole(cfg, inbox, obs_shape, obs_dtype, seed, buffer_id)
 
-    def learner_role(self) -> type[LoopRole]:
+    def learner_role(self) -> Callable[..., LearnerLoopRole]:
         from tianji_dask.algos.dqn.learner import DQNLearnerRole
 
         return DQNLearnerRole
@@ -30,7 +30,7 @@ class DQNSpec:
         return cfg.algo.batch_size
 
     def replay_nbytes(self, cfg, obs_shape, obs_dtype, capacity: int | None = None) -> int:
-        from tianji_dask.algos.dqn.buffer import replay_nbytes
+        from tianji_dask.roles.buffer import replay_nbytes
 
         return replay_nbytes(cfg, obs_shape, obs_dtype, capacity)
 

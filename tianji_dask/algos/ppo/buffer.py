@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tianji_dask.roles.buffer_base import BufferBase
+from tianji_dask.roles.buffer import BufferBase
 
 
 @dataclass

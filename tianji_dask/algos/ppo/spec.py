@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tianji_dask.roles.loop import LoopRole
+from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
 
 
 class PPOSpec:
     name = "ppo"
     tunable_batch = False
 
-    def actor_role(self) -> type[LoopRole]:
+    def actor_role(self) -> Callable[..., ActorLoopRole]:
         from tianji_dask.algos.ppo.actor import PPOActorRole
 
         return PPOActorRole
@@ -22,7 +22,7 @@ class PPOSpec:
 
         return RolloutBufferRole(cfg, inbox, buffer_id)
 
-    def learner_role(self) -> type[LoopRole]:
+    def learner_role(self) -> Callable[..., LearnerLoopRole]:
         from tianji_dask.algos.ppo.learner import PPOLearnerRole
 
         return PPOLearnerRole

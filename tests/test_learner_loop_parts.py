@@ -1,4 +1,4 @@
-"""The parts of a learner's loop besides the update: snapshot hand-off, gossip, and updates
+"""The parts of a learner host's loop: snapshot hand-off, gossip, and updates
 alone or as a data-parallel rank (a real gloo group of one here; two ranks in test_dataparallel)."""
 
 import threading
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tianji_dask.channels import LocalTopic
-from tianji_dask.dataparallel import DataParallel, open_store
-from tianji_dask.gossip import GroupGossip
-from tianji_dask.learner_sync import DataParallelUpdates, GossipSync, LocalUpdates, SnapshotRequests
+from tianji_dask.dataparallel import DataParallel, DataParallelUpdates, open_store
+from tianji_dask.gossip import GossipSync, GroupGossip
+from tianji_dask.hosts import LocalUpdates, SnapshotRequests
 
 
 class ToyLearner:
@@ -75,10 +75,10 @@ def test_snapshot_failure_and_loop_end_reach_the_caller():
 def test_local_updates_update_when_they_can_and_stop_when_asked():
     learner, updates = ToyLearner(), LocalUpdates()
     assert updates.running(stop_requested=False)
-    updates.step(learner, stop_requested=False, params_changed=False)
+    assert updates.step(learner, stop_requested=False, params_changed=False)
     assert learner.updates == 1
     idle = ToyLearner(can_update=False)
-    updates.step(idle, stop_requested=False, params_changed=False)
+    assert not updates.step(idle, stop_requested=False, params_changed=False)
     assert idle.updates == 0
     assert not updates.running(stop_requested=True)
 
@@ -115,12 +115,12 @@ def group_of_one():
 def test_data_parallel_updates_agree_broadcast_and_stop_together(group_of_one):
     updates = DataParallelUpdates(group_of_one)
     learner = ToyLearner()
-    updates.step(learner, stop_requested=False, params_changed=True)  # rank 0 broadcasts, then updates
+    assert updates.step(learner, stop_requested=False, params_changed=True)  # rank 0 broadcasts, then updates
     assert learner.updates == 1
     idle = ToyLearner(can_update=False)
-    updates.step(idle, stop_requested=False, params_changed=False)
+    assert not updates.step(idle, stop_requested=False, params_changed=False)
     assert idle.updates == 0
     # a stop request keeps the rank running until the group has agreed on it
     assert updates.running(stop_requested=True)
-    updates.step(learner, stop_requested=True, params_changed=False)
+    assert not updates.step(learner, stop_requested=True, params_changed=False)
     assert learner.updates == 1 and not updates.running(stop_requested=True)

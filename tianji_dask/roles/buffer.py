@@ -1,0 +1,107 @@
+"""The buffer roles. :class:`BufferBase` is what every buffer shares: taking what the inbox
+holds, counting it, the loop step and the heartbeat; a subclass stores one payload (``_add``)
+and reports its fill (``_fill``). :class:`ReplayBufferRole` is the buffer of off-policy
+algorithms: a bounded replay memory the learner in the same process samples from (Atari runs
+use :class:`~tianji_dask.roles.frame_replay.FrameReplay`: each frame stored once)."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from tianji_dask.heartbeats import BufferCounters, Heartbeat
+from tianji_dask.roles.frame_replay import FrameReplay
+from tianji_dask.roles.replay import ReplayMemory
+
+INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
+
+
+class BufferBase(ABC):
+    def __init__(self, inbox, buffer_id: int):
+        self.id = buffer_id
+        self.inbox = inbox
+        self._lock = threading.Lock()  # the buffer's thread adds, the learner's thread reads
+        self.received = 0  # transitions
+        self.received_bytes = 0
+
+    @abstractmethod
+    def _add(self, payload: dict) -> int:
+        """Store one message's payload; returns the transitions it held."""
+
+    @abstractmethod
+    def _fill(self) -> dict[str, Any]:
+        """``size`` and ``capacity`` in transitions, and any other fields of
+        :class:`~tianji_dask.heartbeats.BufferCounters` the buffer keeps itself."""
+
+    def ingest(self, timeout: float = 0.0) -> int:
+        """Move whatever the inbox holds into the buffer (waiting up to ``timeout`` for
+        something); taking an item returns its credit to the sender. Returns transitions."""
+        items = self.inbox.get(timeout) if timeout > 0 else self.inbox.poll()
+        n = 0
+        for item in items:
+            n += self._add(item.payload)
+            self.received_bytes += item.nbytes
+        self.received += n
+        return n
+
+    def step(self) -> bool:
+        return self.ingest(INGEST_WAIT_S) > 0
+
+    def heartbeat(self) -> dict:
+        counters = BufferCounters(
+            received=self.received,
+            received_bytes=self.received_bytes,
+            seq_gaps=int(self.inbox.stats().get("seq_gaps", 0)),
+            **self._fill(),
+        )
+        return Heartbeat("buffer", self.id, counters).message()
+
+    def close(self) -> None:  # noqa: B027 - part of LoopRole; a buffer owns nothing to close
+        """The host closes the inbox."""
+
+
+def replay_nbytes(cfg, obs_shape: tuple[int, ...], obs_dtype, capacity: int | None = None) -> int:
+    """Bytes of the replay memory one DQN buffer of this config fills; ``capacity`` replaces
+    ``algo.buffer_size``."""
+    capacity = cfg.algo.buffer_size if capacity is None else capacity
+    if cfg.env.frame_stacks:
+        return FrameReplay.nbytes_for(capacity, _frame_shape(obs_shape))
+    return ReplayMemory.nbytes_for(capacity, obs_shape, obs_dtype)
+
+
+def _frame_shape(obs_shape: tuple[int, ...]) -> tuple[int, int]:
+    """(height, width) of one frame of an Atari observation (stack, height, width)."""
+    _, height, width = obs_shape
+    return height, width
+
+
+class ReplayBufferRole(BufferBase):
+    """The buffer's own loop ingests into replay (:class:`BufferBase`); the learner calls
+    ``sample(n)`` and reads ``len(buffer)`` / ``received`` from its own thread."""
+
+    def __init__(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0):
+        super().__init__(inbox, buffer_id)
+        self.replay: FrameReplay | ReplayMemory
+        if cfg.env.frame_stacks:  # obs_shape (4, 84, 84): stacks of single frames
+            self.replay = FrameReplay(cfg.algo.buffer_size, _frame_shape(obs_shape), obs_shape[0])
+        else:
+            self.replay = ReplayMemory(cfg.algo.buffer_size, obs_shape, obs_dtype)
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return len(self.replay)
+
+    def _add(self, payload: dict) -> int:
+        with self._lock:
+            self.replay.add(payload)
+        return len(payload["actions"])
+
+    def sample(self, n: int) -> dict[str, np.ndarray]:
+        with self._lock:
+            return self.replay.sample(n, self.rng)
+
+    def _fill(self) -> dict[str, Any]:
+        return {"size": len(self.replay), "capacity": self.replay.capacity}
