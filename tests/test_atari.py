@@ -220,7 +220,9 @@ def test_frame_replay_rebuilds_exactly_what_the_env_produced(backend, pong_run):
     assert sent_frames == steps + 4 * (actor.num_envs + actor.tracker.count)
     assert all(c["frames"].dtype == np.uint8 and c["obs"].dtype == np.int64 for c in chunks)
 
-    buffer = ReplayBufferRole(cfg, LocalQueue(capacity_bytes=1 << 34), ATARI_OBS_SHAPE, np.uint8, seed=0)
+    buffer = ReplayBufferRole(
+        LocalQueue(capacity_bytes=1 << 34), cfg.algo.buffer_size, ATARI_OBS_SHAPE, np.uint8, frame_stacks=True, seed=0
+    )
     for c in chunks:
         buffer.inbox.push(c)
     assert buffer.ingest() == len(want["actions"])

@@ -165,7 +165,7 @@ def test_an_actor_waits_the_first_params_timeout_for_parameters():
     host = SimpleNamespace(
         id=3,
         cfg=SimpleNamespace(run=SimpleNamespace(metrics_interval=0.01)),
-        role=SimpleNamespace(wait_for_params=no_params),
+        _built=SimpleNamespace(wait_for_params=no_params),
         _stop=SimpleNamespace(is_set=lambda: False),
         _beat=lambda: None,
     )

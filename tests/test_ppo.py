@@ -418,7 +418,7 @@ def test_learner_lr_schedule_follows_training_not_production(reuse):
         buf.ingest()
         buf.received += 50_000  # actors far ahead of the learner: their transitions were dropped
         assert learner.step()
-        lrs.append(learner.core.optim.param_groups[0]["lr"])
+        lrs.append(learner.learner_core.optim.param_groups[0]["lr"])
     expected = [a.lr * max(1 - i * per_iteration / a.lr_anneal_steps, 0.05) for i in range(6)]
     assert lrs == pytest.approx(expected, rel=1e-9)
     assert lrs[-1] > 0.9 * a.lr  # production (300k transitions) did not anneal it to its floor

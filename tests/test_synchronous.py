@@ -23,7 +23,7 @@ def run_pair(mode: str, updates: int = 150):
     queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
     stop = threading.Event()
     actor = DQNActorRole(cfg, 0, 1, queue, topic.subscribe(), should_stop=stop.is_set)
-    buffer = ReplayBufferRole(cfg, queue, actor.obs_shape, actor.obs_dtype, seed=2)
+    buffer = ReplayBufferRole(queue, cfg.algo.buffer_size, actor.obs_shape, actor.obs_dtype, seed=2)
     learner = DQNLearnerRole(cfg, buffer, topic, 4, 2, seed=3)
     learner.publish()
     actor.wait_for_params(5)
@@ -40,7 +40,7 @@ def run_pair(mode: str, updates: int = 150):
         while learner.counters.updates < updates and time.monotonic() < deadline:
             buffer.ingest()
             if learner.wants_update():
-                lags.append(learner.core.updates - actor.policy.version)
+                lags.append(learner.learner_core.updates - actor.policy.version)
                 learner.update()
             else:
                 time.sleep(0.0002)

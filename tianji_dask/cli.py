@@ -12,6 +12,10 @@ import math
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -258,7 +262,7 @@ def _check_plan_fits(plan, client, args) -> str | None:
     return refusal
 
 
-def _slurm_client(cfg, plan, args):
+def _slurm_client(cfg: ExperimentConfig, plan, args):
     """Submit the plan's jobs and wait for all their workers; returns (client, cluster)."""
     import time
 
@@ -293,7 +297,7 @@ def _connect_timeout() -> float:
     return deployment_settings().scheduler.connect_timeout
 
 
-def _profile_client(args, cfg):
+def _profile_client(args, cfg: ExperimentConfig):
     from distributed import Client
 
     from tianji_dask.cluster import local_cluster
@@ -333,7 +337,7 @@ def _batch_sizes(text):
     return out
 
 
-def _measure(cfg, args, path: Path) -> None:
+def _measure(cfg: ExperimentConfig, args, path: Path) -> None:
     from tianji_dask import profiling
 
     client, cluster = _profile_client(args, cfg)

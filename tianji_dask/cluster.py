@@ -14,6 +14,7 @@ import math
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psutil
 from distributed import LocalCluster
@@ -24,6 +25,9 @@ from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic,
 from tianji_dask.placement import place
 from tianji_dask.worker_signals import spawned_ignoring_driver_signals
 from tianji_dask.workers import scheduler_workers
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 STOP_TIMEOUT_S = 10.0
 HURRY_POLL_S = 0.2  # how soon a host stop being waited for notices the run was told to hurry
@@ -117,7 +121,15 @@ def kill_and_reap(pid: int) -> None:
 
 
 class RunCluster:
-    def __init__(self, cfg, client, run_id: str, on_event=lambda text: None, *, hurry: threading.Event | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        client,
+        run_id: str,
+        on_event=lambda text: None,
+        *,
+        hurry: threading.Event | None = None,
+    ):
         self.cfg = cfg
         self._hurry = hurry or threading.Event()  # set: stop without waiting for the hosts
         self.run_id = run_id

@@ -20,12 +20,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tianji_dask.cluster import HostLost
 from tianji_dask.config import ConfigError, ExperimentConfig, check_env
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.results import MetricsRecorder
 from tianji_dask.rundir import prepare_run_dir, run_name, write_config
+
+if TYPE_CHECKING:
+    from tianji_dask.cluster import RunCluster
 
 FINISHED = ("target_reached", "max_env_steps", "max_seconds")
 HURRIED_CHECKPOINT_S = 5.0  # how long a run told to stop at once still waits for the final checkpoint
@@ -306,35 +310,35 @@ class Run:
     def _run_distributed(self) -> None:
         from tianji_dask.cluster import RunCluster
 
-        with RunCluster(self.cfg, self._client, self.id, self._on_event, hurry=self._hurry) as rc:
-            self.dashboard_link = rc.dashboard_link
-            rc.subscribe(self.recorder.add)
-            rc.start_hosts(self.spaces)
-            self._snapshot = rc.learner_snapshot
+        with RunCluster(self.cfg, self._client, self.id, self._on_event, hurry=self._hurry) as run_cluster:
+            self.dashboard_link = run_cluster.dashboard_link
+            run_cluster.subscribe(self.recorder.add)
+            run_cluster.start_hosts(self.spaces)
+            self._snapshot = run_cluster.learner_snapshot
             next_row = time.time()
             try:
                 while not self._should_stop():
                     next_row = self._tick(next_row)
                     try:
-                        rc.check_health()
+                        run_cluster.check_health()
                     except HostLost as exc:  # say it now: stopping the other hosts takes a while
                         self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")
                         raise
                     time.sleep(0.05)
             finally:
                 self._snapshot = None
-                rc.stop_hosts()
-                for hb in rc.final_heartbeats():
+                run_cluster.stop_hosts()
+                for hb in run_cluster.final_heartbeats():
                     self.recorder.add(hb)
             if self.cfg.run.checkpoint:
-                self._save_final_checkpoint(rc)
+                self._save_final_checkpoint(run_cluster)
 
-    def _save_final_checkpoint(self, rc) -> None:
+    def _save_final_checkpoint(self, run_cluster: RunCluster) -> None:
         if not self._hurry.is_set():
-            self._save_learner_state(rc.learner_checkpoint())
+            self._save_learner_state(run_cluster.learner_checkpoint())
             return
         try:  # told to stop at once: a learner that answers at once still gets saved
-            self._save_learner_state(rc.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S))
+            self._save_learner_state(run_cluster.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S))
         except Exception as exc:  # noqa: BLE001 - the stop goes on; the latest periodic one stays
             self._on_event(f"final checkpoint skipped while stopping at once: {exc!r}")
 

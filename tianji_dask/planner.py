@@ -22,11 +22,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tianji_dask.algos.registry import ALGORITHMS, spec_for
 from tianji_dask.deployment import deployment_settings
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 # Memory a host process needs besides replay: Python, torch, Dask worker (measured: 276 MB for
 # a CartPole actor, 362 MB for buffer + learner with a 100k replay; rounded up).
@@ -198,7 +202,7 @@ class Plan:
             )
         return out
 
-    def apply(self, cfg):
+    def apply(self, cfg: ExperimentConfig):
         """``cfg`` with the plan's fields set; refuses a plan made for another algorithm or env."""
         from tianji_dask.config import ConfigError, apply_overrides, validate_config
 
@@ -223,12 +227,12 @@ class Plan:
         return cls(**d, jobs=jobs)
 
 
-def _learner_memory(cfg, profile: Profile, buffer_size: int | None) -> int:
+def _learner_memory(cfg: ExperimentConfig, profile: Profile, buffer_size: int | None) -> int:
     replay = (buffer_size or 0) * profile.replay_bytes_per_transition
     return int(LEARNER_PROCESS_BYTES + replay)
 
 
-def make_plan(cfg, profile: Profile, resources: Resources) -> Plan:
+def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> Plan:
     """The best core allocation for ``cfg`` on ``resources`` according to ``profile``."""
     M = resources.cores
     m_max = resources.group_core_limit
@@ -304,7 +308,9 @@ def _better(key, other) -> bool:
     return key[1:] > other[1:] or (key[1:] == other[1:] and a > b)
 
 
-def _build(cfg, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq, buffer_size, learner_mem) -> Plan:
+def _build(
+    cfg: ExperimentConfig, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq, buffer_size, learner_mem
+) -> Plan:
     spec = spec_for(cfg)
     bottleneck = "learner" if cons < prod else "actors"
     group = min(prod, cons)

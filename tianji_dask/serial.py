@@ -10,6 +10,7 @@ what distribution buys, and a debugging aid.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,13 +18,16 @@ from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.seeding import role_seeds
 
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
+
 
 class SerialRun:
     """Protocol: ``run(emit, should_stop)``; ``emit(heartbeat)`` is called every
     ``run.metrics_interval`` seconds with each role's heartbeat, ``should_stop()``
     is checked between env steps."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: ExperimentConfig):
         import torch
 
         torch.set_num_threads(cfg.topology.torch_threads)

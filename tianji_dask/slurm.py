@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.planner import Job, Plan, PlanError
 
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
+
 SCHEDULER_PLACEHOLDER = "tcp://<scheduler-address>:8786"
 
 
-def plan_from_config(cfg) -> Plan:
+def plan_from_config(cfg: ExperimentConfig) -> Plan:
     """The config's own topology as a plan (no profile): for ``train --slurm`` without ``--plan``."""
     from tianji_dask.planner import ACTOR_PROCESS_BYTES, LEARNER_PROCESS_BYTES
 

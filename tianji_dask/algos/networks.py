@@ -15,10 +15,14 @@ the bytes of float32. Which network a run uses is derived from the config
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 from torch.distributions import Categorical
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 #: Frames per observation, and the side of one square frame.
 FRAME_STACK = 4
@@ -27,7 +31,7 @@ SCREEN = 84
 TRUNK_FEATURES = 64 * 7 * 7
 
 
-def network_kind(cfg) -> str:
+def network_kind(cfg: ExperimentConfig) -> str:
     """``"nature_cnn"`` for image observations (``env.kind: atari``), else ``"mlp"``."""
     return "nature_cnn" if cfg.env.frame_stacks else "mlp"
 

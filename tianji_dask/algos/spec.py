@@ -12,9 +12,12 @@ section in :mod:`tianji_dask.config.schema`; one line in the registry (docs/algo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 
 class AlgorithmSpec(Protocol):
@@ -37,24 +40,26 @@ class AlgorithmSpec(Protocol):
         ...
 
     # --- rules ------------------------------------------------------------------------------
-    def samples_per_update(self, cfg) -> int:
+    def samples_per_update(self, cfg: ExperimentConfig) -> int:
         """Samples one learner update consumes: the learner's batch."""
         ...
 
-    def replay_nbytes(self, cfg, obs_shape: tuple[int, ...], obs_dtype, capacity: int | None = None) -> int:
+    def replay_nbytes(
+        self, cfg: ExperimentConfig, obs_shape: tuple[int, ...], obs_dtype, capacity: int | None = None
+    ) -> int:
         """Bytes of replay one buffer fills (0 without a replay); ``capacity`` replaces the config's."""
         ...
 
-    def steps_per_message(self, cfg) -> int:
+    def steps_per_message(self, cfg: ExperimentConfig) -> int:
         """Env steps an actor puts in one message to its buffer."""
         ...
 
     # --- the serial schedule (serial.py) -------------------------------------------------------
-    def serial_period(self, cfg) -> int:
+    def serial_period(self, cfg: ExperimentConfig) -> int:
         """Env steps between two training rounds of the serial algorithm."""
         ...
 
-    def serial_train_round(self, cfg, learner) -> None:
+    def serial_train_round(self, cfg: ExperimentConfig, learner) -> None:
         """One training round of the serial algorithm, after the buffer has taken the data."""
         ...
 
@@ -63,17 +68,17 @@ class AlgorithmSpec(Protocol):
         """Edit a dumped ``algo`` section for profiling at steady state with ``batch_size``."""
         ...
 
-    def profile_batch_sizes(self, cfg, requested: list[int] | None) -> list[int]: ...
+    def profile_batch_sizes(self, cfg: ExperimentConfig, requested: list[int] | None) -> list[int]: ...
 
     def learner_workload(self, run) -> tuple[Callable[[], int], float]:
         """On a primed :class:`~tianji_dask.serial.SerialRun`: a function making one update
         (returning the samples it consumed), and the replay's bytes per transition."""
         ...
 
-    def scaled_for_batch(self, cfg, batch: int) -> dict[str, int]:
+    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, int]:
         """Config fields changed with the batch so that the serial replay ratio stays, by name."""
         ...
 
-    def plan_fields(self, cfg) -> dict[str, int | None]:
+    def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
         """``batch_size``, ``buffer_size`` and ``train_freq`` of a plan made of this config."""
         ...

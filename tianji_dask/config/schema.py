@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -354,6 +354,10 @@ class RunConfig(_Section):
         return self
 
 
+AlgoConfig = DQNConfig | PPOConfig
+AlgoT = TypeVar("AlgoT", DQNConfig, PPOConfig)
+
+
 class ExperimentConfig(_Section):
     """One experiment: env, algorithm, topology, channel, learner, stop rule and run settings.
 
@@ -365,7 +369,7 @@ class ExperimentConfig(_Section):
 
     seed: int = Field(0, ge=0, description="root seed; every other seed is spawned from it")
     env: EnvConfig
-    algo: Annotated[DQNConfig | PPOConfig, Field(discriminator="name")]
+    algo: Annotated[AlgoConfig, Field(discriminator="name")]
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
@@ -396,6 +400,13 @@ class ExperimentConfig(_Section):
                 f"raise max_env_steps or lower learning_starts"
             )
         return self
+
+    def algo_as(self, kind: type[AlgoT]) -> AlgoT:
+        """The ``algo`` section as the algorithm's own section type (an algorithm's code reads its
+        fields through this, so the type checker knows them); ``TypeError`` if it is another."""
+        if not isinstance(self.algo, kind):
+            raise TypeError(f"a {kind.__name__} section was expected, but algo.name is {self.algo.name!r}")
+        return self.algo
 
     def model_dump_yaml(self) -> str:
         """The resolved config (defaults filled in) as YAML; :func:`~tianji_dask.config.load_config` reads it back."""

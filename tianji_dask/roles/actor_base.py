@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -26,12 +26,16 @@ from tianji_dask.envs import (
 )
 from tianji_dask.heartbeats import ActorCounters, Heartbeat
 
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import AlgoConfig, ExperimentConfig
+
 
 def never() -> bool:
     return False
 
 
 class ActorBase(ABC):
+    algo: AlgoConfig  # the config's algo section; a subclass annotates its own section type
     counters_class: type[ActorCounters] = ActorCounters
     counters: ActorCounters
     learner_consumed = 0
@@ -39,7 +43,7 @@ class ActorBase(ABC):
 
     def __init__(
         self,
-        cfg,
+        cfg: ExperimentConfig,
         actor_id: int,
         seed: int,
         sender,
@@ -54,6 +58,7 @@ class ActorBase(ABC):
         ``balance=False`` (no controller, no synchronous waits); ``should_stop()`` (the host's
         stop flag) ends a synchronous wait for parameters."""
         self.cfg = cfg
+        self.algo = cfg.algo
         self.id = actor_id
         self.sender = sender
         self.params = params

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tianji_dask.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.frame_replay import FrameReplay
 from tianji_dask.roles.replay import ReplayMemory
+
+if TYPE_CHECKING:
+    pass
 
 INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
 
@@ -63,11 +66,9 @@ class BufferBase(ABC):
         """The host closes the inbox."""
 
 
-def replay_nbytes(cfg, obs_shape: tuple[int, ...], obs_dtype, capacity: int | None = None) -> int:
-    """Bytes of the replay memory one DQN buffer of this config fills; ``capacity`` replaces
-    ``algo.buffer_size``."""
-    capacity = cfg.algo.buffer_size if capacity is None else capacity
-    if cfg.env.frame_stacks:
+def replay_nbytes(capacity: int, obs_shape: tuple[int, ...], obs_dtype, frame_stacks: bool = False) -> int:
+    """Bytes of the replay memory a :class:`ReplayBufferRole` of these arguments fills."""
+    if frame_stacks:
         return FrameReplay.nbytes_for(capacity, _frame_shape(obs_shape))
     return ReplayMemory.nbytes_for(capacity, obs_shape, obs_dtype)
 
@@ -80,15 +81,27 @@ def _frame_shape(obs_shape: tuple[int, ...]) -> tuple[int, int]:
 
 class ReplayBufferRole(BufferBase):
     """The buffer's own loop ingests into replay (:class:`BufferBase`); the learner calls
-    ``sample(n)`` and reads ``len(buffer)`` / ``received`` from its own thread."""
+    ``sample(n)`` and reads ``len(buffer)`` / ``received`` from its own thread. ``capacity`` in
+    transitions; ``frame_stacks``: observations are Atari frame stacks ``(stack, height,
+    width)``, kept as single frames."""
 
-    def __init__(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0):
+    def __init__(
+        self,
+        inbox,
+        capacity: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype,
+        *,
+        frame_stacks: bool = False,
+        seed: int = 0,
+        buffer_id: int = 0,
+    ):
         super().__init__(inbox, buffer_id)
         self.replay: FrameReplay | ReplayMemory
-        if cfg.env.frame_stacks:  # obs_shape (4, 84, 84): stacks of single frames
-            self.replay = FrameReplay(cfg.algo.buffer_size, _frame_shape(obs_shape), obs_shape[0])
+        if frame_stacks:
+            self.replay = FrameReplay(capacity, _frame_shape(obs_shape), obs_shape[0])
         else:
-            self.replay = ReplayMemory(cfg.algo.buffer_size, obs_shape, obs_dtype)
+            self.replay = ReplayMemory(capacity, obs_shape, obs_dtype)
         self.rng = np.random.default_rng(seed)
 
     def __len__(self) -> int:

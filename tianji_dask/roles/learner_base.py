@@ -1,15 +1,16 @@
-"""What every learner role shares: its core, publishing versioned policy parameters, the
-data-parallel gradient hook, gossip bookkeeping and the checkpoint state.
+"""What every learner role shares: its learner core, publishing versioned policy parameters,
+the data-parallel gradient hook, gossip bookkeeping and the checkpoint state.
 
-A subclass makes its core (``_make_core``: a :class:`~tianji_dask.algos.core.LearnerCore`) and
-sets up its own state (``_setup``); hosts talk to the role through these methods, never to the
-core or the counters directly.
+A subclass makes its learner core (``_make_learner_core``: a
+:class:`~tianji_dask.algos.core.LearnerCore`) and sets up its own state (``_setup``); hosts talk
+to the role through these methods, never to the learner core or the counters directly.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,17 +19,21 @@ from tianji_dask.algos.core import LearnerCore, State
 from tianji_dask.heartbeats import LearnerCounters
 from tianji_dask.roles.publishing import publish_params
 
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import AlgoConfig, ExperimentConfig
+
 AverageGradients = Callable[[list[torch.nn.Parameter]], None]
 
 
 class LearnerBase(ABC):
-    core: LearnerCore
+    algo: AlgoConfig  # the config's algo section; a subclass annotates its own section type
+    learner_core: LearnerCore
     counters_class: type[LearnerCounters] = LearnerCounters
     counters: LearnerCounters
 
     def __init__(
         self,
-        cfg,
+        cfg: ExperimentConfig,
         buffer,
         publisher,
         obs_dim: int,
@@ -45,41 +50,42 @@ class LearnerBase(ABC):
         and the optimiser step in a data-parallel group (all ranks average). The serial runner
         passes ``balance=False`` (no controller, no synchronous waits)."""
         self.cfg = cfg
+        self.algo = cfg.algo
         self.id = learner_id
         self.buffer = buffer
         self.publisher = publisher
         self.world_size = world_size
         self.synchronous = cfg.topology.mode == "synchronous" and balance
         self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.core = self._make_core(obs_dim, n_actions, seed)
-        params = list(self.core.module.parameters())
+        self.learner_core = self._make_learner_core(obs_dim, n_actions, seed)
+        params = list(self.learner_core.module.parameters())
         self.grad_hook = (lambda: average_gradients(params)) if average_gradients is not None else None
         self.counters = self.counters_class()
         self._setup()
 
     @abstractmethod
-    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> LearnerCore: ...
+    def _make_learner_core(self, obs_dim: int, n_actions: int, seed: int) -> LearnerCore: ...
 
     def _setup(self) -> None:  # noqa: B027 - optional hook, empty by default
-        """The subclass's own state, once the core and counters exist."""
+        """The subclass's own state, once the learner core and counters exist."""
 
     def _publish_version(self, version: int) -> None:
         if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
             consumed = self.counters.samples * self.world_size
-            if not publish_params(self.publisher, version, self.core.policy_params(), consumed):
+            if not publish_params(self.publisher, version, self.learner_core.policy_params(), consumed):
                 self.counters.publish_errors += 1
         self.counters.param_version = version
 
     @property
     def module(self) -> torch.nn.Module:
         """The network data-parallel ranks keep identical (broadcast after a gossip average)."""
-        return self.core.module
+        return self.learner_core.module
 
     def policy_params(self) -> dict[str, np.ndarray]:
-        return self.core.policy_params()
+        return self.learner_core.policy_params()
 
     def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
-        self.core.load_policy_params(params)
+        self.learner_core.load_policy_params(params)
 
     def record_gossip(self, rounds: int, distance: float) -> None:
         """Reported in the heartbeat: the group's gossip rounds and its distance to the others."""
@@ -87,10 +93,10 @@ class LearnerBase(ABC):
         self.counters.group_distance = distance
 
     def state(self) -> State:
-        return self.core.state()
+        return self.learner_core.state()
 
     def checkpoint_meta(self) -> dict[str, int]:
-        return {"updates": self.core.updates, "samples": self.counters.samples}
+        return {"updates": self.learner_core.updates, "samples": self.counters.samples}
 
     def close(self) -> None:  # noqa: B027 - part of LoopRole; a learner owns nothing to close
         """The host closes the publisher and the data-parallel group; nothing of the role's own."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
 from tianji_dask.roles.frame_replay import FrameStreams
 from tianji_dask.roles.replay import NStepWindow
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import DQNConfig
 
 
 @dataclass
@@ -39,12 +43,14 @@ class DQNActorRole(ActorBase):
     (:mod:`tianji_dask.roles.frame_replay`); the n-step window runs on those ids.
     """
 
+    algo: DQNConfig
+
     counters_class = DQNActorCounters
     counters: DQNActorCounters
 
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
-        self.policy = DQNPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed, network=network_kind(cfg))
+        self.policy = DQNPolicy(self.obs_dim, self.n_actions, self.algo.hidden_sizes, seed, network=network_kind(cfg))
         self.obs = self.reset_env(seed)
         self.frames = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks
@@ -53,14 +59,14 @@ class DQNActorRole(ActorBase):
             self.frames = FrameStreams(self.id, self.num_envs, stack=self.obs_shape[0])
             self.frames.start(self.obs)
             self._tr_shape, self._tr_dtype = (self.obs_shape[0],), np.int64
-        self.window = NStepWindow(cfg.algo.n_step, cfg.algo.gamma, self.num_envs, self._tr_shape, self._tr_dtype)
+        self.window = NStepWindow(self.algo.n_step, self.algo.gamma, self.num_envs, self._tr_shape, self._tr_dtype)
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
 
     def _new_chunk(self) -> None:
         n = self.chunk_len
-        self._chunk = {
+        self._chunk: dict[str, np.ndarray] = {
             "obs": np.empty((n, *self._tr_shape), self._tr_dtype),
             "next_obs": np.empty((n, *self._tr_shape), self._tr_dtype),
             "actions": np.empty(n, np.int64),
@@ -72,12 +78,14 @@ class DQNActorRole(ActorBase):
     def ahead_of_learner(self) -> bool:
         """Production/consumption balance: is this actor's share of production ahead of
         what the learner's consumption allows at the serial replay ratio (minus the band)?"""
-        a = self.cfg.algo
+        algo = self.algo
+        if algo.ratio_tolerance is None:  # the controller is off
+            return False
         # every learner's buffer must fill to learning_starts before its group can update
         allowed = (
-            a.learning_starts * self.cfg.topology.learners
+            algo.learning_starts * self.cfg.topology.learners
             + self.chunk_len * self.n_actors
-            + self.learner_consumed / (a.target_replay_ratio * (1.0 - a.ratio_tolerance))
+            + self.learner_consumed / (algo.target_replay_ratio * (1.0 - algo.ratio_tolerance))
         )
         return self.counters.env_steps * self.n_actors > allowed
 
@@ -89,12 +97,12 @@ class DQNActorRole(ActorBase):
             time.sleep(0.002)
             self.counters.throttled_s += time.perf_counter() - t
             return False
-        a = self.cfg.algo
+        algo = self.algo
         eps = epsilon_at(
             self.counters.env_steps * self.n_actors,
-            a.exploration_initial_eps,
-            a.exploration_final_eps,
-            a.exploration_steps,
+            algo.exploration_initial_eps,
+            algo.exploration_final_eps,
+            algo.exploration_steps,
         )
         actions = self.policy.act(self.obs, eps)
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
@@ -134,6 +142,6 @@ class DQNActorRole(ActorBase):
             self.counters.bytes_sent += nbytes
         self._new_chunk()  # the pushed arrays now belong to the channel
         if self.synchronous and self.counters.env_steps * self.n_actors >= (
-            self.cfg.algo.learning_starts * self.cfg.topology.learners
+            self.algo.learning_starts * self.cfg.topology.learners
         ):
             self.wait_for_newer_params()

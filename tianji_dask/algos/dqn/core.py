@@ -8,6 +8,8 @@ or the Nature CNN for Atari (:mod:`tianji_dask.algos.networks`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import torch.nn as nn
@@ -16,6 +18,9 @@ import torch.nn.functional as F
 from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.core import State, component, load_optimizer_state, optimizer_state
 from tianji_dask.algos.networks import NatureQNetwork
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import DQNConfig
 
 
 def mlp(in_dim: int, out_dim: int, hidden: list[int]) -> nn.Sequential:
@@ -91,17 +96,19 @@ class DQNPolicy:
 class DQNLearner:
     """Online + target network with Adam; ``update(batch)`` does one gradient step."""
 
-    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu", network: str = "mlp"):
+    def __init__(
+        self, obs_dim: int, n_actions: int, algo: DQNConfig, seed: int, device: str = "cpu", network: str = "mlp"
+    ):
         torch.manual_seed(seed)
-        self.cfg = cfg
+        self.algo = algo
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
-        self.online = q_network(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
-        self.target = q_network(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
+        self.online = q_network(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
+        self.target = q_network(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         # fused Adam is a single kernel per step: about 20 % less Python overhead on small nets
-        self.optim = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, fused=True)
+        self.optim = torch.optim.Adam(self.online.parameters(), lr=algo.lr, fused=True)
         self.updates = 0
 
     def update(self, batch: dict[str, np.ndarray], grad_hook=None) -> tuple[float, float]:
@@ -118,10 +125,10 @@ class DQNLearner:
         loss.backward()
         if grad_hook is not None:
             grad_hook()
-        nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.max_grad_norm, foreach=True)
+        nn.utils.clip_grad_norm_(self.online.parameters(), self.algo.max_grad_norm, foreach=True)
         self.optim.step()
         self.updates += 1
-        if self.updates % self.cfg.target_update_interval == 0:
+        if self.updates % self.algo.target_update_interval == 0:
             self.target.load_state_dict(self.online.state_dict())
         return loss.item(), q_taken.detach().mean().item()
 

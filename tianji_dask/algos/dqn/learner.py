@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import DQNConfig
 
 
 @dataclass
@@ -26,13 +30,15 @@ class DQNLearnerRole(LearnerBase):
     """``publish()`` once so actors can start, then ``step()`` in a loop; ``step()`` returns
     False when it did not update (warm-up or balance control)."""
 
-    core: DQNLearner
+    algo: DQNConfig
+
+    learner_core: DQNLearner
     counters_class = DQNLearnerCounters
     counters: DQNLearnerCounters
 
-    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> DQNLearner:
+    def _make_learner_core(self, obs_dim: int, n_actions: int, seed: int) -> DQNLearner:
         cfg = self.cfg
-        return DQNLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
+        return DQNLearner(obs_dim, n_actions, self.algo, seed, cfg.learner.device, network=network_kind(cfg))
 
     def _setup(self) -> None:
         self._received_at_update = -1
@@ -40,7 +46,7 @@ class DQNLearnerRole(LearnerBase):
         self._n = 0
 
     def publish(self) -> None:
-        self._publish_version(self.core.updates)
+        self._publish_version(self.learner_core.updates)
 
     def ahead_of_actors(self) -> bool:
         """Would another update push the replay ratio above the serial one (plus the band)?
@@ -48,13 +54,15 @@ class DQNLearnerRole(LearnerBase):
         The slack of one publication's worth of updates guarantees the learner publishes its
         consumption before it pauses; with the actors flushing before they pause, the two
         sides can never wait for each other (their pause conditions exclude each other)."""
-        a = self.cfg.algo
-        fresh = max(self.buffer.received - a.learning_starts, 0)
-        slack = self.cfg.learner.publish_interval * a.batch_size
-        return self.counters.samples >= a.target_replay_ratio * (1.0 + a.ratio_tolerance) * fresh + slack
+        algo = self.algo
+        if algo.ratio_tolerance is None:  # the controller is off
+            return False
+        fresh = max(self.buffer.received - algo.learning_starts, 0)
+        slack = self.cfg.learner.publish_interval * algo.batch_size
+        return self.counters.samples >= algo.target_replay_ratio * (1.0 + algo.ratio_tolerance) * fresh + slack
 
     def ready(self) -> bool:
-        return len(self.buffer) >= self.cfg.algo.learning_starts
+        return len(self.buffer) >= self.algo.learning_starts
 
     def wants_update(self) -> bool:
         """Warm-up done and the balance controller does not hold the learner back
@@ -64,7 +72,7 @@ class DQNLearnerRole(LearnerBase):
         if self.synchronous:
             return self.buffer.received > self._received_at_update
         if self.balance and self.ahead_of_actors():
-            if self.counters.param_version != self.core.updates:
+            if self.counters.param_version != self.learner_core.updates:
                 self.publish()  # actors pace themselves on the consumption count it carries
             return False
         return True
@@ -72,14 +80,14 @@ class DQNLearnerRole(LearnerBase):
     def update(self) -> None:
         """One gradient step on a batch from the local buffer (gradients averaged by
         ``grad_hook`` in a data-parallel group)."""
-        a = self.cfg.algo
+        algo = self.algo
         self._received_at_update = self.buffer.received
-        loss, q = self.core.update(self.buffer.sample(a.batch_size), self.grad_hook)
+        loss, q = self.learner_core.update(self.buffer.sample(algo.batch_size), self.grad_hook)
         self._loss_sum += loss
         self._q_sum += q
         self._n += 1
         self.counters.updates += 1
-        self.counters.samples += a.batch_size
+        self.counters.samples += algo.batch_size
         if self.synchronous or self.counters.updates % self.cfg.learner.publish_interval == 0:
             self.publish()  # synchronous mode: the actors wait for every version
 

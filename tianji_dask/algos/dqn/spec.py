@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from tianji_dask.config.schema import DQNConfig
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 
 class DQNSpec:
@@ -16,33 +21,40 @@ class DQNSpec:
 
         return DQNActorRole
 
-    def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0) -> LoopRole:
+    def make_buffer_role(
+        self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
+    ) -> LoopRole:
         from tianji_dask.roles.buffer import ReplayBufferRole
 
-        return ReplayBufferRole(cfg, inbox, obs_shape, obs_dtype, seed, buffer_id)
+        capacity = cfg.algo_as(DQNConfig).buffer_size
+        frame_stacks = cfg.env.frame_stacks
+        return ReplayBufferRole(
+            inbox, capacity, obs_shape, obs_dtype, frame_stacks=frame_stacks, seed=seed, buffer_id=buffer_id
+        )
 
     def learner_role(self) -> Callable[..., LearnerLoopRole]:
         from tianji_dask.algos.dqn.learner import DQNLearnerRole
 
         return DQNLearnerRole
 
-    def samples_per_update(self, cfg) -> int:
-        return cfg.algo.batch_size
+    def samples_per_update(self, cfg: ExperimentConfig) -> int:
+        return cfg.algo_as(DQNConfig).batch_size
 
-    def replay_nbytes(self, cfg, obs_shape, obs_dtype, capacity: int | None = None) -> int:
+    def replay_nbytes(self, cfg: ExperimentConfig, obs_shape, obs_dtype, capacity: int | None = None) -> int:
         from tianji_dask.roles.buffer import replay_nbytes
 
-        return replay_nbytes(cfg, obs_shape, obs_dtype, capacity)
+        capacity = cfg.algo_as(DQNConfig).buffer_size if capacity is None else capacity
+        return replay_nbytes(capacity, obs_shape, obs_dtype, cfg.env.frame_stacks)
 
-    def steps_per_message(self, cfg) -> int:
+    def steps_per_message(self, cfg: ExperimentConfig) -> int:
         return cfg.channel.chunk_steps * cfg.env.num_envs
 
-    def serial_period(self, cfg) -> int:
-        return cfg.algo.train_freq
+    def serial_period(self, cfg: ExperimentConfig) -> int:
+        return cfg.algo_as(DQNConfig).train_freq
 
-    def serial_train_round(self, cfg, learner) -> None:
+    def serial_train_round(self, cfg: ExperimentConfig, learner) -> None:
         if learner.ready():
-            for _ in range(cfg.algo.gradient_steps):
+            for _ in range(cfg.algo_as(DQNConfig).gradient_steps):
                 learner.step()
             learner.publish()
 
@@ -52,28 +64,31 @@ class DQNSpec:
             algo["batch_size"] = batch_size
         algo["learning_starts"] = max(algo["batch_size"], 1)
 
-    def profile_batch_sizes(self, cfg, requested: list[int] | None) -> list[int]:
-        return sorted(set(requested or [cfg.algo.batch_size]))
+    def profile_batch_sizes(self, cfg: ExperimentConfig, requested: list[int] | None) -> list[int]:
+        return sorted(set(requested or [cfg.algo_as(DQNConfig).batch_size]))
 
     def learner_workload(self, run) -> tuple[Callable[[], int], float]:
         cfg = run.cfg
-        while len(run.buffer) < cfg.algo.learning_starts:
+        while len(run.buffer) < cfg.algo_as(DQNConfig).learning_starts:
             run.actor.step()
             run.actor.flush()
             run.buffer.ingest()
 
         def work() -> int:
             run.learner.update()
-            return cfg.algo.batch_size
+            return cfg.algo_as(DQNConfig).batch_size
 
         return work, run.buffer.replay.nbytes / run.buffer.replay.capacity
 
-    def scaled_for_batch(self, cfg, batch: int) -> dict[str, int]:
+    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, int]:
         """train_freq and buffer_size scaled with the batch: R and P = B/N_s stay the serial ones."""
-        a = cfg.algo
-        k = batch / a.batch_size
-        return {"train_freq": max(1, round(a.train_freq * k)), "buffer_size": max(batch, round(a.buffer_size * k))}
+        algo = cfg.algo_as(DQNConfig)
+        k = batch / algo.batch_size
+        return {
+            "train_freq": max(1, round(algo.train_freq * k)),
+            "buffer_size": max(batch, round(algo.buffer_size * k)),
+        }
 
-    def plan_fields(self, cfg) -> dict[str, int | None]:
-        a = cfg.algo
-        return {"batch_size": a.batch_size, "buffer_size": a.buffer_size, "train_freq": a.train_freq}
+    def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
+        algo = cfg.algo_as(DQNConfig)
+        return {"batch_size": algo.batch_size, "buffer_size": algo.buffer_size, "train_freq": algo.train_freq}

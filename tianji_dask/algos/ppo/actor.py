@@ -8,6 +8,7 @@ with exactly the version that produced it (the learner measures staleness from i
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,28 +16,33 @@ from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo.core import PPOPolicy
 from tianji_dask.roles.actor_base import ActorBase
 
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import PPOConfig
+
 
 class PPOActorRole(ActorBase):
     """Protocol as DQNActorRole: ``wait_for_params()``, then ``step()`` in a loop; ``heartbeat()``."""
 
+    algo: PPOConfig
+
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
-        self.policy = PPOPolicy(self.obs_dim, self.n_actions, cfg.algo.hidden_sizes, seed, network=network_kind(cfg))
+        self.policy = PPOPolicy(self.obs_dim, self.n_actions, self.algo.hidden_sizes, seed, network=network_kind(cfg))
         self.obs = self.reset_env(seed)  # uint8 frame stacks for Atari (rollouts move as uint8)
-        self.T = cfg.algo.rollout_steps
+        self.T = self.algo.rollout_steps
         self.learner_consumed = 0
-        a, topo = cfg.algo, cfg.topology
-        share = a.rollouts_per_update * topo.learners / (self.n_actors * a.sample_reuse)
+        algo, topo = self.algo, cfg.topology
+        share = algo.rollouts_per_update * topo.learners / (self.n_actors * algo.sample_reuse)
         # its share of a version within the band, plus the one rollout it makes while the
         # learner trains on the previous one (without it actor and learner would alternate)
-        self.quota = max(1, int(share * (1.0 + (a.ratio_tolerance or 0.0)))) + 1
+        self.quota = max(1, int(share * (1.0 + (algo.ratio_tolerance or 0.0)))) + 1
         self._rollouts_this_version = 0
         self._t = 0
         self._new_rollout()
 
     def _new_rollout(self) -> None:
         T, N = self.T, self.num_envs
-        self._r = {
+        self._r: dict[str, np.ndarray] = {
             "obs": np.empty((T, N, *self.obs_shape), self.obs_dtype),
             "actions": np.empty((T, N), np.int64),
             "logp": np.empty((T, N), np.float32),
@@ -82,7 +88,7 @@ class PPOActorRole(ActorBase):
             final: np.ndarray = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(
                 self.obs_dtype
             )
-            rewards[only_truncated] += self.cfg.algo.gamma * self.policy.value(final)
+            rewards[only_truncated] += self.algo.gamma * self.policy.value(final)
         r, t = self._r, self._t
         r["obs"][t], r["actions"][t], r["logp"][t], r["values"][t] = self.obs, actions, logp, values
         r["rewards"][t], r["dones"][t] = rewards, dones

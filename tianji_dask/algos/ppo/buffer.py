@@ -10,9 +10,13 @@ each use is counted against the rollout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tianji_dask.config.schema import PPOConfig
 from tianji_dask.roles.buffer import BufferBase
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 
 @dataclass
@@ -25,13 +29,14 @@ class Rollout:
 
 
 class RolloutBufferRole(BufferBase):
-    def __init__(self, cfg, inbox, buffer_id: int = 0):
+    def __init__(self, cfg: ExperimentConfig, inbox, buffer_id: int = 0):
         super().__init__(inbox, buffer_id)
         self.cfg = cfg
+        self.algo = cfg.algo_as(PPOConfig)
         self._held: list[Rollout] = []
         self.stale_dropped = 0  # transitions
         # at most this many rollouts are kept: the ones a learner iteration could still use
-        self.capacity_rollouts = cfg.algo.rollouts_per_update * cfg.algo.sample_reuse * max(1, cfg.topology.actors)
+        self.capacity_rollouts = self.algo.rollouts_per_update * self.algo.sample_reuse * max(1, cfg.topology.actors)
 
     def __len__(self) -> int:
         with self._lock:
@@ -48,26 +53,26 @@ class RolloutBufferRole(BufferBase):
         return r.transitions
 
     def take(self, learner_version: int) -> list[Rollout]:
-        a = self.cfg.algo
+        algo = self.algo
         with self._lock:
             keep = []
             for r in self._held:
-                if learner_version - r.version > a.max_policy_lag:
+                if learner_version - r.version > algo.max_policy_lag:
                     if r.uses == 0:
                         self.stale_dropped += r.transitions
                 else:
                     keep.append(r)
             self._held = keep
-            usable = [r for r in reversed(keep) if r.uses < a.sample_reuse][: a.rollouts_per_update]
-            if len(usable) < a.rollouts_per_update:
+            usable = [r for r in reversed(keep) if r.uses < algo.sample_reuse][: algo.rollouts_per_update]
+            if len(usable) < algo.rollouts_per_update:
                 return []  # an iteration trains on a full batch, as the serial algorithm does
             for r in usable:
                 r.uses += 1
-            self._held = [r for r in keep if r.uses < a.sample_reuse]
+            self._held = [r for r in keep if r.uses < algo.sample_reuse]
             return usable
 
     def _fill(self) -> dict[str, Any]:
         with self._lock:
             size = sum(r.transitions for r in self._held)
-        capacity = self.capacity_rollouts * self.cfg.algo.rollout_steps * self.cfg.env.num_envs
+        capacity = self.capacity_rollouts * self.algo.rollout_steps * self.cfg.env.num_envs
         return {"size": size, "capacity": capacity, "stale_dropped": self.stale_dropped}

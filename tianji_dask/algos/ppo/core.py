@@ -11,6 +11,7 @@ shared Nature CNN of cleanrl's ``ppo_atari.py`` instead of the MLPs
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ from tianji_dask.algos.core import (
     restore_generator,
 )
 from tianji_dask.algos.networks import AtariActorCritic
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import PPOConfig
 
 
 def _layer(i: int, o: int, std: float = math.sqrt(2)) -> nn.Linear:
@@ -162,20 +166,22 @@ def ppo_loss(
 class PPOLearner:
     """Owns the network and Adam; ``train(batch, progress)`` runs the minibatch epochs."""
 
-    def __init__(self, obs_dim: int, n_actions: int, cfg, seed: int, device: str = "cpu", network: str = "mlp"):
+    def __init__(
+        self, obs_dim: int, n_actions: int, algo: PPOConfig, seed: int, device: str = "cpu", network: str = "mlp"
+    ):
         torch.manual_seed(seed)
-        self.cfg = cfg
+        self.algo = algo
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
-        self.net = actor_critic(obs_dim, n_actions, cfg.hidden_sizes, network).to(self.device)
-        self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, eps=1e-5)
+        self.net = actor_critic(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
+        self.optim = torch.optim.Adam(self.net.parameters(), lr=algo.lr, eps=1e-5)
         self.rng = np.random.default_rng(seed)
         self.updates = 0
 
     def set_lr_for(self, env_steps: int) -> float:
-        a = self.cfg
-        lr = a.lr if a.lr_anneal_steps is None else a.lr * max(0.0, 1.0 - env_steps / a.lr_anneal_steps)
-        lr = max(lr, a.lr * 0.05)  # never stop learning entirely when a run outlives the schedule
+        algo = self.algo
+        lr = algo.lr if algo.lr_anneal_steps is None else algo.lr * max(0.0, 1.0 - env_steps / algo.lr_anneal_steps)
+        lr = max(lr, algo.lr * 0.05)  # never stop learning entirely when a run outlives the schedule
         for g in self.optim.param_groups:
             g["lr"] = lr
         return lr
@@ -183,15 +189,15 @@ class PPOLearner:
     def train(self, batch: dict[str, np.ndarray], grad_hook=None) -> dict:
         """``batch``: flat arrays obs, actions, logp, advantages, returns. ``grad_hook()`` runs
         between backward and step (the data-parallel learners average gradients there)."""
-        a = self.cfg
+        algo = self.algo
         t = self._to_device(batch)
         n = len(t["actions"])
         stats: dict[str, float] = {}
         count = 0
-        for _ in range(a.epochs):
+        for _ in range(algo.epochs):
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
             # batches may differ in size, must make the same number of all-reduce calls
-            for rows in np.array_split(self.rng.permutation(n), a.minibatches):
+            for rows in np.array_split(self.rng.permutation(n), algo.minibatches):
                 idx = torch.from_numpy(rows).to(self.device)
                 loss, st = ppo_loss(
                     self.net,
@@ -200,16 +206,16 @@ class PPOLearner:
                     t["logp"][idx],
                     t["advantages"][idx],
                     t["returns"][idx],
-                    a.clip_coef,
-                    a.vf_coef,
-                    a.ent_coef,
-                    a.normalize_advantages,
+                    algo.clip_coef,
+                    algo.vf_coef,
+                    algo.ent_coef,
+                    algo.normalize_advantages,
                 )
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
                 if grad_hook is not None:
                     grad_hook()
-                nn.utils.clip_grad_norm_(self.net.parameters(), a.max_grad_norm, foreach=True)
+                nn.utils.clip_grad_norm_(self.net.parameters(), algo.max_grad_norm, foreach=True)
                 self.optim.step()
                 self.updates += 1
                 count += 1

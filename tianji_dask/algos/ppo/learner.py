@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo.core import PPOLearner, gae
 from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import PPOConfig
 
 
 @dataclass
@@ -36,19 +40,21 @@ class PPOLearnerCounters(LearnerCounters):
 class PPOLearnerRole(LearnerBase):
     """``publish()`` once, then ``step()`` in a loop; ``heartbeat()``."""
 
-    core: PPOLearner
+    algo: PPOConfig
+
+    learner_core: PPOLearner
     counters_class = PPOLearnerCounters
     counters: PPOLearnerCounters
 
-    def _make_core(self, obs_dim: int, n_actions: int, seed: int) -> PPOLearner:
+    def _make_learner_core(self, obs_dim: int, n_actions: int, seed: int) -> PPOLearner:
         cfg = self.cfg
-        return PPOLearner(obs_dim, n_actions, cfg.algo, seed, cfg.learner.device, network=network_kind(cfg))
+        return PPOLearner(obs_dim, n_actions, self.algo, seed, cfg.learner.device, network=network_kind(cfg))
 
     def _setup(self) -> None:
         # env steps one iteration stands for in the serial algorithm (a rollout per reuse)
-        cfg, a = self.cfg, self.cfg.algo
+        cfg, algo = self.cfg, self.algo
         self._env_steps_per_iteration = (
-            a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs * self.world_size / a.sample_reuse
+            algo.rollouts_per_update * algo.rollout_steps * cfg.env.num_envs * self.world_size / algo.sample_reuse
         )
         self.version = 0
         self._pending = None  # rollouts taken by wants_update, trained on by update
@@ -75,11 +81,11 @@ class PPOLearnerRole(LearnerBase):
         self._train_on(rollouts)
 
     def batch_from(self, rollouts) -> dict[str, np.ndarray]:
-        a = self.cfg.algo
+        algo = self.algo
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "actions", "logp", "advantages", "returns")}
         for r in rollouts:
             d = r.data
-            adv, ret = gae(d["rewards"], d["values"], d["dones"], d["last_values"], a.gamma, a.gae_lambda)
+            adv, ret = gae(d["rewards"], d["values"], d["dones"], d["last_values"], algo.gamma, algo.gae_lambda)
             obs = d["obs"]
             parts["obs"].append(obs.reshape(-1, *obs.shape[2:]))
             parts["actions"].append(d["actions"].reshape(-1))
@@ -103,15 +109,15 @@ class PPOLearnerRole(LearnerBase):
         # the actors produced: with actors faster than the learner most rollouts are dropped
         # unused, and annealing on received transitions reached the lr floor within a few dozen
         # iterations (identical on every data-parallel rank: iterations advance together)
-        self.core.set_lr_for(int(self.counters.iterations * self._env_steps_per_iteration))
-        before = self.core.updates
-        stats = self.core.train(batch, self.grad_hook)
+        self.learner_core.set_lr_for(int(self.counters.iterations * self._env_steps_per_iteration))
+        before = self.learner_core.updates
+        stats = self.learner_core.train(batch, self.grad_hook)
         for k, v in stats.items():
             self._stats[k] = self._stats.get(k, 0.0) + v
         self._n += 1
         self.version += 1
         self.counters.iterations += 1
-        self.counters.updates += self.core.updates - before
+        self.counters.updates += self.learner_core.updates - before
         self.counters.samples += len(batch["actions"])
         self.publish()
 

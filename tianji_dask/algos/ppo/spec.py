@@ -4,8 +4,13 @@ running minibatch epochs on whole rollouts."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from tianji_dask.config.schema import PPOConfig
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+
+if TYPE_CHECKING:
+    from tianji_dask.config.schema import ExperimentConfig
 
 
 class PPOSpec:
@@ -17,7 +22,9 @@ class PPOSpec:
 
         return PPOActorRole
 
-    def make_buffer_role(self, cfg, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0) -> LoopRole:
+    def make_buffer_role(
+        self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
+    ) -> LoopRole:
         from tianji_dask.algos.ppo.buffer import RolloutBufferRole
 
         return RolloutBufferRole(cfg, inbox, buffer_id)
@@ -27,28 +34,28 @@ class PPOSpec:
 
         return PPOLearnerRole
 
-    def samples_per_update(self, cfg) -> int:
+    def samples_per_update(self, cfg: ExperimentConfig) -> int:
         """The one PPO batch rule: every rollout of an iteration, each ``rollout_steps`` x ``num_envs``."""
-        a = cfg.algo
-        return a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs
+        algo = cfg.algo_as(PPOConfig)
+        return algo.rollouts_per_update * algo.rollout_steps * cfg.env.num_envs
 
-    def replay_nbytes(self, cfg, obs_shape, obs_dtype, capacity: int | None = None) -> int:
+    def replay_nbytes(self, cfg: ExperimentConfig, obs_shape, obs_dtype, capacity: int | None = None) -> int:
         return 0  # rollouts are consumed, not replayed
 
-    def steps_per_message(self, cfg) -> int:
-        return cfg.algo.rollout_steps * cfg.env.num_envs
+    def steps_per_message(self, cfg: ExperimentConfig) -> int:
+        return cfg.algo_as(PPOConfig).rollout_steps * cfg.env.num_envs
 
-    def serial_period(self, cfg) -> int:
-        return cfg.algo.rollout_steps * cfg.env.num_envs
+    def serial_period(self, cfg: ExperimentConfig) -> int:
+        return cfg.algo_as(PPOConfig).rollout_steps * cfg.env.num_envs
 
-    def serial_train_round(self, cfg, learner) -> None:
+    def serial_train_round(self, cfg: ExperimentConfig, learner) -> None:
         while learner.step():
             pass
 
     def steady_algo(self, algo: dict, batch_size: int | None) -> None:
         pass  # no exploration schedule or warm-up; the batch is the rollouts'
 
-    def profile_batch_sizes(self, cfg, requested: list[int] | None) -> list[int]:
+    def profile_batch_sizes(self, cfg: ExperimentConfig, requested: list[int] | None) -> list[int]:
         return [self.samples_per_update(cfg)]
 
     def learner_workload(self, run) -> tuple[Callable[[], int], float]:
@@ -59,13 +66,13 @@ class PPOSpec:
 
         def work() -> int:
             batch = run.learner.batch_from(rollouts)
-            run.learner.core.train(batch)
+            run.learner.learner_core.train(batch)
             return len(batch["actions"])
 
         return work, 0.0
 
-    def scaled_for_batch(self, cfg, batch: int) -> dict[str, int]:
+    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, int]:
         return {}
 
-    def plan_fields(self, cfg) -> dict[str, int | None]:
+    def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
         return {"batch_size": self.samples_per_update(cfg), "buffer_size": None, "train_freq": None}
