@@ -458,3 +458,14 @@ def test_experiment_config_is_frozen():
     assert isinstance(config, ExperimentConfig)
     with pytest.raises(ValidationError, match="frozen"):
         config.seed = 1  # type: ignore[misc]
+
+
+def test_algo_as_gives_the_algorithms_own_section_and_refuses_another():
+    from tianji_dask.config.schema import DQNConfig, PPOConfig
+
+    dqn = load_config(SHIPPED)
+    assert dqn.algo_as(DQNConfig) is dqn.algo
+    with pytest.raises(TypeError, match="a PPOConfig section was expected, but algo.name is 'dqn'"):
+        dqn.algo_as(PPOConfig)
+    ppo = load_config(SHIPPED.with_name("cartpole_ppo.yaml"))
+    assert ppo.algo_as(PPOConfig) is ppo.algo
