@@ -15,7 +15,9 @@ import torch
 from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy
 from tianji_dask.algos.networks import AtariActorCritic, NatureQNetwork, network_kind
+from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.algos.ppo.core import PPOLearner, PPOPolicy
+from tianji_dask.algos.ppo.learner import PPOLearnerRole
 from tianji_dask.channels import LocalQueue
 from tianji_dask.config import ConfigError, check_env, load_config
 from tianji_dask.envs import ATARI_OBS_SHAPE, AtariTrainingSignals, make_atari_vector_env, next_observations
@@ -342,6 +344,77 @@ def test_nature_cnn_forward_shapes_and_uint8_input():
     w = ac.actor.weight
     torch.testing.assert_close(w @ w.T, 0.01**2 * torch.eye(6), atol=1e-6, rtol=0)
     assert float(logits.detach().std()) < 0.05  # near-uniform initial policy
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks():
+    """A PPO actor on real Pong, every observation the env gave it recorded: each pushed rollout's
+    ``frames[obs_frames]`` is exactly the stacks the actor acted on, across episode ends, in
+    about a quarter of the stacks' bytes; the learner's batch of several rollouts rebuilds them too."""
+    num_envs, T = 2, 64
+    cfg = load_config(PPO_SMALL, [f"env.num_envs={num_envs}", f"algo.rollout_steps={T}"], check_env=False)
+    queue = LocalQueue(capacity_bytes=1 << 34)
+    actor = PPOActorRole(cfg, 2, 7, queue, params=None, balance=False)
+    actor.probe_params = lambda: False
+    seen = [actor.obs.copy()]  # the observation of every step, as the env returned it
+    step = actor.env.step
+
+    def recording_step(actions):
+        out = step(actions)
+        seen.append(out[0].copy())
+        return out
+
+    actor.env.step = recording_step
+    try:
+        rollouts_after_an_end = 0
+        while rollouts_after_an_end < 2:
+            for _ in range(T):
+                actor.step()
+            if actor.tracker.count >= 1:
+                rollouts_after_an_end += 1
+    finally:
+        actor.close()
+    rollouts = [item.payload for item in queue.poll()]
+    assert len(rollouts) == (len(seen) - 1) // T and actor.tracker.count >= 1
+    for i, r in enumerate(rollouts):
+        assert "obs" not in r and r["frames"].dtype == np.uint8 and r["obs_frames"].dtype == np.int32
+        want = np.stack(seen[i * T : (i + 1) * T])  # (T, N, 4, 84, 84)
+        np.testing.assert_array_equal(r["frames"][r["obs_frames"]], want)
+        # each step's new frame once, plus the first stacks and the stacks of new episodes
+        assert len(r["frames"]) <= T * num_envs + 4 * num_envs + 5 * actor.tracker.count
+    # the learner's batch of several rollouts: frames concatenated, positions shifted to match
+    learner = PPOLearnerRole(cfg, buffer=None, publisher=None, obs_dim=4 * 84 * 84, n_actions=6, seed=0)
+
+    class Held:
+        def __init__(self, data):
+            self.data = data
+
+    batch = learner.batch_from([Held(r) for r in rollouts[-2:]])
+    want = np.stack(seen[len(rollouts) * T - 2 * T : len(rollouts) * T]).reshape(-1, 4, 84, 84)
+    np.testing.assert_array_equal(batch["frames"][batch["obs_frames"]], want)
+
+
+@pytest.mark.timeout(60)
+def test_ppo_trains_the_same_on_frames_and_positions_as_on_the_stacks():
+    cfg = load_config(PPO_SMALL)
+    rng = np.random.default_rng(1)
+    n, n_frames = 32, 40
+    frames = rng.integers(0, 256, (n_frames, 84, 84), dtype=np.uint8)
+    positions = rng.integers(0, n_frames, (n, 4)).astype(np.int32)
+    common = {
+        "actions": rng.integers(0, 6, n),
+        "logp": np.full(n, -np.log(6), np.float32),
+        "advantages": rng.normal(size=n).astype(np.float32),
+        "returns": rng.normal(size=n).astype(np.float32),
+    }
+    on_stacks = PPOLearner(4 * 84 * 84, 6, cfg.algo, seed=3, network="nature_cnn")
+    on_frames = PPOLearner(4 * 84 * 84, 6, cfg.algo, seed=3, network="nature_cnn")
+    want = on_stacks.train({**common, "obs": frames[positions]})
+    got = on_frames.train({**common, "frames": frames, "obs_frames": positions})
+    assert got == want
+    for a, b in zip(on_stacks.policy_params().values(), on_frames.policy_params().values()):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.timeout(60)

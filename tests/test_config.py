@@ -277,6 +277,11 @@ def test_to_json_round_trips():
             ["learner.device='gpu'", "'cpu', 'cuda' or 'cuda:N'"],
             id="device-form",
         ),
+        pytest.param(
+            ["actor.device=cuda:x"],
+            ["actor.device='cuda:x'", "'cpu', 'cuda' or 'cuda:N'"],
+            id="actor-device-form",
+        ),
         pytest.param(["env=5"], ["env=5", "must be a section"], id="section-not-mapping"),
         pytest.param(["seed=-1"], ["seed=-1", "greater than or equal to 0"], id="negative-seed"),
     ],
@@ -321,7 +326,7 @@ def test_unknown_top_level_key_in_file(tmp_path):
     path = write(tmp_path, SHIPPED.read_text() + "\nfoo: 1\n")
     message = error_text(path=path)
     assert "foo=1: unknown key" in message
-    assert "valid keys at the top level: seed, env, algo, topology, channel, learner, stop, run" in message
+    assert "valid keys at the top level: seed, env, algo, topology, channel, learner, actor, stop, run" in message
 
 
 def test_unknown_nested_key_in_file(tmp_path):
@@ -415,6 +420,15 @@ def test_cuda_device_without_cuda(monkeypatch):
     assert "torch.cuda.is_available() is False" in message and "learner.device=cpu" in message
     # a saved config with a CUDA device still loads where no GPU is, when asked not to check
     assert load_config(SHIPPED, ["learner.device=cuda"], check_env=False, check_device=False)
+
+
+def test_actor_cuda_device_on_this_cpu_only_torch_names_the_fix():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    message = error_text(["actor.device=cuda"])
+    assert "actor.device='cuda'" in message and "use --set actor.device=cpu" in message
 
 
 def test_cuda_index_beyond_device_count(monkeypatch):

@@ -253,3 +253,17 @@ def test_batch_mover_on_cuda_reuses_pinned_buffers():
     second = mover({"obs": np.full((4, 2), 3, np.float32)})["obs"]
     assert mover._pinned["obs"] is buf and buf.is_pinned()
     assert float(second.sum()) == 24
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batch_mover_on_cuda_reuses_pinned_buffers_for_fields_of_varying_length():
+    from tianji_dask.algos.batches import BatchMover
+
+    mover = BatchMover(torch.device("cuda"))
+    frames = mover({"frames": np.arange(40, dtype=np.uint8).reshape(10, 2, 2)})["frames"]
+    buf = mover._pinned["frames"]
+    np.testing.assert_array_equal(frames.cpu().numpy(), np.arange(40, dtype=np.uint8).reshape(10, 2, 2))
+    shorter = mover({"frames": np.full((9, 2, 2), 7, np.uint8)})["frames"]
+    assert mover._pinned["frames"] is buf and shorter.shape == (9, 2, 2) and int(shorter.sum()) == 7 * 36
+    longer = mover({"frames": np.ones((20, 2, 2), np.uint8)})["frames"]
+    assert mover._pinned["frames"] is not buf and longer.shape == (20, 2, 2) and int(longer.sum()) == 80

@@ -12,7 +12,7 @@ from tianji_dask.roles.frame_replay import FrameReplay
 from tianji_dask.roles.replay import ReplayMemory
 
 GIB = 2**30
-CPU = ["learner.device=cpu"]  # the Pong configs name a GPU; the replay is the same
+CPU = ["learner.device=cpu", "actor.device=cpu"]  # the Pong configs name a GPU; the replay is the same
 
 
 def test_flat_replay_bytes_match_what_a_built_memory_reports():

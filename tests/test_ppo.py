@@ -13,7 +13,7 @@ import torch
 
 from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.algos.ppo.buffer import RolloutBufferRole
-from tianji_dask.algos.ppo.core import ActorCritic, PPOLearner, PPOPolicy, gae, ppo_loss
+from tianji_dask.algos.ppo.core import ActorCritic, PPOLearner, PPOPolicy, gae, ppo_loss, sample_categorical
 from tianji_dask.algos.ppo.learner import PPOLearnerRole
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import load_config
@@ -112,6 +112,7 @@ def test_ppo_loss_clipping(ratio, adv, expected_pg, clipped):
     loss, st = ppo_loss(
         net, obs, actions, old_logp, advs, value.clone(), clip, vf_coef=0.0, ent_coef=0.0, normalize=False
     )
+    st = {k: float(v) for k, v in st.items()}  # 0-d tensors on the loss's device
     assert st["pg_loss"] == pytest.approx(expected_pg, abs=1e-5)
     assert loss.item() == pytest.approx(expected_pg, abs=1e-5)
     assert st["clipfrac"] == (1.0 if abs(ratio - 1) > clip else 0.0)
@@ -142,6 +143,7 @@ def test_ppo_loss_mixed_batch_and_value_entropy_terms():
     # the five cases of test_ppo_loss_clipping: -2.4, 1.5, 0.8, -1.0, -3.3
     pg = (-2.4 + 1.5 + 0.8 - 1.0 - 3.3) / 5  # -0.88
     loss, st = ppo_loss(net, obs, actions, old_logp, adv, returns, clip, vf_coef, ent_coef, normalize=False)
+    st = {k: float(v) for k, v in st.items()}
     assert st["pg_loss"] == pytest.approx(pg, abs=1e-5)
     assert st["entropy"] == pytest.approx(entropy, abs=1e-6)
     assert st["v_loss"] == pytest.approx(v_loss, abs=1e-5)
@@ -170,10 +172,11 @@ def test_ppo_loss_normalizes_advantages():
     _, a = ppo_loss(net, obs, actions, old_logp, adv, value, 0.2, 0.0, 0.0, normalize=True)
     _, b = ppo_loss(net, obs, actions, old_logp, norm, value, 0.2, 0.0, 0.0, normalize=False)
     _, c = ppo_loss(net, obs, actions, old_logp, 10 * adv - 7, value, 0.2, 0.0, 0.0, normalize=True)
+    a, b, c = ({k: float(v) for k, v in s.items()} for s in (a, b, c))
     assert a["pg_loss"] == pytest.approx(b["pg_loss"], abs=1e-6)
     assert a["pg_loss"] == pytest.approx(c["pg_loss"], abs=1e-5)  # invariant to scale and shift
     _, raw = ppo_loss(net, obs, actions, old_logp, adv, value, 0.2, 0.0, 0.0, normalize=False)
-    assert abs(raw["pg_loss"] - a["pg_loss"]) > 0.5
+    assert abs(float(raw["pg_loss"]) - a["pg_loss"]) > 0.5
 
 
 # ------------------------------------------------------------------ acting
@@ -372,8 +375,8 @@ def test_buffer_sample_reuse_8_serves_a_rollout_up_to_8_times():
 
 @pytest.mark.timeout(10)
 def test_buffer_waits_for_a_full_batch_of_rollouts():
-    # 8 rollouts per iteration (configs/pong_ppo.yaml): training on whatever arrived first would
-    # take 8x the serial algorithm's gradient steps per sample
+    # several rollouts per iteration (configs/pong_ppo.yaml): training on whatever arrived first would
+    # take several times the serial algorithm's gradient steps per sample
     buf, inbox = _buffer("algo.rollouts_per_update=3", "algo.max_policy_lag=1", "topology.actors=3")
     for tag in (1, 2):
         inbox.push(_rollout(0, tag=tag))
@@ -517,3 +520,48 @@ def test_ppo_train_reports_float_means(h):
     stats = learner.train(h.ppo_train_batch(learner, 64))
     assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "loss"}
     assert all(type(v) is float and math.isfinite(v) for v in stats.values()), stats
+
+
+def test_sample_categorical_inverts_the_cdf_at_the_uniforms():
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]] * 5))  # CDF 0.2, 0.7, 1.0
+    uniforms = torch.tensor([0.1, 0.25, 0.69, 0.71, 0.999999])
+    assert sample_categorical(logits, uniforms).tolist() == [0, 1, 1, 2, 2]
+    # a CDF that sums to just below 1 never yields an action past the last one
+    assert sample_categorical(torch.tensor([[0.0, 0.0]]), torch.tensor([1.0 - 1e-9])).tolist() == [1]
+
+
+def test_sample_categorical_draws_the_policys_distribution():
+    probs = torch.tensor([0.1, 0.6, 0.05, 0.25])
+    n = 200_000
+    gen = torch.Generator().manual_seed(0)
+    actions = sample_categorical(torch.log(probs).expand(n, 4), torch.rand(n, generator=gen))
+    freq = torch.bincount(actions, minlength=4).double() / n
+    torch.testing.assert_close(freq, probs.double(), atol=4e-3, rtol=0)  # ~4 standard errors
+
+
+def test_ppo_policy_acts_with_the_seeds_uniforms_and_the_networks_probabilities():
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    policy = PPOPolicy(4, 3, [8], seed=5)
+    actions, logp, values = policy.act(obs)
+    with torch.no_grad():
+        logits, want_values = policy.net.heads(torch.from_numpy(obs))
+    uniforms = torch.rand(16, generator=torch.Generator().manual_seed(5))
+    want = sample_categorical(logits, uniforms)
+    np.testing.assert_array_equal(actions, want.numpy())
+    np.testing.assert_allclose(logp, torch.log_softmax(logits, -1).gather(1, want[:, None]).squeeze(1), rtol=1e-6)
+    np.testing.assert_allclose(values, want_values.numpy(), rtol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ppo_policy_on_cuda_acts_as_on_the_cpu():
+    """Same parameters, observations and seed: the same actions whichever device runs the net."""
+    obs = np.random.default_rng(1).integers(0, 256, (64, 4, 84, 84), dtype=np.uint8)
+    cpu = PPOPolicy(0, 6, [], seed=9, network="nature_cnn")
+    gpu = PPOPolicy(0, 6, [], seed=9, network="nature_cnn", device="cuda")
+    gpu.load(0, {k: v.numpy() for k, v in cpu.net.state_dict().items()})
+    for _ in range(3):
+        a_cpu, logp_cpu, v_cpu = cpu.act(obs)
+        a_gpu, logp_gpu, v_gpu = gpu.act(obs)
+        np.testing.assert_array_equal(a_gpu, a_cpu)
+        np.testing.assert_allclose(logp_gpu, logp_cpu, atol=1e-4)
+        np.testing.assert_allclose(v_gpu, v_cpu, atol=1e-4)

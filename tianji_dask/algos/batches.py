@@ -23,8 +23,11 @@ class BatchMover:
         for k, v in batch.items():
             src = torch.from_numpy(np.ascontiguousarray(v))
             buf = self._pinned.get(k)
-            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-                buf = self._pinned[k] = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-            buf.copy_(src)
-            out[k] = buf.to(self.device, non_blocking=True)
+            if buf is None or buf.numel() < src.numel() or buf.dtype != src.dtype:
+                # grown with room to spare: a field whose length varies (Atari frames) reuses it
+                size = src.numel() + src.numel() // 4
+                buf = self._pinned[k] = torch.empty(size, dtype=src.dtype, pin_memory=True)
+            staged = buf[: src.numel()].view(src.shape)
+            staged.copy_(src)
+            out[k] = staged.to(self.device, non_blocking=True)
         return out

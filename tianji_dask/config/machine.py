@@ -91,28 +91,30 @@ def check_atari_game(env: EnvConfig) -> None:
 
 
 def check_device(config: ExperimentConfig) -> None:
-    """Check that ``config.learner.device`` exists on *this* machine.
+    """Check that ``config.learner.device`` and ``config.actor.device`` exist on *this* machine.
 
-    Only meaningful where the learner will run (or on an identical node); a driver on a login
-    node without a GPU should skip it (``load_config(..., check_device=False)``). Imports torch
-    only when the device is a CUDA one.
+    Only meaningful where the learner and actors will run (or on an identical node); a driver on
+    a login node without a GPU should skip it (``load_config(..., check_device=False)``). Imports
+    torch only when a device is a CUDA one.
     """
-    device = config.learner.device
+    for section in ("learner", "actor"):
+        _check_one_device(f"{section}.device", getattr(config, section).device)
+
+
+def _check_one_device(name: str, device: str) -> None:
     if device == "cpu":
         return
     try:
         import torch
     except ImportError as exc:
-        raise ConfigError(f"learner.device={device!r}: torch cannot be imported ({exc})") from None
+        raise ConfigError(f"{name}={device!r}: torch cannot be imported ({exc})") from None
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"learner.device={device!r}: torch.cuda.is_available() is False on this machine "
+            f"{name}={device!r}: torch.cuda.is_available() is False on this machine "
             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); "
-            f"use --set learner.device=cpu or run where a GPU is visible"
+            f"use --set {name}=cpu or run where a GPU is visible"
         )
     if ":" in device:
         index, count = int(device.split(":")[1]), torch.cuda.device_count()
         if index >= count:
-            raise ConfigError(
-                f"learner.device={device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-            )
+            raise ConfigError(f"{name}={device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")

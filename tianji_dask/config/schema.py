@@ -288,18 +288,31 @@ class ChannelConfig(_Section):
 _DEVICE_RE = re.compile(r"cpu|cuda|cuda:\d+")
 
 
+def _device_form(value: str) -> str:
+    if not _DEVICE_RE.fullmatch(value):
+        raise ValueError("must be 'cpu', 'cuda' or 'cuda:N' (N a device index)")
+    return value
+
+
 class LearnerConfig(_Section):
     """The learner host: where it computes and how often it publishes parameters."""
 
     publish_interval: int = Field(50, ge=1, description="learner updates between parameter publications")
     device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
 
-    @field_validator("device")
-    @classmethod
-    def _check_device_form(cls, value: str) -> str:
-        if not _DEVICE_RE.fullmatch(value):
-            raise ValueError("must be 'cpu', 'cuda' or 'cuda:N' (N a device index)")
-        return value
+    _check_device_form = field_validator("device")(_device_form)
+
+
+class ActorConfig(_Section):
+    """The actor hosts: where their policy's inference runs."""
+
+    device: str = Field(
+        "cpu",
+        description="'cpu', 'cuda' or 'cuda:N': where each actor runs its policy network "
+        "(actor processes share the GPU; the env still steps on the actor's CPU cores)",
+    )
+
+    _check_device_form = field_validator("device")(_device_form)
 
 
 class StopConfig(_Section):
@@ -373,6 +386,7 @@ class ExperimentConfig(_Section):
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
     stop: StopConfig
     run: RunConfig = Field(default_factory=RunConfig)
 

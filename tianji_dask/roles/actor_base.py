@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import (
     EpisodeTracker,
     identity_training_signals,
@@ -105,6 +106,17 @@ class ActorBase(ABC):
 
     def _on_new_version(self) -> None:  # noqa: B027 - optional hook, empty by default
         pass
+
+    def _make_policy(self, policy_class: Callable[..., Any], seed: int) -> Any:
+        """The subclass's policy for this actor's env, on ``actor.device``."""
+        return policy_class(
+            self.obs_dim,
+            self.n_actions,
+            self.algo.hidden_sizes,
+            seed,
+            network=network_kind(self.cfg),
+            device=self.cfg.actor.device,
+        )
 
     def wait_for_params(self, timeout: float, stop=lambda: False) -> None:
         """Block until the first parameter version arrives (the only time an actor waits)."""

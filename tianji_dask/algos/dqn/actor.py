@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tianji_dask.algos.dqn.core import DQNPolicy, epsilon_at
-from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import next_observations
 from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
@@ -50,7 +49,7 @@ class DQNActorRole(ActorBase):
 
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
-        self.policy = DQNPolicy(self.obs_dim, self.n_actions, self.algo.hidden_sizes, seed, network=network_kind(cfg))
+        self.policy = self._make_policy(DQNPolicy, seed)
         self.obs = self.reset_env(seed)
         self.frames = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks

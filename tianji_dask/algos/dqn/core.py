@@ -70,10 +70,14 @@ def double_dqn_loss(
 
 
 class DQNPolicy:
-    """Epsilon-greedy inference for an actor. ``act(obs, eps)`` -> int64 actions."""
+    """Epsilon-greedy inference for an actor. ``act(obs, eps)`` -> int64 actions. The network
+    runs on ``device``; exploration draws come from a numpy generator whatever the device."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], seed: int, network: str = "mlp"):
-        self.net = q_network(obs_dim, n_actions, hidden, network)
+    def __init__(
+        self, obs_dim: int, n_actions: int, hidden: list[int], seed: int, network: str = "mlp", device: str = "cpu"
+    ):
+        self.device = torch.device(device)
+        self.net = q_network(obs_dim, n_actions, hidden, network).to(self.device)
         self.net.requires_grad_(False)
         self.n_actions = n_actions
         self.rng = np.random.default_rng(seed)
@@ -85,7 +89,7 @@ class DQNPolicy:
 
     def act(self, obs: np.ndarray, eps: float) -> np.ndarray:
         with torch.inference_mode():
-            greedy = self.net(torch.from_numpy(obs)).argmax(dim=1).numpy()
+            greedy = self.net(torch.from_numpy(obs).to(self.device)).argmax(dim=1).cpu().numpy()
         explore = self.rng.random(len(obs)) < eps
         if explore.any():
             greedy = greedy.copy()

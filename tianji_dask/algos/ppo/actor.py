@@ -3,6 +3,12 @@
 Like :class:`~tianji_dask.algos.dqn.actor.DQNActorRole` it pushes into ``sender`` and probes
 ``params``, but it swaps parameters only between rollouts, so every rollout is tagged
 with exactly the version that produced it (the learner measures staleness from it).
+
+Atari (``env.kind: atari``): a rollout carries each 84x84 frame once (``frames``, the whole
+stacks of its first step and then each step's new frame, as
+:class:`~tianji_dask.roles.frame_replay.FrameStreams` emits them) and its observations as
+positions into them (``obs_frames``, ``(T, N, 4)`` int32): a quarter of the bytes of the
+stacks. The learner rebuilds the stacks (``frames[obs_frames]``) on its device.
 """
 
 from __future__ import annotations
@@ -12,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tianji_dask.algos.networks import network_kind
 from tianji_dask.algos.ppo.core import PPOPolicy
 from tianji_dask.roles.actor_base import ActorBase
+from tianji_dask.roles.frame_replay import FrameStreams
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import PPOConfig
@@ -27,7 +33,7 @@ class PPOActorRole(ActorBase):
 
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
-        self.policy = PPOPolicy(self.obs_dim, self.n_actions, self.algo.hidden_sizes, seed, network=network_kind(cfg))
+        self.policy = self._make_policy(PPOPolicy, seed)
         self.obs = self.reset_env(seed)  # uint8 frame stacks for Atari (rollouts move as uint8)
         self.T = self.algo.rollout_steps
         self.learner_consumed = 0
@@ -38,12 +44,19 @@ class PPOActorRole(ActorBase):
         self.quota = max(1, int(share * (1.0 + (algo.ratio_tolerance or 0.0)))) + 1
         self._rollouts_this_version = 0
         self._t = 0
+        self.frames = FrameStreams(self.id, self.num_envs, stack=self.obs_shape[0]) if cfg.env.frame_stacks else None
         self._new_rollout()
 
     def _new_rollout(self) -> None:
         T, N = self.T, self.num_envs
+        if self.frames is None:
+            obs: dict[str, np.ndarray] = {"obs": np.empty((T, N, *self.obs_shape), self.obs_dtype)}
+        else:
+            self.frames.take()  # frames emitted by the previous rollout's last step: not needed here
+            self.frames.start(self.obs)  # the first stacks whole: a rollout needs no other
+            obs = {"obs_ids": np.empty((T, N, self.obs_shape[0]), np.int64)}
         self._r: dict[str, np.ndarray] = {
-            "obs": np.empty((T, N, *self.obs_shape), self.obs_dtype),
+            **obs,
             "actions": np.empty((T, N), np.int64),
             "logp": np.empty((T, N), np.float32),
             "values": np.empty((T, N), np.float32),
@@ -77,8 +90,15 @@ class PPOActorRole(ActorBase):
                 self.counters.throttled_s += time.perf_counter() - t
                 return False
         actions, logp, values = self.policy.act(self.obs)
+        r, t = self._r, self._t
+        if self.frames is None:
+            r["obs"][t] = self.obs
+        else:
+            r["obs_ids"][t] = self.frames.ids
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
+        if self.frames is not None:
+            self.frames.step(next_obs, terminated | truncated, infos)
         self.tracker.update(rewards, terminated | truncated, time.time())  # the env's own rewards
         # Atari trains on clipped rewards and ends an episode at each lost life
         rewards, terminated, dones = self.training_signals(rewards, terminated, truncated, infos)
@@ -89,8 +109,7 @@ class PPOActorRole(ActorBase):
                 self.obs_dtype
             )
             rewards[only_truncated] += self.algo.gamma * self.policy.value(final)
-        r, t = self._r, self._t
-        r["obs"][t], r["actions"][t], r["logp"][t], r["values"][t] = self.obs, actions, logp, values
+        r["actions"][t], r["logp"][t], r["values"][t] = actions, logp, values
         r["rewards"][t], r["dones"][t] = rewards, dones
         self.obs = next_obs
         self._t += 1
@@ -99,11 +118,23 @@ class PPOActorRole(ActorBase):
             self.flush()
         return True
 
+    def _frame_positions(self, obs_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(this rollout's frames, each observation's frames as positions into them)."""
+        assert self.frames is not None
+        frames, ids = self.frames.take()
+        order = np.argsort(ids)
+        pos = order[np.minimum(np.searchsorted(ids[order], obs_ids), len(ids) - 1)]
+        if not np.array_equal(ids[pos], obs_ids):  # a frame the rollout never emitted: a bug, not bad input
+            raise RuntimeError(f"actor {self.id}: a rollout refers to frames it does not carry")
+        return frames, pos.astype(np.int32)
+
     def flush(self) -> None:
         """Push the finished rollout, tagged with its policy version and creation time."""
         if self._t < self.T:
             return  # PPO trains on whole rollouts only
         r = self._r
+        if self.frames is not None:
+            r["frames"], r["obs_frames"] = self._frame_positions(r.pop("obs_ids"))
         r["last_values"] = self.policy.value(self.obs)
         r["version"] = np.array(self.policy.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)

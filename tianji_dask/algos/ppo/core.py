@@ -81,11 +81,26 @@ def actor_critic(obs_dim: int, n_actions: int, hidden: list[int], network: str =
     return ActorCritic(obs_dim, n_actions, hidden)
 
 
-class PPOPolicy:
-    """Inference in an actor: ``act(obs)`` -> (actions, log-probs, values) as numpy."""
+def sample_categorical(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One action per row of ``logits`` by inverting the CDF at ``uniforms`` (one per row, in
+    [0, 1)): exact categorical sampling whose randomness is only ``uniforms``, so the same
+    uniforms give the same actions on any device."""
+    cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)
+    actions = torch.searchsorted(cdf, uniforms.to(cdf.device, cdf.dtype).unsqueeze(-1)).squeeze(-1)
+    return actions.clamp_(max=logits.shape[-1] - 1)  # a CDF that rounds to just below 1
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], seed: int, network: str = "mlp"):
-        self.net = actor_critic(obs_dim, n_actions, hidden, network)
+
+class PPOPolicy:
+    """Inference in an actor: ``act(obs)`` -> (actions, log-probs, values) as numpy.
+
+    The network runs on ``device``; the random draws come from a CPU generator whatever the
+    device (:func:`sample_categorical`), so a seed gives the same actions on CPU and GPU."""
+
+    def __init__(
+        self, obs_dim: int, n_actions: int, hidden: list[int], seed: int, network: str = "mlp", device: str = "cpu"
+    ):
+        self.device = torch.device(device)
+        self.net = actor_critic(obs_dim, n_actions, hidden, network).to(self.device)
         self.net.requires_grad_(False)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
@@ -96,15 +111,14 @@ class PPOPolicy:
 
     def act(self, obs: np.ndarray):
         with torch.inference_mode():
-            logits, values = self.net.heads(torch.from_numpy(obs))
-            probs = torch.softmax(logits, dim=-1)
-            actions = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            logits, values = self.net.heads(torch.from_numpy(obs).to(self.device))
+            actions = sample_categorical(logits, torch.rand(len(obs), generator=self.generator))
             logp = torch.log_softmax(logits, dim=-1).gather(1, actions.unsqueeze(1)).squeeze(1)
-        return actions.numpy(), logp.numpy(), values.numpy()
+        return actions.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy()
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return self.net.value(torch.from_numpy(obs)).numpy()
+            return self.net.value(torch.from_numpy(obs).to(self.device)).cpu().numpy()
 
 
 def gae(
@@ -141,7 +155,8 @@ def ppo_loss(
     ent_coef: float,
     normalize: bool,
 ):
-    """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``."""
+    """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``, the stats as
+    detached 0-d tensors on the loss's device (reading one waits for the device)."""
     logp, entropy, value = net.evaluate(obs, actions)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
@@ -155,11 +170,11 @@ def ppo_loss(
         approx_kl = ((ratio - 1) - log_ratio).mean()
         clipfrac = ((ratio - 1).abs() > clip).float().mean()
     return loss, {
-        "pg_loss": pg.item(),
-        "v_loss": v_loss.item(),
-        "entropy": ent.item(),
-        "approx_kl": approx_kl.item(),
-        "clipfrac": clipfrac.item(),
+        "pg_loss": pg.detach(),
+        "v_loss": v_loss.detach(),
+        "entropy": ent.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
     }
 
 
@@ -187,12 +202,26 @@ class PPOLearner:
         return lr
 
     def train(self, batch: dict[str, np.ndarray], grad_hook=None) -> dict:
-        """``batch``: flat arrays obs, actions, logp, advantages, returns. ``grad_hook()`` runs
-        between backward and step (the data-parallel learners average gradients there)."""
+        """``batch``: flat arrays obs, actions, logp, advantages, returns; or, for Atari, instead
+        of obs the batch's ``frames`` once and ``obs_frames``, each observation's frames as
+        positions into them (its stacks are rebuilt here, per minibatch, on the device).
+        ``grad_hook()`` runs between backward and step (the data-parallel learners average
+        gradients there)."""
         algo = self.algo
         t = self._to_device(batch)
         n = len(t["actions"])
-        stats: dict[str, float] = {}
+        if "frames" in t:
+            frames, positions = t["frames"], t["obs_frames"].long()
+
+            def observations(idx: torch.Tensor) -> torch.Tensor:
+                return frames[positions[idx]]
+        else:
+
+            def observations(idx: torch.Tensor) -> torch.Tensor:
+                return t["obs"][idx]
+
+        names: list[str] = []
+        sums: torch.Tensor | None = None  # the minibatches' stats, summed on the device
         count = 0
         for _ in range(algo.epochs):
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
@@ -201,7 +230,7 @@ class PPOLearner:
                 idx = torch.from_numpy(rows).to(self.device)
                 loss, st = ppo_loss(
                     self.net,
-                    t["obs"][idx],
+                    observations(idx),
                     t["actions"][idx],
                     t["logp"][idx],
                     t["advantages"][idx],
@@ -219,10 +248,12 @@ class PPOLearner:
                 self.optim.step()
                 self.updates += 1
                 count += 1
-                st["loss"] = loss.item()
-                for k, v in st.items():
-                    stats[k] = stats.get(k, 0.0) + v
-        return {k: v / count for k, v in stats.items()}
+                st["loss"] = loss.detach()
+                names = list(st)
+                values = torch.stack(list(st.values()))
+                sums = values if sums is None else sums + values
+        assert sums is not None  # epochs >= 1 and minibatches >= 1
+        return dict(zip(names, (sums / count).tolist()))  # the one wait for the device
 
     def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})

@@ -81,13 +81,24 @@ class PPOLearnerRole(LearnerBase):
         self._train_on(rollouts)
 
     def batch_from(self, rollouts) -> dict[str, np.ndarray]:
+        """One flat batch of the rollouts; Atari rollouts' ``frames`` are concatenated and their
+        ``obs_frames`` positions shifted to match (:meth:`PPOLearner.train` rebuilds the stacks)."""
         algo = self.algo
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "actions", "logp", "advantages", "returns")}
+        fields: tuple[str, ...] = ("actions", "logp", "advantages", "returns")
+        fields += ("frames", "obs_frames") if "frames" in rollouts[0].data else ("obs",)
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in fields}
+        n_frames = 0
         for r in rollouts:
             d = r.data
             adv, ret = gae(d["rewards"], d["values"], d["dones"], d["last_values"], algo.gamma, algo.gae_lambda)
-            obs = d["obs"]
-            parts["obs"].append(obs.reshape(-1, *obs.shape[2:]))
+            if "frames" in d:
+                parts["frames"].append(d["frames"])
+                positions = d["obs_frames"]
+                parts["obs_frames"].append(positions.reshape(-1, positions.shape[-1]) + n_frames)
+                n_frames += len(d["frames"])
+            else:
+                obs = d["obs"]
+                parts["obs"].append(obs.reshape(-1, *obs.shape[2:]))
             parts["actions"].append(d["actions"].reshape(-1))
             parts["logp"].append(d["logp"].reshape(-1))
             parts["advantages"].append(adv.reshape(-1))

@@ -1,0 +1,229 @@
+"""PPO on Pong: tianji-dask against the single-process alternative, side by side on one machine.
+
+    python benchmarks/ppo_vs_single.py --seeds 5 6 7 --max-seconds 300 --out benchmarks/results/ppo_vs_single
+    python benchmarks/ppo_vs_single.py --seeds 5 --set topology.actors=2      # --set goes to tianji-dask
+
+Per seed, both systems train to a 100-episode mean return of ``--target`` (18) or for
+``--max-seconds``, one after the other, the order alternating from seed to seed so both see the
+same machine conditions: ``benchmarks/peers/ppo_pong_single.py`` (one synchronous process, the
+ale-py vector env on all cores, inference and training on the GPU; its clock starts just
+before its env and network are built) and ``benchmarks/time_to_target.py`` on ``--config``
+(its clock starts just before the LocalCluster is built). Before them, the raw rate of the
+emulator: ale-py's vector env stepping random actions on all cores for ``--ale-seconds``.
+
+Writes into ``--out``, after every run (a stopped benchmark keeps what it measured):
+``ppo_vs_single.json`` (every run, the raw ALE rate, the medians and their ratios),
+``ppo_vs_single.nc`` (dims ``system`` x ``seed``) and ``return.png`` (the 100-episode mean
+return against wall time and against env steps, both systems, every seed). Run it detached on
+the GPU machine and poll ``<out>/bench.log`` (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SYSTEMS = ("tianji", "single")
+
+
+def raw_ale_rate(seconds: float, envs: int, threads: int) -> float:
+    """Env steps/s of ale-py's vector env (Pong, DeepMind preprocessing) with random actions."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    env = AtariVectorEnv("pong", num_envs=envs, num_threads=threads, autoreset_mode="SameStep")
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        env.step(rng.integers(0, env.single_action_space.n, envs))
+        n += envs
+    rate = n / (time.perf_counter() - t0)
+    env.close()
+    return rate
+
+
+def run_single(seed: int, args, log: Path) -> dict:
+    cmd = [sys.executable, "-u", str(HERE / "peers" / "ppo_pong_single.py"), "--seed", str(seed)]
+    cmd += ["--target", str(args.target), "--max-seconds", str(args.max_seconds), "--envs", str(args.envs)]
+    cmd += ["--threads", str(args.threads)]
+    with log.open("w") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
+    if rc != 0 or not lines:
+        return {"system": "single", "seed": seed, "error": f"exit {rc}, see {log}"}
+    res = json.loads(lines[-1])
+    curve = res.get("curve", [])
+    return {
+        "system": "single",
+        "seed": seed,
+        "time_to_target_s": res["seconds_to_target"] if res["seconds_to_target"] is not None else math.nan,
+        "env_steps_to_target": res["env_steps_to_target"] if res["env_steps_to_target"] is not None else math.nan,
+        "wall_s": res["wall_s"],
+        "env_steps": res["env_steps"],
+        "env_steps_per_s": res["env_steps_per_s"],
+        "curve": {"time": [c[0] for c in curve], "env_steps": [c[1] for c in curve], "return": [c[2] for c in curve]},
+    }
+
+
+def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
+    cmd = [sys.executable, "-u", str(HERE / "time_to_target.py"), args.config, "--modes", "distributed"]
+    cmd += ["--seeds", str(seed), "--out", str(out), "--runs", str(out / "runs")]
+    for s in [f"stop.target_return={args.target}", f"stop.max_seconds={args.max_seconds}", *args.overrides]:
+        cmd += ["--set", s]
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    result = out / "time_to_target.json"
+    if rc != 0 or not result.exists():
+        return {"system": "tianji", "seed": seed, "error": f"exit {rc}, see {log}"}
+    row = json.loads(result.read_text())["runs"][0]
+    ds = xr.open_dataset(Path(row["run_dir"]) / "metrics.nc")
+    steady = ds.where(ds.updates > 0) if "updates" in ds else ds
+    rec = {
+        "system": "tianji",
+        "seed": seed,
+        "time_to_target_s": row["time_to_target_s"],
+        "env_steps_to_target": row["env_steps_to_target"],
+        "wall_s": row["wall_s"],
+        "env_steps": row["env_steps"],
+        "env_steps_per_s": row["env_steps"] / row["wall_s"],
+        "run_dir": row["run_dir"],
+        "curve": {
+            "time": ds.time.values.tolist(),
+            "env_steps": ds.env_steps.values.tolist(),
+            "return": ds.return_mean_100.values.tolist(),
+        },
+    }
+    for name in ("env_fps", "train_fps", "receive_fps", "policy_lag_mean", "stale_dropped"):
+        if name in steady:
+            v = steady[name]
+            rec[f"median_{name}"] = float(v.median()) if name != "stale_dropped" else float(ds[name].max())
+    ds.close()
+    return rec
+
+
+def medians(rows: list[dict], system: str) -> dict:
+    mine = [r for r in rows if r["system"] == system and "error" not in r]
+    t = [r["time_to_target_s"] for r in mine]
+    s = [r["env_steps_to_target"] for r in mine]
+    all_reached = bool(mine) and not any(math.isnan(x) for x in t)
+    return {
+        "runs": len(mine),
+        "reached": sum(not math.isnan(x) for x in t),
+        "median_time_to_target_s": statistics.median(t) if all_reached else math.nan,
+        "median_env_steps_to_target": statistics.median(s) if all_reached else math.nan,
+        "median_env_steps_per_s": statistics.median([r["env_steps_per_s"] for r in mine]) if mine else math.nan,
+    }
+
+
+def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
+    summary = {s: medians(rows, s) for s in SYSTEMS}
+    a, b = summary["tianji"], summary["single"]
+    summary["ratio_time_to_target"] = a["median_time_to_target_s"] / b["median_time_to_target_s"]
+    summary["ratio_env_steps_to_target"] = a["median_env_steps_to_target"] / b["median_env_steps_to_target"]
+    (out / "ppo_vs_single.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
+
+    def grid(key):
+        g = np.full((len(SYSTEMS), len(seeds)), np.nan)
+        for r in rows:
+            if key in r:
+                g[SYSTEMS.index(r["system"]), seeds.index(r["seed"])] = r[key]
+        return g
+
+    units = {"time_to_target_s": "s", "env_steps_to_target": "1", "env_steps_per_s": "1/s"}
+    ds = xr.Dataset(
+        {k: (("system", "seed"), grid(k), {"units": u}) for k, u in units.items()},
+        coords={"system": list(SYSTEMS), "seed": seeds},
+        attrs={k: json.dumps(v) if not isinstance(v, (int, float, str)) else v for k, v in meta.items()},
+    )
+    ds.to_netcdf(out / "ppo_vs_single.nc", engine="h5netcdf")
+    plot(out / "return.png", rows, meta.get("target", 18.0))
+    return summary
+
+
+def plot(path: Path, rows: list[dict], target: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    colours = {"tianji": "tab:blue", "single": "tab:orange"}
+    for r in rows:
+        if "curve" not in r:
+            continue
+        c = r["curve"]
+        label = f"{r['system']} seed {r['seed']}"
+        axes[0].plot(c["time"], c["return"], color=colours[r["system"]], alpha=0.8, label=label)
+        axes[1].plot(c["env_steps"], c["return"], color=colours[r["system"]], alpha=0.8, label=label)
+    for ax, xlabel in zip(axes, ["wall time [s]", "env steps"]):
+        ax.axhline(target, color="grey", lw=0.8, ls="--")
+        ax.set(xlabel=xlabel, ylabel="100-episode mean return", ylim=(-21, 21))
+    axes[0].legend(fontsize=7)
+    fig.suptitle("PPO Pong: tianji-dask (blue) and the single-process script (orange)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7])
+    p.add_argument("--config", default="configs/pong_ppo.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="for tianji-dask only")
+    p.add_argument("--target", type=float, default=18.0)
+    p.add_argument("--max-seconds", type=float, default=300.0)
+    p.add_argument("--envs", type=int, default=64, help="the single-process script's envs")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="its env threads (and the raw ALE rate's)")
+    p.add_argument("--ale-seconds", type=float, default=10.0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/ppo_vs_single"))
+    args = p.parse_args(argv)
+    if not (ROOT / args.config).is_file():
+        p.error(f"--config {args.config}: no such file under {ROOT}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{os.cpu_count()} cores",
+        "config": args.config,
+        "overrides": args.overrides,
+        "target": args.target,
+        "max_seconds": args.max_seconds,
+    }
+    meta["raw_ale_env_steps_per_s"] = raw_ale_rate(args.ale_seconds, args.envs, args.threads)
+    print(f"raw ALE: {meta['raw_ale_env_steps_per_s']:,.0f} env steps/s on {args.threads} threads", flush=True)
+    rows: list[dict] = []
+    for i, seed in enumerate(args.seeds):
+        order = SYSTEMS if i % 2 == 0 else SYSTEMS[::-1]
+        for system in order:
+            t0 = time.time()
+            if system == "single":
+                r = run_single(seed, args, args.out / f"single-seed{seed}.log")
+            else:
+                r = run_tianji(seed, args, args.out / f"tianji-seed{seed}", args.out / f"tianji-seed{seed}.log")
+            r["load_avg_1m"] = os.getloadavg()[0]
+            rows.append(r)
+            print(
+                f"{system:>6} seed {seed}: time to target {r.get('time_to_target_s', math.nan):6.1f} s, "
+                f"env steps {r.get('env_steps_to_target', math.nan):>11,.0f}, "
+                f"{r.get('env_steps_per_s', math.nan):7,.0f} env steps/s, run {time.time() - t0:5.0f} s "
+                f"{r.get('error', '')}",
+                flush=True,
+            )
+            summary = write(args.out, rows, meta, args.seeds)
+    print(json.dumps(summary, indent=2), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
