@@ -261,9 +261,9 @@ def test_learner_train_runs_exactly_the_configured_minibatches(h, n, monkeypatch
     sizes = []
     real = ppo_loss
 
-    def spy(net, obs, *args):
+    def spy(net, obs, *args, **kwargs):
         sizes.append(len(obs))
-        return real(net, obs, *args)
+        return real(net, obs, *args, **kwargs)
 
     monkeypatch.setattr("tianji_dask.algos.ppo.core.ppo_loss", spy)
     learner.train(h.ppo_train_batch(learner, n))
@@ -518,7 +518,7 @@ def test_actor_bootstraps_truncated_steps_but_reports_the_env_return():
 def test_ppo_train_reports_float_means(h):
     learner = PPOLearner(4, 2, _ppo_cfg(), seed=0)
     stats = learner.train(h.ppo_train_batch(learner, 64))
-    assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "loss"}
+    assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss"}
     assert all(type(v) is float and math.isfinite(v) for v in stats.values()), stats
 
 
@@ -565,3 +565,55 @@ def test_ppo_policy_on_cuda_acts_as_on_the_cpu():
         np.testing.assert_array_equal(a_gpu, a_cpu)
         np.testing.assert_allclose(logp_gpu, logp_cpu, atol=1e-4)
         np.testing.assert_allclose(v_gpu, v_cpu, atol=1e-4)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "ratio, weight, adv, expected_pg",
+    [
+        (1.5, 0.5, 1.0, -0.5 * 1.2),  # clipped at 1 + clip against the proximal policy, then weighted
+        (0.7, 3.0, -1.0, 2.0 * 0.8),  # clipped at 1 - clip; the weight truncated at weight_max = 2
+        (1.05, 1.0, 2.0, -2.1),  # inside the band: the plain ratio
+    ],
+)
+def test_decoupled_ppo_loss_clips_against_the_proximal_policy_and_weights_by_the_acting_one(
+    ratio, weight, adv, expected_pg
+):
+    """pi / pi_prox = ratio and pi_prox / pi_acted = weight, by construction of the log-probs."""
+    net, obs, actions = _net_and_batch(4)
+    with torch.no_grad():
+        logp, _, value = net.evaluate(obs, actions)
+    prox_logp = logp - math.log(ratio)
+    acted_logp = prox_logp - math.log(weight)
+    advs = torch.full((4,), adv)
+    _, st = ppo_loss(
+        net, obs, actions, acted_logp, advs, value, 0.2, 0.0, 0.0, normalize=False, prox_logp=prox_logp, weight_max=2.0
+    )
+    assert float(st["pg_loss"]) == pytest.approx(expected_pg, abs=1e-5)
+    assert float(st["behaviour_weight"]) == pytest.approx(min(weight, 2.0), abs=1e-5)
+
+
+def test_decoupled_ppo_loss_is_ppos_when_the_proximal_policy_acted():
+    net, obs, actions = _net_and_batch(6, seed=3)
+    with torch.no_grad():
+        logp, _, value = net.evaluate(obs, actions)
+    acted = logp - torch.tensor([0.2, -0.2, 0.05, 0.3, -0.3, 0.0])
+    adv = torch.tensor([1.0, -2.0, 0.5, 3.0, -1.0, 2.0])
+    plain, a = ppo_loss(net, obs, actions, acted, adv, value, 0.2, 0.5, 0.01, normalize=True)
+    decoupled, b = ppo_loss(net, obs, actions, acted, adv, value, 0.2, 0.5, 0.01, normalize=True, prox_logp=acted)
+    assert decoupled.item() == pytest.approx(plain.item(), abs=1e-7)
+    assert float(b["behaviour_weight"]) == 1.0 and float(a["behaviour_weight"]) == 1.0
+
+
+def test_learner_with_decoupled_correction_takes_the_proximal_log_probs_of_the_whole_batch(h):
+    cfg = _ppo_cfg(staleness_correction="decoupled")
+    learner = PPOLearner(4, 2, cfg, seed=0)
+    batch = h.ppo_train_batch(learner, 100)
+    t = {k: torch.as_tensor(v) for k, v in batch.items()}
+    with torch.no_grad():
+        want = learner.net.evaluate(t["obs"], t["actions"])[0]
+    got = learner._proximal_logp(lambda idx: t["obs"][idx], t["actions"], chunk=32)
+    torch.testing.assert_close(got, want)
+    stats = learner.train(batch)
+    # the batch's log-probs are the current policy's (ppo_train_batch), so the weights start at 1
+    assert 0.9 < stats["behaviour_weight"] <= 1.0 + 1e-6

@@ -71,6 +71,12 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
         "float64",
     ),
     "policy_lag_max": ("largest policy lag of the rollouts trained on since the previous row", "1", "float64"),
+    "behaviour_weight_mean": (
+        "mean weight pi_prox / pi_acted of the samples trained on since the previous row "
+        "(algo.staleness_correction: decoupled; 1 without it)",
+        "1",
+        "float64",
+    ),
     "sample_age_s": (
         "mean age of the rollouts trained on since the previous row (training time minus creation time)",
         "s",
@@ -332,6 +338,7 @@ class MetricsRecorder:
                 "stale_dropped": int(total(buffers, "stale_dropped")),
                 "policy_lag_mean": _nanmean([h.raw.get("policy_lag_mean", math.nan) for _, h in learners]),
                 "policy_lag_max": _nanmax([h.raw.get("policy_lag_max", math.nan) for _, h in learners]),
+                "behaviour_weight_mean": _nanmean([h.raw.get("behaviour_weight", math.nan) for _, h in learners]),
                 "sample_age_s": _nanmean([h.raw.get("sample_age_s", math.nan) for _, h in learners]),
                 "group_param_distance": _nanmax([h.raw.get("group_distance", math.nan) for _, h in learners]),
             }

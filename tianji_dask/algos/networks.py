@@ -105,5 +105,5 @@ class AtariActorCritic(nn.Module):
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
         """(log-prob of ``actions``, entropy, value) under the current parameters."""
         logits, value = self.heads(obs)
-        dist = Categorical(logits=logits)
+        dist = Categorical(logits=logits, validate_args=False)  # validating waits for the GPU
         return dist.log_prob(actions), dist.entropy(), value

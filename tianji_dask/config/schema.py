@@ -203,6 +203,16 @@ class PPOConfig(_Section):
         description="band around sample_reuse outside which the balance controller slows the "
         "faster side; null (default) = off: nothing waits, stale rollouts are dropped",
     )
+    staleness_correction: Literal["none", "decoupled"] = Field(
+        "none",
+        description="'decoupled': clip the policy ratio against the learner's own policy at the "
+        "start of each iteration and weight by its probability ratio to the policy that acted "
+        "(truncated at behaviour_weight_max), as decoupled PPO (Hilton et al. 2021); 'none': "
+        "clip against the policy that acted, as synchronous PPO does",
+    )
+    behaviour_weight_max: float = Field(
+        2.0, gt=0, description="with staleness_correction 'decoupled': the largest weight a sample gets"
+    )
 
     @property
     def target_replay_ratio(self) -> float:

@@ -64,7 +64,7 @@ class ActorCritic(nn.Module):
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
         """(log-prob of ``actions``, entropy, value) under the current parameters."""
-        dist = Categorical(logits=self.actor(obs))
+        dist = Categorical(logits=self.actor(obs), validate_args=False)  # validating waits for a GPU
         return dist.log_prob(actions), dist.entropy(), self.value(obs)
 
 
@@ -154,15 +154,30 @@ def ppo_loss(
     vf_coef: float,
     ent_coef: float,
     normalize: bool,
+    prox_logp: torch.Tensor | None = None,
+    weight_max: float = 2.0,
 ):
     """Clipped-surrogate PPO loss of one minibatch; returns ``(loss, stats)``, the stats as
-    detached 0-d tensors on the loss's device (reading one waits for the device)."""
+    detached 0-d tensors on the loss's device (reading one waits for the device).
+
+    ``old_logp`` is the log-probability under the policy that acted. With ``prox_logp`` (the
+    decoupled objective of Hilton et al. 2021, for data from older policies) the ratio is taken
+    against that proximal policy and clipped there, and each sample is weighted by
+    ``min(pi_prox / pi_old, weight_max)``: ``-mean(w * min(r * A, clip(r) * A))``. Without it,
+    ``w = 1`` and the proximal policy is the one that acted (standard PPO)."""
     logp, entropy, value = net.evaluate(obs, actions)
-    log_ratio = logp - old_logp
+    anchor = old_logp if prox_logp is None else prox_logp
+    log_ratio = logp - anchor
     ratio = log_ratio.exp()
     if normalize and len(adv) > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+    if prox_logp is None:
+        weight = torch.ones((), device=ratio.device)
+        weighted = adv
+    else:
+        weight = (prox_logp - old_logp).exp().clamp(max=weight_max)
+        weighted = adv * weight
+    pg = torch.max(-weighted * ratio, -weighted * ratio.clamp(1 - clip, 1 + clip)).mean()
     v_loss = 0.5 * ((value - returns) ** 2).mean()
     ent = entropy.mean()
     loss = pg - ent_coef * ent + vf_coef * v_loss
@@ -175,6 +190,7 @@ def ppo_loss(
         "entropy": ent.detach(),
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
+        "behaviour_weight": weight.mean(),
     }
 
 
@@ -189,7 +205,8 @@ class PPOLearner:
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
         self.net = actor_critic(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
-        self.optim = torch.optim.Adam(self.net.parameters(), lr=algo.lr, eps=1e-5)
+        # fused: one kernel per step, where the foreach Adam launches one per tensor list and op
+        self.optim = torch.optim.Adam(self.net.parameters(), lr=algo.lr, eps=1e-5, fused=True)
         self.rng = np.random.default_rng(seed)
         self.updates = 0
 
@@ -220,14 +237,18 @@ class PPOLearner:
             def observations(idx: torch.Tensor) -> torch.Tensor:
                 return t["obs"][idx]
 
+        prox_logp = (
+            self._proximal_logp(observations, t["actions"]) if algo.staleness_correction == "decoupled" else None
+        )
         names: list[str] = []
         sums: torch.Tensor | None = None  # the minibatches' stats, summed on the device
         count = 0
         for _ in range(algo.epochs):
+            # one copy to the device per epoch: a copy from pageable memory waits for the device
+            perm = torch.from_numpy(self.rng.permutation(n)).to(self.device)
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
             # batches may differ in size, must make the same number of all-reduce calls
-            for rows in np.array_split(self.rng.permutation(n), algo.minibatches):
-                idx = torch.from_numpy(rows).to(self.device)
+            for idx in torch.tensor_split(perm, algo.minibatches):
                 loss, st = ppo_loss(
                     self.net,
                     observations(idx),
@@ -239,6 +260,8 @@ class PPOLearner:
                     algo.vf_coef,
                     algo.ent_coef,
                     algo.normalize_advantages,
+                    prox_logp=None if prox_logp is None else prox_logp[idx],
+                    weight_max=algo.behaviour_weight_max,
                 )
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
@@ -254,6 +277,16 @@ class PPOLearner:
                 sums = values if sums is None else sums + values
         assert sums is not None  # epochs >= 1 and minibatches >= 1
         return dict(zip(names, (sums / count).tolist()))  # the one wait for the device
+
+    @torch.no_grad()
+    def _proximal_logp(self, observations, actions: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        """Log-probabilities of the batch's actions under the policy as this iteration starts."""
+        n = len(actions)
+        out = torch.empty(n, device=actions.device)
+        for start in range(0, n, chunk):
+            idx = torch.arange(start, min(start + chunk, n), device=actions.device)
+            out[idx] = self.net.evaluate(observations(idx), actions[idx])[0]
+        return out
 
     def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})

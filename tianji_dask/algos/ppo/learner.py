@@ -32,6 +32,7 @@ class PPOLearnerCounters(LearnerCounters):
     approx_kl: float = counter(math.nan)
     entropy: float = counter(math.nan)
     clipfrac: float = counter(math.nan)
+    behaviour_weight: float = counter(math.nan)  # decoupled PPO's pi_prox / pi_acted weight (1 without it)
     policy_lag_mean: float = counter(math.nan)  # versions between a rollout's policy and the learner's
     policy_lag_max: float = counter(math.nan)
     sample_age_s: float = counter(math.nan)  # training time minus a rollout's creation time
@@ -138,6 +139,7 @@ class PPOLearnerRole(LearnerBase):
         c.approx_kl = self._stats.get("approx_kl", math.nan) / n if n else math.nan
         c.entropy = self._stats.get("entropy", math.nan) / n if n else math.nan
         c.clipfrac = self._stats.get("clipfrac", math.nan) / n if n else math.nan
+        c.behaviour_weight = self._stats.get("behaviour_weight", math.nan) / n if n else math.nan
         c.policy_lag_mean = float(np.mean(self._lags)) if self._lags else math.nan
         c.policy_lag_max = float(max(self._lags)) if self._lags else math.nan
         c.sample_age_s = float(np.mean(self._ages)) if self._ages else math.nan
