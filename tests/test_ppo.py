@@ -563,8 +563,9 @@ def test_ppo_policy_on_cuda_acts_as_on_the_cpu():
         a_cpu, logp_cpu, v_cpu = cpu.act(obs)
         a_gpu, logp_gpu, v_gpu = gpu.act(obs)
         np.testing.assert_array_equal(a_gpu, a_cpu)
-        np.testing.assert_allclose(logp_gpu, logp_cpu, atol=1e-4)
-        np.testing.assert_allclose(v_gpu, v_cpu, atol=1e-4)
+        # cuDNN convolutions use TF32 by default: agreement to about 1e-3, not float32's 1e-6
+        np.testing.assert_allclose(logp_gpu, logp_cpu, atol=2e-3)
+        np.testing.assert_allclose(v_gpu, v_cpu, atol=2e-3)
 
 
 @pytest.mark.timeout(10)
