@@ -12,7 +12,9 @@ before its env and network are built) and ``benchmarks/time_to_target.py`` on ``
 emulator: ale-py's vector env stepping random actions on all cores for ``--ale-seconds``.
 
 Writes into ``--out``, after every run (a stopped benchmark keeps what it measured):
-``ppo_vs_single.json`` (every run, the raw ALE rate, the medians and their ratios),
+``ppo_vs_single.json`` (every run, the raw ALE rate, the medians and their ratios; a run that
+missed the target counts as longer than ``--max-seconds``, which can make a median a lower
+bound and a ratio an upper bound, flagged ``*_at_least`` / ``*_at_most``),
 ``ppo_vs_single.nc`` (dims ``system`` x ``seed``) and ``return.png`` (the 100-episode mean
 return against wall time and against env steps, both systems, every seed). Run it detached on
 the GPU machine and poll ``<out>/bench.log`` (docs/benchmarks.md).
@@ -113,25 +115,41 @@ def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
     return rec
 
 
-def medians(rows: list[dict], system: str) -> dict:
+def medians(rows: list[dict], system: str, max_seconds: float) -> dict:
+    """Medians over a system's runs. A run that missed the target counts as taking longer than
+    ``max_seconds`` (and more env steps than it made): the median is then a lower bound
+    (``*_at_least``) whenever the middle run is one of those."""
     mine = [r for r in rows if r["system"] == system and "error" not in r]
-    t = [r["time_to_target_s"] for r in mine]
-    s = [r["env_steps_to_target"] for r in mine]
-    all_reached = bool(mine) and not any(math.isnan(x) for x in t)
+    if not mine:
+        return {"runs": 0, "reached": 0}
+    missed = [math.isnan(r["time_to_target_s"]) for r in mine]
+    times = sorted((math.inf if m else r["time_to_target_s"], m) for r, m in zip(mine, missed))
+    steps = sorted((r["env_steps"] if m else r["env_steps_to_target"], m) for r, m in zip(mine, missed))
+    mid = len(mine) // 2  # an odd number of runs: the middle one; even: the upper middle, conservatively
+    time_median, time_censored = times[mid]
+    steps_median, steps_censored = steps[mid]
     return {
         "runs": len(mine),
-        "reached": sum(not math.isnan(x) for x in t),
-        "median_time_to_target_s": statistics.median(t) if all_reached else math.nan,
-        "median_env_steps_to_target": statistics.median(s) if all_reached else math.nan,
-        "median_env_steps_per_s": statistics.median([r["env_steps_per_s"] for r in mine]) if mine else math.nan,
+        "reached": missed.count(False),
+        "median_time_to_target_s": max_seconds if time_censored else time_median,
+        "median_time_to_target_at_least": time_censored,
+        "median_env_steps_to_target": steps_median,
+        "median_env_steps_to_target_at_least": steps_censored,
+        "median_env_steps_per_s": statistics.median([r["env_steps_per_s"] for r in mine]),
     }
 
 
 def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
-    summary = {s: medians(rows, s) for s in SYSTEMS}
+    summary: dict = {s: medians(rows, s, meta["max_seconds"]) for s in SYSTEMS}
     a, b = summary["tianji"], summary["single"]
-    summary["ratio_time_to_target"] = a["median_time_to_target_s"] / b["median_time_to_target_s"]
-    summary["ratio_env_steps_to_target"] = a["median_env_steps_to_target"] / b["median_env_steps_to_target"]
+    for key, flag, name in (
+        ("median_time_to_target_s", "median_time_to_target_at_least", "time_to_target"),
+        ("median_env_steps_to_target", "median_env_steps_to_target_at_least", "env_steps_to_target"),
+    ):
+        if a.get("runs") and b.get("runs"):
+            # a censored single-process median makes the ratio an upper bound ("at most")
+            summary[f"ratio_{name}"] = a[key] / b[key]
+            summary[f"ratio_{name}_at_most"] = b[flag] and not a[flag]
     (out / "ppo_vs_single.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
 
     def grid(key):
