@@ -20,6 +20,7 @@ import concurrent.futures
 import threading
 import time
 import traceback
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -52,7 +53,7 @@ def stop_event_name(run_id: str) -> str:
 R = TypeVar("R", bound=LoopRole)
 
 
-class _LoopHost(Generic[R]):
+class _LoopHost(ABC, Generic[R]):
     """A role loop in an owned thread, with heartbeats and a clean stop."""
 
     role_name = "?"
@@ -162,8 +163,9 @@ class _LoopHost(Generic[R]):
             raise RuntimeError(f"{self.role_name} {self.id}: the role was used before it was built")
         return self.role
 
+    @abstractmethod
     def _make_role(self) -> R:
-        raise NotImplementedError
+        """Build the role, in the loop thread before the loop starts."""
 
     def _continue(self) -> bool:
         return not self._stop.is_set()
