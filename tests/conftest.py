@@ -186,12 +186,13 @@ def ppo_train_batch(learner, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(n, 4)).astype(np.float32)
     actions = rng.integers(0, 2, n).astype(np.int64)
+    device = next(learner.net.parameters()).device
     with torch.no_grad():
-        logp, _, _ = learner.net.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
+        logp, _, _ = learner.net.evaluate(torch.from_numpy(obs).to(device), torch.from_numpy(actions).to(device))
     return {
         "obs": obs,
         "actions": actions,
-        "logp": logp.numpy(),
+        "logp": logp.cpu().numpy(),
         "advantages": rng.normal(size=n).astype(np.float32),
         "returns": (obs[:, 0] * 2 + 1).astype(np.float32),
     }

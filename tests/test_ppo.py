@@ -568,6 +568,44 @@ def test_ppo_policy_on_cuda_acts_as_on_the_cpu():
         np.testing.assert_allclose(v_gpu, v_cpu, atol=2e-3)
 
 
+def _atari_batch(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n_frames = n + 3
+    return {
+        "frames": rng.integers(0, 256, (n_frames, 84, 84), dtype=np.uint8),
+        "obs_frames": (np.arange(n)[:, None] + np.arange(4)).astype(np.int32),
+        "actions": rng.integers(0, 6, n).astype(np.int64),
+        "logp": np.log(rng.uniform(0.1, 0.3, n)).astype(np.float32),
+        "advantages": rng.normal(size=n).astype(np.float32),
+        "returns": rng.normal(size=n).astype(np.float32),
+    }
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ppo_learner_on_cuda_graph_trains_as_the_eager_step(monkeypatch):
+    """The CUDA learner replays its minibatch step as a CUDA graph after two eager warm-up steps;
+    a grad hook (data-parallel learners) keeps every step eager. Same seeds, same batches: the
+    same parameters, optimiser state and stats, bit for bit. cuDNN's default convolution
+    backward is not deterministic (two eager learners drift apart by percents within three
+    batches), so the comparison runs with deterministic cuDNN."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    cfg = PPOConfig(name="ppo", epochs=2, minibatches=4, staleness_correction="decoupled", lr_anneal_steps=10_000)
+    graphed = PPOLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    eager = PPOLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    for s in range(3):  # warm-up, warm-up and capture, replays
+        for learner in (graphed, eager):
+            learner.set_lr_for(1000 * s)
+        batch = _atari_batch(256, s)
+        stats_graphed = graphed.train(batch)
+        stats_eager = eager.train(batch, grad_hook=lambda: None)
+        assert stats_graphed == stats_eager
+    state_graphed, state_eager = graphed.state(), eager.state()
+    for comp in ("net", "optim_state"):
+        for name, value in state_graphed[comp].items():
+            assert torch.equal(value, state_eager[comp][name]), (comp, name)
+    assert graphed.updates == eager.updates == 3 * 2 * 4
+
+
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "ratio, weight, adv, expected_pg",

@@ -58,16 +58,23 @@ def test_dqn_restored_learner_makes_bit_identical_updates(tmp_path):
     )
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))
+
+
 @pytest.mark.timeout(60)
-def test_ppo_restored_learner_makes_bit_identical_updates(h, tmp_path):
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_ppo_restored_learner_makes_bit_identical_updates(h, tmp_path, device):
+    """On CUDA the original replays its captured minibatch step while the restored learner starts
+    with eager steps and captures its own graph: the updates must still agree bit for bit."""
     cfg = PPOConfig(name="ppo", hidden_sizes=[16], lr=3e-3, epochs=2, minibatches=4, lr_anneal_steps=10_000)
-    original = PPOLearner(4, 2, cfg, seed=0)
+    original = PPOLearner(4, 2, cfg, seed=0, device=device)
     for s, env_steps in enumerate((1000, 3000)):
         original.set_lr_for(env_steps)
         original.train(h.ppo_train_batch(original, 64, s))
-    restored = PPOLearner(4, 2, cfg, seed=1)  # other weights and another shuffling generator
+    restored = PPOLearner(4, 2, cfg, seed=1, device=device)  # other weights and another shuffling generator
     restored.restore(through_disk(original.state(), tmp_path))
-    assert restored.optim.param_groups[0]["lr"] == original.optim.param_groups[0]["lr"] == pytest.approx(3e-3 * 0.7)
+    lrs = [float(learner.optim.param_groups[0]["lr"]) for learner in (original, restored)]
+    assert lrs[0] == lrs[1] == pytest.approx(3e-3 * 0.7)
     assert_same_state(original, restored)
     batch = h.ppo_train_batch(original, 64, 2)
     assert original.train(batch) == restored.train(batch)  # the learning rate in effect, not a fresh one

@@ -27,6 +27,7 @@ from tianji_dask.algos.core import (
     optimizer_state,
     restore_generator,
 )
+from tianji_dask.algos.graphed import GraphedStep, Inputs
 from tianji_dask.algos.networks import AtariActorCritic
 
 if TYPE_CHECKING:
@@ -205,17 +206,35 @@ class PPOLearner:
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
         self.net = actor_critic(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
-        # fused: one kernel per step, where the foreach Adam launches one per tensor list and op
-        self.optim = torch.optim.Adam(self.net.parameters(), lr=algo.lr, eps=1e-5, fused=True)
         self.rng = np.random.default_rng(seed)
         self.updates = 0
+        self._stat_names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss")
+        self._make_optimizer()
+
+    def _make_optimizer(self) -> None:
+        """Adam, fused (one kernel per step, where the foreach Adam launches one per tensor list
+        and op); on CUDA also capturable with its learning rate a device tensor, so that the
+        minibatch step is replayed as one CUDA graph (:class:`GraphedStep`)."""
+        graphed = self.device.type == "cuda"
+        lr = torch.tensor(self.algo.lr, device=self.device) if graphed else self.algo.lr
+        self.optim = torch.optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, fused=True, capturable=graphed)
+        self._graphed = GraphedStep(self._minibatch_step, self._zero_grad) if graphed else None
+
+    def _zero_grad(self) -> None:
+        self.optim.zero_grad(set_to_none=True)
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.optim.param_groups:
+            if isinstance(g["lr"], torch.Tensor):
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
 
     def set_lr_for(self, env_steps: int) -> float:
         algo = self.algo
         lr = algo.lr if algo.lr_anneal_steps is None else algo.lr * max(0.0, 1.0 - env_steps / algo.lr_anneal_steps)
         lr = max(lr, algo.lr * 0.05)  # never stop learning entirely when a run outlives the schedule
-        for g in self.optim.param_groups:
-            g["lr"] = lr
+        self._set_lr(lr)
         return lr
 
     def train(self, batch: dict[str, np.ndarray], grad_hook=None) -> dict:
@@ -240,7 +259,7 @@ class PPOLearner:
         prox_logp = (
             self._proximal_logp(observations, t["actions"]) if algo.staleness_correction == "decoupled" else None
         )
-        names: list[str] = []
+        step = self._graphed if self._graphed is not None and grad_hook is None else self._eager_step(grad_hook)
         sums: torch.Tensor | None = None  # the minibatches' stats, summed on the device
         count = 0
         for _ in range(algo.epochs):
@@ -249,34 +268,55 @@ class PPOLearner:
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
             # batches may differ in size, must make the same number of all-reduce calls
             for idx in torch.tensor_split(perm, algo.minibatches):
-                loss, st = ppo_loss(
-                    self.net,
-                    observations(idx),
-                    t["actions"][idx],
-                    t["logp"][idx],
-                    t["advantages"][idx],
-                    t["returns"][idx],
-                    algo.clip_coef,
-                    algo.vf_coef,
-                    algo.ent_coef,
-                    algo.normalize_advantages,
-                    prox_logp=None if prox_logp is None else prox_logp[idx],
-                    weight_max=algo.behaviour_weight_max,
-                )
-                self.optim.zero_grad(set_to_none=True)
-                loss.backward()
-                if grad_hook is not None:
-                    grad_hook()
-                nn.utils.clip_grad_norm_(self.net.parameters(), algo.max_grad_norm, foreach=True)
-                self.optim.step()
+                inputs = {
+                    "obs": observations(idx),
+                    "actions": t["actions"][idx],
+                    "logp": t["logp"][idx],
+                    "advantages": t["advantages"][idx],
+                    "returns": t["returns"][idx],
+                }
+                if prox_logp is not None:
+                    inputs["prox_logp"] = prox_logp[idx]
+                stats = step(inputs)
+                sums = stats.clone() if sums is None else sums + stats
                 self.updates += 1
                 count += 1
-                st["loss"] = loss.detach()
-                names = list(st)
-                values = torch.stack(list(st.values()))
-                sums = values if sums is None else sums + values
         assert sums is not None  # epochs >= 1 and minibatches >= 1
-        return dict(zip(names, (sums / count).tolist()))  # the one wait for the device
+        return dict(zip(self._stat_names, (sums / count).tolist()))  # the one wait for the device
+
+    def _eager_step(self, grad_hook=None):
+        def step(inputs: Inputs) -> torch.Tensor:
+            self._zero_grad()
+            return self._minibatch_step(inputs, grad_hook)
+
+        return step
+
+    def _minibatch_step(self, inputs: Inputs, grad_hook=None) -> torch.Tensor:
+        """Loss, backward, ``grad_hook()``, clipping and Adam's step on one minibatch, without
+        waiting for the device; returns the stats (:attr:`_stat_names`) stacked. Gradients must
+        be cleared before."""
+        algo = self.algo
+        loss, st = ppo_loss(
+            self.net,
+            inputs["obs"],
+            inputs["actions"],
+            inputs["logp"],
+            inputs["advantages"],
+            inputs["returns"],
+            algo.clip_coef,
+            algo.vf_coef,
+            algo.ent_coef,
+            algo.normalize_advantages,
+            prox_logp=inputs.get("prox_logp"),
+            weight_max=algo.behaviour_weight_max,
+        )
+        loss.backward()
+        if grad_hook is not None:
+            grad_hook()
+        nn.utils.clip_grad_norm_(self.net.parameters(), algo.max_grad_norm, foreach=True)
+        self.optim.step()
+        st["loss"] = loss.detach()
+        return torch.stack([st[k] for k in self._stat_names])
 
     @torch.no_grad()
     def _proximal_logp(self, observations, actions: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -300,7 +340,7 @@ class PPOLearner:
 
     def state(self) -> State:
         """Everything a resume needs, as plain dicts of tensors (checkpoint format)."""
-        lr = self.optim.param_groups[0]["lr"]
+        lr = float(self.optim.param_groups[0]["lr"])
         return {
             "net": self.net.state_dict(),
             "optim_state": optimizer_state(self.optim),
@@ -315,9 +355,10 @@ class PPOLearner:
         """Continue from ``state()`` of a learner of the same config: the learning rate in
         effect and the generator that shuffles minibatches come back too."""
         self.net.load_state_dict(component(state, "net", "PPO"))
+        # a new optimiser and graph: a captured step keeps reading the state tensors it was captured with
+        self._make_optimizer()
         load_optimizer_state(self.optim, component(state, "optim_state", "PPO"))
         schedule = component(state, "schedule", "PPO")
         self.updates = int(schedule["updates"])
-        for g in self.optim.param_groups:
-            g["lr"] = float(schedule["lr"])
+        self._set_lr(float(schedule["lr"]))
         restore_generator(self.rng, component(state, "minibatch_rng", "PPO"))
