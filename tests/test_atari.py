@@ -348,24 +348,26 @@ def test_nature_cnn_forward_shapes_and_uint8_input():
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks():
-    """A PPO actor on real Pong, every observation the env gave it recorded: each pushed rollout's
-    ``frames[obs_frames]`` is exactly the stacks the actor acted on, across episode ends, in
-    about a quarter of the stacks' bytes; the learner's batch of several rollouts rebuilds them too."""
+@pytest.mark.parametrize("step_groups", [1, 2])
+def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks(step_groups):
+    """A PPO actor on real Pong, every observation its policy acted on recorded: each pushed
+    rollout's ``frames[obs_frames]`` is exactly those stacks, across episode ends, in about a
+    quarter of the stacks' bytes, whether its envs step as one vector env or in two groups; the
+    learner's batch of several rollouts rebuilds them too."""
     num_envs, T = 2, 64
-    cfg = load_config(PPO_SMALL, [f"env.num_envs={num_envs}", f"algo.rollout_steps={T}"], check_env=False)
+    overrides = [f"env.num_envs={num_envs}", f"algo.rollout_steps={T}", f"env.step_groups={step_groups}"]
+    cfg = load_config(PPO_SMALL, overrides, check_env=False)
     queue = LocalQueue(capacity_bytes=1 << 34)
     actor = PPOActorRole(cfg, 2, 7, queue, params=None, balance=False)
     actor.probe_params = lambda: False
-    seen = [actor.obs.copy()]  # the observation of every step, as the env returned it
-    step = actor.env.step
+    pieces = []  # what each act call saw: one group's observations
+    act = actor.policy.act
 
-    def recording_step(actions):
-        out = step(actions)
-        seen.append(out[0].copy())
-        return out
+    def recording_act(obs):
+        pieces.append(obs.copy())
+        return act(obs)
 
-    actor.env.step = recording_step
+    actor.policy.act = recording_act
     try:
         rollouts_after_an_end = 0
         while rollouts_after_an_end < 2:
@@ -375,8 +377,9 @@ def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks(
                 rollouts_after_an_end += 1
     finally:
         actor.close()
+    seen = [np.concatenate(pieces[i : i + step_groups]) for i in range(0, len(pieces), step_groups)]
     rollouts = [item.payload for item in queue.poll()]
-    assert len(rollouts) == (len(seen) - 1) // T and actor.tracker.count >= 1
+    assert len(rollouts) == len(seen) // T and actor.tracker.count >= 1
     for i, r in enumerate(rollouts):
         assert "obs" not in r and r["frames"].dtype == np.uint8 and r["obs_frames"].dtype == np.int32
         want = np.stack(seen[i * T : (i + 1) * T])  # (T, N, 4, 84, 84)

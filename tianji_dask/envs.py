@@ -22,6 +22,8 @@ import re
 import gymnasium as gym
 import numpy as np
 
+from tianji_dask.env_groups import EnvGroups
+
 
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
     """Build ``num_envs`` copies of ``env_id``, seeded ``seed, seed+1, ...`` on the first reset.
@@ -222,6 +224,20 @@ def make_env(env_cfg, seed: int) -> gym.vector.VectorEnv:
     if getattr(env_cfg, "kind", "gym") == "atari":
         return make_atari_vector_env(env_cfg.id, env_cfg.num_envs, seed, env_cfg.atari_backend, env_cfg.atari_threads)
     return make_vector_env(env_cfg.id, env_cfg.num_envs, seed)
+
+
+def make_env_groups(env_cfg, seed: int) -> EnvGroups:
+    """The actor's envs as ``env_cfg.step_groups`` vector envs of equal size
+    (:mod:`tianji_dask.env_groups`), seeded as one vector env of ``num_envs`` would be, the ALE
+    threads shared equally between them."""
+    groups = env_cfg.step_groups
+    n = env_cfg.num_envs // groups
+    if getattr(env_cfg, "kind", "gym") == "atari":
+        threads = max(1, env_cfg.atari_threads // groups)
+        return EnvGroups(
+            [make_atari_vector_env(env_cfg.id, n, seed + g * n, env_cfg.atari_backend, threads) for g in range(groups)]
+        )
+    return EnvGroups([make_vector_env(env_cfg.id, n, seed + g * n) for g in range(groups)])
 
 
 def observation_dtype(env_cfg) -> type:

@@ -62,7 +62,17 @@ class EnvConfig(_Section):
         "gymnasium = SyncVectorEnv of gymnasium's AtariPreprocessing wrappers (needs opencv)",
     )
     atari_threads: int = Field(
-        1, ge=1, description="kind=atari, ale_vector only: C++ threads stepping one actor's envs"
+        1,
+        ge=1,
+        description="kind=atari, ale_vector only: C++ threads stepping one actor's envs, shared "
+        "equally by its step groups",
+    )
+    step_groups: int = Field(
+        1,
+        ge=1,
+        description="the actor's envs step in this many equal groups, each group's emulators "
+        "stepping while the policy chooses the next group's actions (PPO actors; overlapped with "
+        "atari_backend=ale_vector, other envs step the groups in turn); num_envs must be a multiple",
     )
 
     @property
@@ -70,6 +80,15 @@ class EnvConfig(_Section):
         """Observations are stacks of uint8 frames (``kind: atari``): replays keep each frame once,
         actors send each new frame once, and the networks are CNNs."""
         return self.kind == "atari"
+
+    @model_validator(mode="after")
+    def _check_step_groups(self) -> EnvConfig:
+        if self.num_envs % self.step_groups:
+            raise problem(
+                f"env.num_envs={self.num_envs} does not split into env.step_groups={self.step_groups} "
+                f"equal groups: make num_envs a multiple of step_groups"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_kind_fits_id(self) -> EnvConfig:

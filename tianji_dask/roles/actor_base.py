@@ -21,7 +21,7 @@ from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import (
     EpisodeTracker,
     identity_training_signals,
-    make_env,
+    make_env_groups,
     observation_dtype,
     training_signals,
 )
@@ -68,7 +68,7 @@ class ActorBase(ABC):
         self.should_stop = should_stop
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
-        self.env = make_env(cfg.env, seed)
+        self.env = make_env_groups(cfg.env, seed)
         obs_space, action_space = self.env.single_observation_space, self.env.single_action_space
         assert obs_space.shape is not None and isinstance(action_space, gym.spaces.Discrete), (obs_space, action_space)
         self.obs_shape: tuple[int, ...] = obs_space.shape

@@ -89,13 +89,15 @@ class PPOActorRole(ActorBase):
                 time.sleep(0.002)
                 self.counters.throttled_s += time.perf_counter() - t
                 return False
-        actions, logp, values = self.policy.act(self.obs)
         r, t = self._r, self._t
         if self.frames is None:
             r["obs"][t] = self.obs
         else:
             r["obs_ids"][t] = self.frames.ids
-        next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
+        # each group of envs steps while the policy acts for the next group (env.step_groups)
+        (actions, logp, values), (next_obs, rewards, terminated, truncated, infos) = self.env.step_with(
+            lambda g, obs: self.policy.act(obs), self.obs
+        )
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
         if self.frames is not None:
             self.frames.step(next_obs, terminated | truncated, infos)

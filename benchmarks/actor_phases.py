@@ -1,0 +1,107 @@
+"""Where a PPO actor's time goes: the policy's inference, the env's step, and the rest (frame
+streams, episode statistics, training signals, rollout bookkeeping), per vector step.
+
+    python benchmarks/actor_phases.py configs/pong_ppo.yaml --seconds 20
+    python benchmarks/actor_phases.py configs/pong_ppo_small.yaml --set actor.device=cpu
+
+One real :class:`~tianji_dask.algos.ppo.actor.PPOActorRole` in this process, no cluster: it
+pushes its rollouts into a local queue that is drained (and dropped) as they arrive, with the
+parameters of a freshly initialised policy. Every call of ``policy.act``, ``policy.value`` and
+of each step group's ``step``/``send``/``recv`` is timed (the GPU work inside ``act`` included:
+it returns numpy; with several step groups, ``env`` is the time spent waiting for them).
+Writes ``<out>/actor_phases.json`` and prints env steps/s and each phase's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def timed(obj, name: str, totals: dict[str, float], label: str) -> None:
+    fn = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[label] += time.perf_counter() - t
+
+    setattr(obj, name, wrapper)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured time after warm-up (default 20)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/actor_phases"))
+    a = p.parse_args(argv)
+    if not Path(a.config).is_file():
+        p.error(f"config {a.config} does not exist; pass a config file such as configs/pong_ppo.yaml")
+
+    import torch
+
+    from tianji_dask.algos.ppo.actor import PPOActorRole
+    from tianji_dask.channels import LocalQueue, LocalTopic
+    from tianji_dask.config import load_config
+    from tianji_dask.config.schema import PPOConfig
+
+    cfg = load_config(a.config, a.overrides)
+    if not isinstance(cfg.algo, PPOConfig):
+        p.error(f"{a.config} is not a PPO config (algo.name: {cfg.algo.name})")
+    torch.set_num_threads(cfg.topology.torch_threads)
+    queue, topic = LocalQueue(capacity_bytes=1 << 34), LocalTopic()
+    actor = PPOActorRole(cfg, 0, cfg.seed, queue, topic.subscribe(), n_actors=1, balance=False)
+    # the actor's own freshly initialised weights, as a learner's first version would be
+    topic.publish(0, {"params": {k: v.cpu().numpy() for k, v in actor.policy.net.state_dict().items()}})
+    actor.wait_for_params(5.0)
+
+    totals: dict[str, float] = defaultdict(float)
+    for name, label in (("act", "inference"), ("value", "inference")):
+        timed(actor.policy, name, totals, label)
+    groups = actor.env.envs  # the step groups' vector envs
+    overlapped = len(groups) > 1 and hasattr(groups[0], "send")
+    for env in groups:  # ale-py's step calls its own send: time either step or send and recv
+        for name in ("send", "recv") if overlapped else ("step",):
+            timed(env, name, totals, "env")
+
+    def run(seconds: float) -> tuple[int, float]:
+        start_steps, t0 = actor.counters.env_steps, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            actor.step()
+            queue.poll()  # rollouts are dropped here: only the actor is measured
+        return actor.counters.env_steps - start_steps, time.perf_counter() - t0
+
+    run(3.0)  # warm-up: CUDA context, cuDNN, first rollouts
+    totals.clear()
+    steps, wall = run(a.seconds)
+    phases = {k: v / wall for k, v in totals.items()}
+    phases["rest"] = 1.0 - sum(phases.values())
+    result = {
+        "config": a.config,
+        "overrides": a.overrides,
+        "env_steps_per_s": steps / wall,
+        "ms_per_vector_step": 1000 * wall / (steps / actor.num_envs),
+        "share": phases,
+        "load_1min": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+        "device": cfg.actor.device,
+    }
+    actor.close()
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "actor_phases.json").write_text(json.dumps(result, indent=2))
+    print(
+        f"{result['env_steps_per_s']:,.0f} env steps/s, {result['ms_per_vector_step']:.2f} ms per vector step: "
+        + ", ".join(f"{k} {v:.0%}" for k, v in phases.items())
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
