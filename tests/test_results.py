@@ -407,6 +407,21 @@ def test_empty_datasets_write(tmp_path):
         assert eps.sizes["episode"] == 0 and "return" in eps
 
 
+def test_results_write_in_a_process_whose_dask_config_names_a_closed_client(tmp_path):
+    """A Client that failed to connect (or was closed) can leave Dask's config naming the
+    distributed scheduler; the run's files are still written."""
+    import dask
+    from distributed import Client
+
+    with pytest.raises(OSError):  # nothing listens there: the Client's start fails
+        Client("tcp://127.0.0.1:1", timeout="1s")
+    m = recorder()
+    with dask.config.set(scheduler="dask.distributed"):  # as such a Client can leave it
+        m.write(tmp_path)
+    with xr.open_dataset(tmp_path / "metrics.nc") as ds:
+        assert ds.attrs["run_name"] == "test-run"
+
+
 def test_concurrent_add_and_row():
     m = recorder()
     n = 300

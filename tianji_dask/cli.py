@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "uses more cores than the run has, refuses one that needs more memory",
     )
     t.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
+    t.add_argument(
+        "--tls",
+        action="store_true",
+        help="the run's LocalCluster speaks TLS only (certificates made for the run); with --scheduler "
+        "tls://... or --slurm, Dask's own TLS settings (distributed.comm.tls.*) apply instead",
+    )
 
     pr = sub.add_parser(
         "profile",
@@ -176,6 +182,13 @@ def cmd_train(args) -> int:
     from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
     from tianji_dask.rundir import RunDirExists
 
+    if args.tls and (args.scheduler or args.slurm or args.serial):
+        other = "--scheduler" if args.scheduler else "--slurm" if args.slurm else "--serial"
+        return _bad_input(
+            f"--tls makes the run's own LocalCluster speak TLS; with {other} it does not apply"
+            + ("" if args.serial else " (Dask's own TLS settings, distributed.comm.tls.*, do)")
+            + "; drop --tls"
+        )
     try:
         deployment_settings()  # a wrong tianji.* Dask setting: exit 2 before any job or cluster starts
         cfg = load_config(args.config, args.overrides)
@@ -222,7 +235,15 @@ def cmd_train(args) -> int:
 
     progress = Progress(cfg.stop.target_return)
     try:
-        run = train(cfg, client, out=args.out, serial=args.serial, on_row=progress.update, on_event=progress.event)
+        run = train(
+            cfg,
+            client,
+            out=args.out,
+            serial=args.serial,
+            on_row=progress.update,
+            on_event=progress.event,
+            tls=args.tls,
+        )
     except (RunDirExists, ConfigError) as exc:
         progress.close()
         return _bad_input(str(exc))

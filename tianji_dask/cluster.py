@@ -78,13 +78,17 @@ class TianjiLocalCluster(LocalCluster):
                 kill_and_reap(pid)
 
 
-def local_cluster(n_workers: int, *, dashboard: bool = True, preload_roles: bool = True) -> TianjiLocalCluster:
+def local_cluster(
+    n_workers: int, *, dashboard: bool = True, preload_roles: bool = True, security=None
+) -> TianjiLocalCluster:
     """The LocalCluster of tianji-dask's runs, profiles and benchmarks: loopback only, one
     single-threaded worker process each, workers that leave SIGINT and SIGTERM to the driver.
 
     ``preload_roles``: the workers import torch, gymnasium and the roles as they start
     (``tianji_dask.worker_preload``); the channel benchmark, which measures the transport alone,
-    leaves them out."""
+    leaves them out. ``security`` (a ``distributed.Security``): scheduler, workers and nannies
+    listen on tls:// only, with its certificates; the project's channels answer on the workers'
+    own listeners, so they are TLS too."""
     from distributed.system import MEMORY_LIMIT
 
     # Dask's MALLOC_TRIM_THRESHOLD_ stays: it costs 20-40 % on receives of 512 KiB messages
@@ -106,6 +110,7 @@ def local_cluster(n_workers: int, *, dashboard: bool = True, preload_roles: bool
             dashboard_address=deployment_settings().local_cluster.dashboard_address if dashboard else None,
             memory_limit=MEMORY_LIMIT,
             preload=preload,
+            **({"protocol": "tls://", "security": security} if security is not None else {}),
         )
 
 
@@ -129,8 +134,10 @@ class RunCluster:
         on_event=lambda text: None,
         *,
         hurry: threading.Event | None = None,
+        security=None,
     ):
         self.cfg = cfg
+        self._security = security  # with no client: the own LocalCluster's TLS certificates
         self._hurry = hurry or threading.Event()  # set: stop without waiting for the hosts
         self.run_id = run_id
         self.client = client
@@ -157,9 +164,11 @@ class RunCluster:
             from distributed import Client
 
             t = self.cfg.topology
-            self._own_cluster = local_cluster(t.groups * (t.actors + t.learners))
-            self.client = Client(self._own_cluster)
+            self._own_cluster = local_cluster(t.groups * (t.actors + t.learners), security=self._security)
+            self.client = Client(self._own_cluster, security=self._security)
         self.dashboard_link = self.client.dashboard_link
+        self.scheduler_address = self.client.scheduler.address
+        self._on_event(f"scheduler: {self.scheduler_address}")
         self._on_event(f"dashboard: {self.dashboard_link}")
         self.client.register_plugin(ChannelPlugin())
         return self
@@ -333,6 +342,7 @@ class RunCluster:
         self.learner = self.learners[0]
         self.buffer = self.buffers[0]
         self._expected = plan.host_workers()
+        self.worker_addresses = sorted(set(self._expected.values()))
         self._started_at = time.time()
         for host in [*self.buffers, *self.learners, *self.actors]:
             host.start().result()

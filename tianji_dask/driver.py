@@ -103,10 +103,12 @@ class Run:
         on_row=None,
         on_event=None,
         runs_root: Path | None = None,
+        tls: bool = False,
     ):
         deployment_settings()  # a wrong tianji.* Dask setting is refused before anything starts
         self.cfg = cfg
         self.serial = serial
+        self.security = _run_security(tls, client, serial)
         self.spaces = check_env(cfg)
         if client is None:  # the replay memories will live on this machine
             check_replay_fits(cfg, self.spaces, serial=serial)
@@ -134,6 +136,7 @@ class Run:
             attrs={"mode": "serial" if serial else "distributed", "env_id": cfg.env.id, "seed": cfg.seed},
         )
         self.dashboard_link: str | None = None
+        self.scheduler_address: str | None = None
         self._thread = threading.Thread(target=self._main, name=f"tianji-driver-{self.id}", daemon=True)
         self._thread.start()
 
@@ -310,10 +313,16 @@ class Run:
     def _run_distributed(self) -> None:
         from tianji_dask.cluster import RunCluster
 
-        with RunCluster(self.cfg, self._client, self.id, self._on_event, hurry=self._hurry) as run_cluster:
+        with RunCluster(
+            self.cfg, self._client, self.id, self._on_event, hurry=self._hurry, security=self.security
+        ) as run_cluster:
             self.dashboard_link = run_cluster.dashboard_link
+            self.scheduler_address = run_cluster.scheduler_address
             run_cluster.subscribe(self.recorder.add)
             run_cluster.start_hosts(self.spaces)
+            self.recorder.set_attrs(
+                {"scheduler_address": run_cluster.scheduler_address, "worker_addresses": run_cluster.worker_addresses}
+            )
             self._snapshot = run_cluster.learner_snapshot
             next_row = time.time()
             try:
@@ -349,6 +358,29 @@ class Run:
         self._save_checkpoint(*saved, final=True)
 
 
+def _run_security(tls: bool, client, serial: bool):
+    """The ``distributed.Security`` of a run's own TLS LocalCluster (certificates made for this
+    run, in memory), or None. Raises ConfigError, before anything starts, where TLS cannot apply."""
+    if not tls:
+        return None
+    if serial:
+        raise ConfigError("tls: the serial reference runs in this process and opens no connection; drop tls")
+    if client is not None:
+        raise ConfigError(
+            "tls: a client passed in keeps its own cluster's security; tls=True is for the run's own "
+            "LocalCluster (for a TLS scheduler, pass a client made with distributed.Security, or set "
+            "distributed.comm.tls.* in Dask's config and use --scheduler tls://...)"
+        )
+    try:
+        from distributed import Security
+
+        return Security.temporary()
+    except ImportError as exc:
+        raise ConfigError(
+            f"tls: making the run's certificates needs the cryptography package ({exc}); pip install 'tianji-dask[tls]'"
+        ) from None
+
+
 def _append(error: str | None, line: str) -> str:
     return f"{error}\n{line}" if error else line
 
@@ -361,12 +393,24 @@ def train(
     serial: bool = False,
     on_row=None,
     on_event=None,
+    tls: bool = False,
 ) -> Run:
     """Start a training run and return its :class:`Run` handle at once.
 
     ``client``: a ``distributed.Client`` of any cluster (LocalCluster, SLURMCluster,
     a scheduler address); None starts a LocalCluster sized for the run and closes
-    it afterwards. ``on_row(row)`` is called with every metrics row (progress
-    display), ``on_event(text)`` with notable events (dashboard link, lost hosts).
+    it afterwards. ``tls=True`` (no client) makes that LocalCluster TLS only, with
+    certificates made for the run (``run.security``; ``run.scheduler_address`` is a
+    tls:// address). ``on_row(row)`` is called with every metrics row (progress
+    display), ``on_event(text)`` with notable events (scheduler address, dashboard link,
+    lost hosts).
     """
-    return Run(config, client=client, out=Path(out) if out else None, serial=serial, on_row=on_row, on_event=on_event)
+    return Run(
+        config,
+        client=client,
+        out=Path(out) if out else None,
+        serial=serial,
+        on_row=on_row,
+        on_event=on_event,
+        tls=tls,
+    )

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import xarray as xr
 
@@ -364,6 +365,12 @@ class MetricsRecorder:
         with self._lock:
             self._status, self._error = status, error or ""
 
+    def set_attrs(self, attrs: dict[str, Any]) -> None:
+        """Add or replace extra attrs of every later dataset and write (stored as
+        ``MetricsRecorder(attrs=...)`` stores them)."""
+        with self._lock:
+            self._extra_attrs.update(_netcdf_attrs(attrs))
+
     def attrs(self) -> dict[str, Any]:
         """Dataset attrs: run name, target, time to target, config JSON, versions, git commit,
         the extra attrs, status and error."""
@@ -545,8 +552,12 @@ def write_netcdf_files_atomic(datasets: dict[Path, xr.Dataset]) -> None:
     # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
     tmps = {path: path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp") for path in datasets}
     try:
-        for path, ds in datasets.items():
-            ds.to_netcdf(tmps[path], engine="h5netcdf")
+        # The data are numpy arrays, but xarray asks Dask for the active scheduler to pick its
+        # file lock, and a process whose distributed Client failed to connect or was closed can
+        # still name "dask.distributed" in its config: the write would fail for want of a Client.
+        with dask.config.set(scheduler="synchronous"):
+            for path, ds in datasets.items():
+                ds.to_netcdf(tmps[path], engine="h5netcdf")
         for path, tmp in tmps.items():
             os.replace(tmp, path)
     finally:

@@ -1,0 +1,100 @@
+"""TLS end to end: ``train --tls`` (``train(..., tls=True)``) runs on a LocalCluster that speaks
+TLS only, with certificates made for the run: scheduler, workers and the project's channels are
+on tls://, and a client without the run's certificate, or a plain TCP one, is refused. Real
+LocalCluster, real handshakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import xarray as xr
+from distributed import Client, Security
+from distributed.comm.core import CommClosedError
+
+from tianji_dask.config import ConfigError, load_config
+from tianji_dask.driver import train
+
+
+def _refused(address: str, security=None) -> Exception:
+    """The exception a client connecting to ``address`` gets; fails the test if it connects."""
+    try:
+        client = Client(address, security=security, timeout="3s")
+    except Exception as exc:  # noqa: BLE001 - which error a refusal raises differs by case
+        return exc
+    client.close()
+    raise AssertionError(f"a client connected to {address} with security={security!r}")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_tls_run_reaches_its_target_on_tls_only_and_refuses_clients_without_its_certificate(tmp_path):
+    cfg = load_config(
+        "configs/cartpole_dqn.yaml", ["stop.target_return=150", "stop.max_env_steps=300000", "stop.max_seconds=150"]
+    )
+    events: list[str] = []
+    run = train(cfg, out=tmp_path / "run", tls=True, on_event=events.append)
+    try:
+        # the address is known once the cluster is up; the run goes on while clients knock
+        t0 = time.monotonic()
+        while run.scheduler_address is None and not run.done and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        address = run.scheduler_address
+        assert address is not None and address.startswith("tls://127.0.0.1:"), (address, events)
+        assert f"scheduler: {address}" in events
+        host_port = address.removeprefix("tls://")
+
+        # no certificate at all: the client cannot even start a TLS connection
+        assert "TLS expects a `ssl_context`" in str(_refused(address))
+        # a certificate of another authority: the handshake fails
+        assert "TLS certificate does not match" in str(_refused(address, Security.temporary()))
+        # plain TCP to the TLS port: the server resets the connection
+        assert isinstance(_refused(f"tcp://{host_port}"), CommClosedError)
+        # and at the socket level the server speaks TLS with a certificate no default trust accepts
+        host, port = urlsplit(address).hostname, urlsplit(address).port
+        context = ssl.create_default_context()
+        with socket.create_connection((host, port), timeout=5) as sock, pytest.raises(ssl.SSLError):
+            context.wrap_socket(sock, server_hostname=host).close()
+        # the run's own certificate connects, and every worker listens on tls:// only
+        with Client(address, security=run.security, timeout="10s") as client:
+            workers = list(client.scheduler_info(n_workers=-1)["workers"])
+        assert workers and all(w.startswith("tls://127.0.0.1:") for w in workers), workers
+        result = run.wait(timeout=170)
+    finally:
+        if not run.done:
+            run.stop()
+            run.wait(timeout=60)
+    assert result is not None and result.status == "target_reached", (result, events)
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
+        assert ds.attrs["scheduler_address"] == address
+        hosts = json.loads(ds.attrs["worker_addresses"])
+    # the hosts, and so their channels (they answer on the workers' listeners), were on tls://
+    assert hosts and set(hosts) <= set(workers), (hosts, workers)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--serial"], "--tls makes the run's own LocalCluster speak TLS; with --serial it does not apply; drop --tls"),
+        (["--scheduler", "tls://127.0.0.1:1"], "with --scheduler it does not apply (Dask's own TLS settings"),
+    ],
+    ids=["serial", "scheduler"],
+)
+def test_tls_where_it_cannot_apply_is_bad_input(h, tmp_path, extra, message):
+    p = h.cli("train", str(h.CONFIG), "--tls", *extra, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert message in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_tls_with_a_client_passed_in_is_refused_before_anything_starts(tmp_path):
+    cfg = load_config("configs/cartpole_dqn.yaml")
+    with pytest.raises(ConfigError, match="a client passed in keeps its own cluster's security"):
+        train(cfg, client="tcp://127.0.0.1:1", out=tmp_path / "run", tls=True)
+    assert not (tmp_path / "run").exists()
