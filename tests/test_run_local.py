@@ -100,6 +100,10 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
     for var in ("actor_rss_mb", "buffer_rss_mb", "learner_rss_mb"):
         peak = float(ds[var].max())
         assert 100 < peak <= 400, (var, peak)
+    # and reports its open files and threads: a worker has its listener, comms and Dask's threads
+    for role in ("actor", "buffer", "learner"):
+        fds, threads = float(ds[f"{role}_open_fds"].max()), float(ds[f"{role}_threads"].max())
+        assert 5 <= fds < 1000 and 2 <= threads < 200, (role, fds, threads)
     # the driver closes the LocalCluster it started: its worker processes are gone
     assert h.wait_until(lambda: children() <= before, timeout=5), children() - before
     print(f"\nown cluster: wall {wall:.1f} s (run {result.wall_s:.1f} s), {n}")

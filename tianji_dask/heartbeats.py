@@ -30,7 +30,10 @@ NAN = math.nan
 
 @dataclass
 class HostCounters:
-    rss_mb: float = counter(NAN)  # resident memory of the host's worker process (set by the host)
+    # the host's worker process, set by the host at each heartbeat
+    rss_mb: float = counter(NAN)  # resident memory
+    open_fds: float = counter(NAN)  # open file descriptors (sockets included)
+    threads: float = counter(NAN)
 
 
 @dataclass

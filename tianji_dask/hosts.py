@@ -149,7 +149,8 @@ class _LoopHost(ABC, Generic[R]):
             hb = Heartbeat(self.role_name, self.id, COUNTERS[self.role_name]()).message()
         else:
             hb = self.role.heartbeat()
-        hb["counters"]["rss_mb"] = self._proc.memory_info().rss / 1e6
+        proc = self._proc
+        hb["counters"].update(rss_mb=proc.memory_info().rss / 1e6, open_fds=proc.num_fds(), threads=proc.num_threads())
         if self._error:
             hb["error"] = self._error
         hb["run"] = self.run_id

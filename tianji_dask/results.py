@@ -101,6 +101,12 @@ _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
     "actor_rss_mb": ("actor", "resident memory of one actor's worker process", "MB", "rss_mb"),
     "buffer_rss_mb": ("buffer", "resident memory of one buffer's worker process", "MB", "rss_mb"),
     "learner_rss_mb": ("learner", "resident memory of one learner's worker process", "MB", "rss_mb"),
+    "actor_open_fds": ("actor", "open file descriptors of one actor's worker process", "1", "open_fds"),
+    "buffer_open_fds": ("buffer", "open file descriptors of one buffer's worker process", "1", "open_fds"),
+    "learner_open_fds": ("learner", "open file descriptors of one learner's worker process", "1", "open_fds"),
+    "actor_threads": ("actor", "threads of one actor's worker process", "1", "threads"),
+    "buffer_threads": ("buffer", "threads of one buffer's worker process", "1", "threads"),
+    "learner_threads": ("learner", "threads of one learner's worker process", "1", "threads"),
 }
 # Per role: the values kept per host each row, in the order of _HOST_VARS.
 _HOST_KEYS = {role: tuple(src for dim, _, _, src in _HOST_VARS.values() if dim == role) for role in ROLES}
