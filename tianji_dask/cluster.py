@@ -316,10 +316,10 @@ class RunCluster:
         self.buffers = [hosts[k] for k in range(len(hosts)) if k % per_group < cfg.topology.learners]
         self.actors = [hosts[k] for k in range(len(hosts)) if k % per_group >= cfg.topology.learners]
         self.learners = []
-        port = None
+        store = None
         for lp in plan.learners:  # by global id: rank 0 of each group first
             if lp.rank == 0:
-                port = None
+                store = None
             lead_host = self._submit(
                 LearnerHost,
                 rid,
@@ -332,12 +332,12 @@ class RunCluster:
                 buffer_futures[lp.id].result(),
                 rank=lp.rank,
                 world_size=cfg.topology.learners,
-                store_port=port,
+                store_address=store,
                 gossip_peers=lp.gossip,
                 worker=lp.worker,
             ).result()
             if lp.rank == 0 and cfg.topology.learners > 1:
-                port = lead_host.rendezvous_port().result()
+                store = lead_host.rendezvous_address().result()
             self.learners.append(lead_host)
         self.learner = self.learners[0]
         self.buffer = self.buffers[0]

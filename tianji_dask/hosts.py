@@ -269,8 +269,9 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
     gossip with the other groups (:class:`~tianji_dask.gossip.GossipSync`, rank 0 of each group
     when there are several groups) and updates, alone (:class:`LocalUpdates`) or as one rank of
     a data-parallel group (:class:`~tianji_dask.dataparallel.DataParallelUpdates`,
-    ``world_size > 1``: rank 0 opens the rendezvous store in its constructor and the driver
-    reads its port with :meth:`rendezvous_port`).
+    ``world_size > 1``: rank 0 opens the rendezvous store in its constructor, the driver reads
+    its host and port with :meth:`rendezvous_address` and gives them to the other ranks, which
+    may live on other hosts).
     """
 
     role_name = "learner"
@@ -291,7 +292,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         *,
         rank: int = 0,
         world_size: int = 1,
-        store_port: int | None = None,
+        store_address: tuple[str, int] | None = None,
         gossip_peers: dict | None = None,
     ):
         super().__init__(run_id, config_json, host_id)
@@ -306,12 +307,12 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         self.rank, self.world_size = rank, world_size
         self.address_host = get_address_host(self.worker.address)
         self._store = None
-        self._store_port = store_port
+        self._store_address = store_address
         if world_size > 1 and rank == 0:
             from tianji_dask.dataparallel import open_store
 
             self._store = open_store(self.address_host, world_size, deployment_settings().timeouts.data_parallel)
-            self._store_port = self._store.port
+            self._store_address = (self.address_host, self._store.port)
         self.snapshots = SnapshotRequests()
         self.updates: LocalUpdates | DataParallelUpdates = LocalUpdates()
         # gossip: {"group": g, "publish_to": [(address, channel)], "inboxes": {peer_group: channel}}
@@ -322,23 +323,24 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             service = ChannelService.current()
             self._gossip_inboxes = {int(g): service.open_latest(ch) for g, ch in gossip_peers["inboxes"].items()}
 
-    async def rendezvous_port(self) -> int | None:
-        """Port of this rank-0 learner's rendezvous store (None without data parallelism)."""
-        return self._store_port
+    async def rendezvous_address(self) -> tuple[str, int] | None:
+        """(host, port) of this rank-0 learner's rendezvous store (None without data parallelism)."""
+        return self._store_address
 
     def _make_role(self) -> LearnerLoopRole:
         seed, subscribers, obs_dim, n_actions = self._args
         self.publisher = TopicPublisher(subscribers, **self._comm_kwargs()) if self.rank == 0 else None
         average_gradients = None
         if self.world_size > 1:
-            if self._store_port is None:
-                raise ValueError(f"learner {self.id}: rank {self.rank} of a data-parallel group needs store_port")
+            if self._store_address is None:
+                raise ValueError(f"learner {self.id}: rank {self.rank} of a data-parallel group needs store_address")
+            store_host, store_port = self._store_address
             backend = "nccl" if self.cfg.learner.device.startswith("cuda") else "gloo"
             dp = DataParallel(
                 self.rank,
                 self.world_size,
-                self.address_host,
-                self._store_port,
+                store_host,
+                store_port,
                 backend=backend,
                 timeout_s=deployment_settings().timeouts.data_parallel,
                 store=self._store,
