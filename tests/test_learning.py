@@ -5,7 +5,9 @@ that breaks learning fails here, not only in the benchmark."""
 
 import math
 
+import numpy as np
 import pytest
+import xarray as xr
 
 from tianji_dask.config import load_config
 from tianji_dask.driver import train
@@ -23,9 +25,14 @@ def test_cartpole_reaches_150_within_budget(tmp_path, algo, serial):
     result = train(cfg, serial=serial, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "target_reached", (result.status, result.return_mean_100, result.env_steps)
-    assert result.return_mean_100 >= 150
     assert not math.isnan(result.time_to_target_s)
     assert result.env_steps <= 300000
+    # The target was reached by a window of 100 episodes, in the order they arrived. The mean at
+    # the end may be lower: episodes that finished while the hosts were stopping count too.
+    with xr.open_dataset(result.run_dir / "episodes.nc", engine="h5netcdf") as eps:
+        returns = eps["return"].values
+    windows = np.convolve(returns, np.ones(100) / 100, mode="valid")
+    assert len(windows) and windows.max() >= 150 - 1e-9, (len(returns), windows.max() if len(windows) else None)
 
 
 @pytest.mark.integration
