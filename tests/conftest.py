@@ -218,6 +218,20 @@ def h() -> type[_Helpers]:
 
 
 # ------------------------------------------------------------------ Slurm (tests/slurm_support.py)
+@pytest.fixture
+def one_torch_thread():
+    """The test's roles run with one torch thread, as in a host's worker
+    (``tianji_dask.worker_preload``): with OpenMP's default threads per core, a CNN actor
+    stepped here competes with its own emulator threads, and on a loaded 2-core machine it
+    slowed down by orders of magnitude."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def slurm_conf() -> str:
     """Path of the local Slurm's slurm.conf (also in ``os.environ["SLURM_CONF"]``, which

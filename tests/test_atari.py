@@ -349,7 +349,7 @@ def test_nature_cnn_forward_shapes_and_uint8_input():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("step_groups", [1, 2])
-def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks(step_groups):
+def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks(step_groups, one_torch_thread):
     """A PPO actor on real Pong, every observation its policy acted on recorded: each pushed
     rollout's ``frames[obs_frames]`` is exactly those stacks, across episode ends, in about a
     quarter of the stacks' bytes, whether its envs step as one vector env or in two groups; the

@@ -10,8 +10,7 @@ import pytest
 from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.env_groups import EnvGroups, merge_infos
-from tianji_dask.envs import make_atari_vector_env, make_env_groups
+from tianji_dask.envs import EnvGroups, make_atari_vector_env, make_env_groups, merge_infos
 
 
 def test_merge_infos_fills_what_a_group_did_not_report_and_renumbers_env_ids():
@@ -102,7 +101,7 @@ def _rollouts(config: str, overrides: list[str], seed: int, n: int, params=None)
     ],
     ids=["cartpole-sync", "pong-send-recv"],
 )
-def test_a_ppo_actor_in_two_step_groups_makes_the_rollouts_of_one_vector_env(config, overrides):
+def test_a_ppo_actor_in_two_step_groups_makes_the_rollouts_of_one_vector_env(config, overrides, one_torch_thread):
     one, params = _rollouts(config, [*overrides, "env.step_groups=1"], 5, 2)
     two, _ = _rollouts(config, [*overrides, "env.step_groups=2"], 5, 2, params)
     for a, b in zip(one, two):
