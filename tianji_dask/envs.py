@@ -222,11 +222,15 @@ def _gymnasium_atari(env_id: str) -> gym.Env:
     return FrameStackObservation(env, ATARI_FRAME_STACK, padding_type="zero")
 
 
-def make_env(env_cfg, seed: int) -> gym.vector.VectorEnv:
-    """The vector env an actor steps, as ``env_cfg`` (the config's ``env`` section) says."""
+def _vector_env(env_cfg, num_envs: int, seed: int, atari_threads: int) -> gym.vector.VectorEnv:
     if getattr(env_cfg, "kind", "gym") == "atari":
-        return make_atari_vector_env(env_cfg.id, env_cfg.num_envs, seed, env_cfg.atari_backend, env_cfg.atari_threads)
-    return make_vector_env(env_cfg.id, env_cfg.num_envs, seed)
+        return make_atari_vector_env(env_cfg.id, num_envs, seed, env_cfg.atari_backend, atari_threads)
+    return make_vector_env(env_cfg.id, num_envs, seed)
+
+
+def make_env(env_cfg, seed: int) -> gym.vector.VectorEnv:
+    """All of an actor's envs as one vector env, as ``env_cfg`` (the config's ``env`` section) says."""
+    return _vector_env(env_cfg, env_cfg.num_envs, seed, env_cfg.atari_threads)
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,16 +336,9 @@ class EnvGroups:
                 results.append(env.step(choice[0]))
         if self._split:
             results = [cast(SendRecv, env).recv() for env in self.envs]
-        merged_choice = tuple(np.concatenate(parts) for parts in zip(*choices))
-        sizes = [self.group_size] * len(self.envs)
-        merged = (
-            np.concatenate([r[0] for r in results]),
-            np.concatenate([r[1] for r in results]),
-            np.concatenate([r[2] for r in results]),
-            np.concatenate([r[3] for r in results]),
-            merge_infos([r[4] for r in results], sizes),
-        )
-        return merged_choice, merged
+        obs_, rewards, terminated, truncated = (np.concatenate([r[i] for r in results]) for i in range(4))
+        infos = merge_infos([r[4] for r in results], [self.group_size] * len(self.envs))
+        return tuple(np.concatenate(parts) for parts in zip(*choices)), (obs_, rewards, terminated, truncated, infos)
 
     def close(self) -> None:
         for env in self.envs:
@@ -354,12 +351,8 @@ def make_env_groups(env_cfg, seed: int) -> EnvGroups:
     threads shared equally between them."""
     groups = env_cfg.step_groups
     n = env_cfg.num_envs // groups
-    if getattr(env_cfg, "kind", "gym") == "atari":
-        threads = max(1, env_cfg.atari_threads // groups)
-        return EnvGroups(
-            [make_atari_vector_env(env_cfg.id, n, seed + g * n, env_cfg.atari_backend, threads) for g in range(groups)]
-        )
-    return EnvGroups([make_vector_env(env_cfg.id, n, seed + g * n) for g in range(groups)])
+    threads = max(1, env_cfg.atari_threads // groups)
+    return EnvGroups([_vector_env(env_cfg, n, seed + g * n, threads) for g in range(groups)])
 
 
 def observation_dtype(env_cfg) -> type:

@@ -149,8 +149,11 @@ class _LoopHost(ABC, Generic[R]):
             hb = Heartbeat(self.role_name, self.id, COUNTERS[self.role_name]()).message()
         else:
             hb = self.role.heartbeat()
-        proc = self._proc
-        hb["counters"].update(rss_mb=proc.memory_info().rss / 1e6, open_fds=proc.num_fds(), threads=proc.num_threads())
+        with self._proc.oneshot():  # one read of /proc for the three figures
+            proc = self._proc
+            hb["counters"].update(
+                rss_mb=proc.memory_info().rss / 1e6, open_fds=proc.num_fds(), threads=proc.num_threads()
+            )
         if self._error:
             hb["error"] = self._error
         hb["run"] = self.run_id
