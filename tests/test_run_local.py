@@ -109,6 +109,30 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
     print(f"\nown cluster: wall {wall:.1f} s (run {result.wall_s:.1f} s), {n}")
 
 
+@pytest.mark.timeout(90)
+def test_another_client_opened_while_the_hosts_start_and_closed_leaves_the_run_going(h, tmp_path):
+    """Actor handles bind to the process's current client when they arrive. A user's second
+    Client to the run's scheduler (a notebook looking at it) made while the hosts start, and
+    closed once they run, must not take the run's hosts with it."""
+    cfg = short_config(h, "stop.max_seconds=25")
+    run = train(cfg, out=tmp_path / "run")
+    try:
+        assert h.wait_until(lambda: run.scheduler_address is not None or run.done, timeout=60)
+        with Client(run.scheduler_address, timeout="10s"):
+            assert h.wait_until(lambda: run.recorder.env_steps > 0 or run.done, timeout=60)
+        steps_when_closed = run.recorder.env_steps
+        result = run.wait(timeout=60)
+    finally:
+        if not run.done:
+            run.stop()
+            run.wait(timeout=30)
+    assert result is not None and result.error is None, result
+    assert result.status == "max_seconds", result
+    n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
+    assert n["env_steps"] > steps_when_closed > 0 and n["updates"] > 0, n
+    assert h.running_at_the_end(n), n["end_rates"]
+
+
 # ------------------------------------------------------------------ serial reference
 @pytest.mark.timeout(60)
 def test_serial_run_writes_the_same_files(h, tmp_path):

@@ -166,6 +166,10 @@ class RunCluster:
             t = self.cfg.topology
             self._own_cluster = local_cluster(t.groups * (t.actors + t.learners), security=self._security)
             self.client = Client(self._own_cluster, security=self._security)
+        # An actor handle binds to the process's current client when it arrives; any Client made
+        # in this process since, even one that failed to connect, would otherwise be that one.
+        self._as_current = self.client.as_current()
+        self._as_current.__enter__()
         self.dashboard_link = self.client.dashboard_link
         self.scheduler_address = self.client.scheduler.address
         self._on_event(f"scheduler: {self.scheduler_address}")
@@ -186,6 +190,7 @@ class RunCluster:
             self.buffer = self.learner = None
             self.actors, self.learners, self.buffers = [], [], []
         finally:
+            self._as_current.__exit__(None, None, None)
             if self._own_cluster is not None:
                 self.client.close()
                 self._own_cluster.close()
