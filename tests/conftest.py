@@ -4,6 +4,7 @@ other way round, fails every run test)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -178,6 +179,18 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
         time.sleep(interval)
 
 
+@contextlib.contextmanager
+def ending(run, timeout: float = 60):
+    """Yields ``run``; on the way out, whatever happened inside, a run still going is stopped
+    and waited for (a failed assertion must not leave its cluster behind)."""
+    try:
+        yield run
+    finally:
+        if not run.done:
+            run.stop()
+            run.wait(timeout=timeout)
+
+
 def ppo_train_batch(learner, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A PPO training batch for a CartPole-sized learner: random observations and actions with the
     learner's own log-probabilities, random advantages, returns a simple function of the obs."""
@@ -208,6 +221,7 @@ class _Helpers:
     running_at_the_end = staticmethod(running_at_the_end)
     cli = staticmethod(cli)
     wait_until = staticmethod(wait_until)
+    ending = staticmethod(ending)
     ppo_train_batch = staticmethod(ppo_train_batch)
 
 

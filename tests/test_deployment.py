@@ -145,7 +145,8 @@ def test_a_host_silent_past_the_startup_timeout_is_lost():
     from tianji_dask.cluster import HostLost, RunCluster
 
     with dask.config.set({"tianji.timeouts.host-startup": "2s"}):
-        run = RunCluster(SimpleNamespace(run=SimpleNamespace(heartbeat_timeout=5.0)), None, "r")
+        run_section = SimpleNamespace(heartbeat_timeout=5.0, max_restarts=3, restart_window_s=600.0)
+        run = RunCluster(SimpleNamespace(run=run_section), None, "r")
     run._expected = {("actor", 0): "tcp://127.0.0.1:1"}
     run._next_worker_check = float("inf")  # no scheduler to ask
     run._started_at = time.time() - 1

@@ -310,7 +310,7 @@ def test_a_second_ctrl_c_stops_at_once_and_still_leaves_nothing_behind(h, cli_ru
 @pytest.mark.timeout(120)
 def test_killed_worker_is_reported_as_lost_and_fails_the_run(h, cli_run):
     timeout = 3.0
-    run = cli_run(f"run.heartbeat_timeout={timeout}")
+    run = cli_run(f"run.heartbeat_timeout={timeout}", "run.max_restarts=0")
     run.wait_for_line(PROGRESS, timeout=60)
     time.sleep(2)
     workers = run.workers()

@@ -168,7 +168,7 @@ def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue
     from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     assert wait_empty() == [], "jobs left over from an earlier test"
-    cfg = load_config(CONFIG, [*SHORT, "stop.max_seconds=120", "run.heartbeat_timeout=5"])
+    cfg = load_config(CONFIG, [*SHORT, "stop.max_seconds=120", "run.heartbeat_timeout=5", "run.max_restarts=0"])
     plan = two_core_plan(cfg)
     cfg = plan.apply(cfg)
     cluster = PlannedSLURMCluster(plan, run_tag="t2", **site(tmp_path))

@@ -33,7 +33,7 @@ def _refused(address: str, security=None) -> Exception:
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificate(tmp_path):
+def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificate(h, tmp_path):
     # no stop rule fires while the clients knock (a run that ended first would refuse them for
     # another reason); the test stops it once it has learned
     cfg = load_config(
@@ -41,8 +41,7 @@ def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificat
     )
     foreign = Security.temporary()  # made before the run: its key generation takes a while
     events: list[str] = []
-    run = train(cfg, out=tmp_path / "run", tls=True, on_event=events.append)
-    try:
+    with h.ending(train(cfg, out=tmp_path / "run", tls=True, on_event=events.append)) as run:
         # the address is known once the cluster is up; the run goes on while clients knock
         t0 = time.monotonic()
         while run.scheduler_address is None and not run.done and time.monotonic() - t0 < 60:
@@ -65,6 +64,7 @@ def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificat
             context.wrap_socket(sock, server_hostname=host).close()
         # the run's own certificate connects, and every worker listens on tls:// only
         with Client(address, security=run.security, timeout="10s") as client:
+            client.wait_for_workers(2, timeout=60)  # the scheduler is up before its workers
             workers = list(client.scheduler_info(n_workers=-1)["workers"])
         assert workers and all(w.startswith("tls://127.0.0.1:") for w in workers), workers
         assert not run.done, (run.result, events)  # every refusal above came from the live run
@@ -75,10 +75,6 @@ def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificat
         learned = run.recorder.return_mean_100
         run.stop()
         result = run.wait(timeout=60)
-    finally:
-        if not run.done:
-            run.stop()
-            run.wait(timeout=60)
     assert result is not None and result.status == "stopped", (result, events)
     assert learned >= 150, (learned, result)
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:

@@ -9,11 +9,13 @@ every host and closes what it started, whatever happened in between.
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import logging
-import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import psutil
@@ -21,17 +23,19 @@ from distributed import LocalCluster
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.deployment import deployment_settings
-from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost, metrics_topic, stop_event_name
-from tianji_dask.placement import place
+from tianji_dask.hosts import metrics_topic, stop_event_name
+from tianji_dask.restarts import HostLost, Key, LostWorker, RestartPolicy, lost_with
+from tianji_dask.run_hosts import RunHosts
 from tianji_dask.worker_signals import spawned_ignoring_driver_signals
 from tianji_dask.workers import scheduler_workers
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
 
-STOP_TIMEOUT_S = 10.0
-HURRY_POLL_S = 0.2  # how soon a host stop being waited for notices the run was told to hurry
 WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' workers are still there
+ERROR_GRACE_S = 3.0  # how long a host's error waits for a lost worker that explains it
+SNAPSHOT_TIMEOUT_S = 30.0
+RANK_RESTART_S = 10.0
 
 
 class _WorkerDeaths(logging.Handler):
@@ -58,10 +62,6 @@ def _watch_worker_deaths() -> None:
     nanny_log = logging.getLogger("distributed.nanny")
     if _WORKER_DEATHS not in nanny_log.handlers:
         nanny_log.addHandler(_WORKER_DEATHS)
-
-
-class HostLost(RuntimeError):
-    """A host stopped sending heartbeats or reported an error; the message says which."""
 
 
 class TianjiLocalCluster(LocalCluster):
@@ -126,6 +126,10 @@ def kill_and_reap(pid: int) -> None:
 
 
 class RunCluster:
+    """One run's cluster and hosts for the driver: a context manager (see the module docstring);
+    :meth:`check_health` and :meth:`recover` keep the hosts alive, :meth:`take_snapshots` keeps
+    each group's newest learner state for the learners :meth:`recover` re-creates."""
+
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -141,21 +145,22 @@ class RunCluster:
         self._hurry = hurry or threading.Event()  # set: stop without waiting for the hosts
         self.run_id = run_id
         self.client = client
-        self._own_cluster = None
+        self._own_cluster: TianjiLocalCluster | None = None
         self._on_event = on_event
-        self._futures: list = []
-        self.buffer = self.learner = None
-        self.actors: list = []
-        self.learners: list = []
-        self.buffers: list = []
-        self._expected: dict[tuple[str, int], str] = {}
-        self._last_rx: dict[tuple[str, int], float] = {}
-        self._errors: list[str] = []
+        self.hosts: RunHosts | None = None
+        self._expected: dict[Key, str] = {}
+        self._last_rx: dict[Key, float] = {}
+        self._last_hb: dict[Key, dict] = {}
+        self._errors: list[tuple[float, Key, str]] = []
         self._final: list[dict] = []
         self._subscribed = False
         self._started_at = time.time()
+        self._host_started: dict[Key, float] = {}
         self._startup_grace_s = deployment_settings().timeouts.host_startup
         self._next_worker_check = 0.0
+        self._deaths_since = time.time()
+        self._policy = RestartPolicy(cfg.run.max_restarts, cfg.run.restart_window_s)
+        self._snapshots: dict[int, tuple[dict, dict]] = {}  # group -> its lead learner's (state, meta)
 
     # --- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> RunCluster:
@@ -181,14 +186,13 @@ class RunCluster:
         try:
             if self._subscribed:
                 self.client.unsubscribe_topic(metrics_topic(self.run_id))
-            if self._futures:
-                self.client.cancel(self._futures)
+            futures = self.hosts.futures() if self.hosts is not None else []
+            if futures:
+                self.client.cancel(futures)
                 from distributed import Event
 
                 Event(stop_event_name(self.run_id), client=self.client).clear()
-            self._futures.clear()
-            self.buffer = self.learner = None
-            self.actors, self.learners, self.buffers = [], [], []
+            self.hosts = None
         finally:
             self._as_current.__exit__(None, None, None)
             if self._own_cluster is not None:
@@ -209,12 +213,12 @@ class RunCluster:
         ]
         return f"; the scheduler removed it ({why[-1]})" if why else ""
 
-    def _death_reasons(self) -> str:
-        """What the nannies in this process said about workers that ended during the run
+    def _death_reasons(self, since: float) -> str:
+        """What the nannies in this process said about workers that ended since ``since``
         (LocalClusters only: a remote nanny logs on its own host). The nanny may notice a
         moment after the scheduler does."""
         deadline = time.time() + 1.0
-        while not (said := _WORKER_DEATHS.since(self._started_at)) and time.time() < deadline:
+        while not (said := _WORKER_DEATHS.since(since)) and time.time() < deadline:
             time.sleep(0.05)
         return f"; Dask's nanny: {'; '.join(said)}" if said else ""
 
@@ -223,35 +227,47 @@ class RunCluster:
         def handler(event):
             _, hb = event
             key = (hb.get("role"), hb.get("id"))
-            self._last_rx[key] = time.time()
-            if hb.get("error"):
-                self._errors.append(hb["error"])
+            current = self.hosts is None or hb.get("incarnation", 0) >= self.hosts.incarnations[key]
+            if current:  # a late heartbeat of a host already replaced is history
+                self._last_rx[key] = time.time()
+                self._last_hb[key] = hb
+                if hb.get("error"):
+                    self._errors.append((time.time(), key, hb["error"]))
             on_heartbeat(hb)
 
         self.client.subscribe_topic(metrics_topic(self.run_id), handler)
         self._subscribed = True
 
-    def check_health(self) -> None:
-        """Raise :class:`HostLost` if a host reported an error or went silent."""
-        if self._errors:
-            raise HostLost(self._errors[0])
+    def check_health(self) -> list[LostWorker]:
+        """The workers lost since the last call, for :meth:`recover`. Raises :class:`HostLost`
+        for a host that reported an error or went silent while its worker is still there, and
+        for a lost worker when ``run.max_restarts`` is 0."""
         now = time.time()
-        if self._expected and now >= self._next_worker_check:
+        lost: list[LostWorker] = []
+        if self._expected and (now >= self._next_worker_check or self._errors):
             self._next_worker_check = now + WORKER_CHECK_S
             present = set(scheduler_workers(self.client))
-            for key, where in self._expected.items():
-                if where not in present:  # no need to wait for heartbeats (nor the start-up grace)
-                    raise HostLost(
-                        f"{key[0]} {key[1]} on {where}: its worker left the cluster "
-                        "(the process died, or its batch job ended or was cancelled)"
-                        + self._removal_reason(where)
-                        + self._death_reasons()
-                    )
+            for where in sorted(set(self._expected.values()) - present):
+                hosts = tuple(k for k, w in sorted(self._expected.items()) if w == where)
+                cause = self._removal_reason(where) + self._death_reasons(self._deaths_since)
+                lost.append(LostWorker(where, hosts, cause))
+            if lost:  # a later loss quotes only what the nannies said after this one
+                self._deaths_since = time.time()
+        if lost:
+            if self.cfg.run.max_restarts == 0:
+                raise HostLost(lost[0].describe())
+            return lost
+        if self._errors:
+            t, key, error = self._errors[0]
+            # a host on a worker that is about to be seen lost (a buffer's senders, a peer rank)
+            # fails first: give the scheduler a moment to say so
+            if self.cfg.run.max_restarts == 0 or now - t > ERROR_GRACE_S:
+                raise HostLost(error)
         timeout = self.cfg.run.heartbeat_timeout
         for key, where in self._expected.items():
             last = self._last_rx.get(key)
             if last is None:
-                if now - self._started_at > self._startup_grace_s:
+                if now - self._host_started.get(key, self._started_at) > self._startup_grace_s:
                     raise HostLost(
                         f"{key[0]} {key[1]} on {where}: no heartbeat within {self._startup_grace_s:g} s of "
                         "starting (tianji.timeouts.host-startup)"
@@ -261,139 +277,170 @@ class RunCluster:
                     f"{key[0]} {key[1]} on {where}: no heartbeat for {now - last:.1f} s "
                     f"(run.heartbeat_timeout={timeout} s): its worker process died or its loop is stuck"
                 )
+        return []
 
     # --- hosts ----------------------------------------------------------------------------
-    def _submit(self, cls, *args, worker: str, **kwargs):
-        fut = self.client.submit(
-            cls, *args, **kwargs, actor=True, workers=[worker], allow_other_workers=False, pure=False
-        )
-        self._futures.append(fut)
-        return fut
+    @property
+    def learner(self):
+        """The handle of group 0's lead learner (the one the run's checkpoints save)."""
+        return self._built().lead(0)
+
+    def _built(self) -> RunHosts:
+        if self.hosts is None:
+            raise RuntimeError("the run's hosts were used before they were started")
+        return self.hosts
 
     def start_hosts(self, spaces) -> None:
         """Create and wire all hosts of all groups where :func:`placement.place` puts them,
-        then start their loops. Inboxes are opened in constructors, before anything is sent to
-        them: buffers and actors first, learners last (rank 0 of each group first, for its port).
-        """
-        cfg, rid = self.cfg, self.run_id
-        cfg_json = cfg.to_json()
-        obs = spaces.observation_space
-        obs_dim = int(math.prod(obs.shape))
-        n_actions = int(spaces.action_space.n)
-        workers = scheduler_workers(self.client)
-        plan = place(workers, cfg.topology, rid, cfg.seed)
+        then start their loops (:class:`~tianji_dask.run_hosts.RunHosts`)."""
+        hosts = RunHosts(self.client, self.cfg, self.run_id, spaces, self._on_event, self._hurry)
+        self.hosts = hosts
+        plan = hosts.place_all()
         if plan.workers_shared:
-            n_hosts = len(plan.learners) + len(plan.actors)
-            self._on_event(f"{len(workers)} workers for {n_hosts} host processes: hosts will share workers")
-        futures = []
-        buffer_futures = {}
-        for group in range(cfg.topology.groups):  # each group's buffers, then its actors
-            for lp in (p for p in plan.learners if p.group == group):
-                buffer_futures[lp.id] = self._submit(
-                    BufferHost,
-                    rid,
-                    cfg_json,
-                    lp.id,
-                    lp.buffer_seed,
-                    lp.trajectories,
-                    tuple(obs.shape),
-                    "float32",
-                    len(lp.feeders),
-                    worker=lp.worker,
-                )
-                futures.append(buffer_futures[lp.id])
-            for ap in (p for p in plan.actors if p.group == group):
-                futures.append(
-                    self._submit(
-                        ActorHost,
-                        rid,
-                        cfg_json,
-                        ap.id,
-                        ap.seed,
-                        ap.buffer_worker,
-                        ap.trajectories,
-                        ap.parameters,
-                        worker=ap.worker,
-                    )
-                )
-        hosts = [f.result() for f in futures]
-        per_group = cfg.topology.learners + cfg.topology.actors
-        self.buffers = [hosts[k] for k in range(len(hosts)) if k % per_group < cfg.topology.learners]
-        self.actors = [hosts[k] for k in range(len(hosts)) if k % per_group >= cfg.topology.learners]
-        self.learners = []
-        store = None
-        for lp in plan.learners:  # by global id: rank 0 of each group first
-            if lp.rank == 0:
-                store = None
-            lead_host = self._submit(
-                LearnerHost,
-                rid,
-                cfg_json,
-                lp.id,
-                lp.learner_seed,
-                list(lp.subscribers),
-                obs_dim,
-                n_actions,
-                buffer_futures[lp.id].result(),
-                rank=lp.rank,
-                world_size=cfg.topology.learners,
-                store_address=store,
-                gossip_peers=lp.gossip,
-                worker=lp.worker,
-            ).result()
-            if lp.rank == 0 and cfg.topology.learners > 1:
-                store = lead_host.rendezvous_address().result()
-            self.learners.append(lead_host)
-        self.learner = self.learners[0]
-        self.buffer = self.buffers[0]
+            t = self.cfg.topology
+            n_hosts = t.groups * (t.learners + t.actors)
+            self._on_event(f"{len(hosts.worker_names)} workers for {n_hosts} host processes: hosts will share workers")
+        hosts.build_all()
         self._expected = plan.host_workers()
         self.worker_addresses = sorted(set(self._expected.values()))
-        self._started_at = time.time()
-        for host in [*self.buffers, *self.learners, *self.actors]:
-            host.start().result()
+        self._started_at = self._deaths_since = time.time()
+
+    def recover(self, lost: list[LostWorker], totals: Callable[[str, int, str], float], add_heartbeat) -> dict:
+        """Re-create the hosts of the lost workers (the module docstring of
+        :mod:`~tianji_dask.run_hosts` says how); raises :class:`HostLost` when the restart
+        policy does not admit it. ``totals(role, id, counter)``: a host's cumulative counter
+        over its incarnations (the recorder's); ``add_heartbeat`` records the last heartbeats of
+        hosts stopped for a rebuild. Returns the loss counts (``results.LOSS_KEYS``)."""
+        hosts, t = self._built(), self.cfg.topology
+        self._policy.admit(lost, time.time())
+        counts: collections.Counter[str] = collections.Counter()
+        keys = [k for w in lost for k in w.hosts]
+        for key in keys:
+            counts.update(lost_with(key[0], (self._last_hb.get(key) or {}).get("counters", {}), self.cfg.env.num_envs))
+        groups = sorted({hosts.group_of(k) for k in keys if k[0] != "actor"})
+        actors = sorted(k[1] for k in keys if k[0] == "actor" and hosts.group_of(k) not in groups)
+        plan_before = hosts.current_plan()
+        timeout = self._startup_grace_s
+        for w in lost:
+            new = hosts.replacement(w.address, timeout)
+            hosts.move(w.address, new)
+            self._on_event(f"host lost: {w.describe()}; re-creating on {new}")
+
+        def prior(key: Key, counter: str) -> float:
+            return totals(key[0], key[1], counter)
+
+        for group in groups:
+            for hb in hosts.stop_group(group):
+                add_heartbeat(hb)
+                if hb["role"] == "actor" and (hb["role"], hb["id"]) not in keys:  # stopped, not lost
+                    counts.update(lost_with("actor", hb.get("counters", {}), self.cfg.env.num_envs))
+            if t.learners > 1:
+                self._restart_surviving_ranks(group, timeout)
+            restore = self._snapshots.get(group)
+            # the newest version the group published: its lead's last heartbeat, or an actor's if newer
+            last_version = max(
+                (self._last_hb.get(k) or {}).get("counters", {}).get("param_version", -1)
+                for k in hosts.group_keys(group)
+                if k[0] != "buffer"
+            )
+            restored_updates = int(restore[1].get("updates", 0)) if restore is not None else 0
+            counts["lost_updates"] += max(0, int(last_version) - restored_updates)
+            counts["buffer_restarts"] += t.learners
+            counts["learner_restarts"] += t.learners
+            counts["actor_restarts"] += t.actors
+            self._unless_lost_again(
+                f"group {group}",
+                functools.partial(
+                    hosts.build_group_again,
+                    group,
+                    restore[0] if restore is not None else None,
+                    prior,
+                    lead_before=plan_before.learners[group * t.learners].worker,
+                ),
+            )
+        for actor_id in actors:
+            counts["actor_restarts"] += 1
+            self._unless_lost_again(
+                f"actor {actor_id}",
+                functools.partial(hosts.recreate_actor, actor_id, plan_before.actors[actor_id].worker, prior),
+            )
+        recreated = {k for g in groups for k in hosts.group_keys(g)} | {("actor", a) for a in actors}
+        now = time.time()
+        for key in recreated:
+            self._last_rx.pop(key, None)
+            self._host_started[key] = now
+        self._errors = [e for e in self._errors if e[1] not in recreated]
+        self._expected = hosts.current_plan().host_workers()
+        self.worker_addresses = sorted(set(self._expected.values()))
+        return dict(counts)
+
+    def _restart_surviving_ranks(self, group: int, timeout: float) -> None:
+        """A data-parallel rank that lost its peer may be stuck in a collective, and
+        torch.distributed's process group is one per process: the worker processes of the
+        group's surviving ranks start again (their nannies restart them) before the new
+        rendezvous."""
+        hosts, t = self._built(), self.cfg.topology
+        plan, present = hosts.current_plan(), set(scheduler_workers(self.client))
+        survivors = sorted({p.worker for p in plan.learners if p.group == group and p.worker in present})
+        if not survivors:
+            return
+        self._on_event(f"restarting the workers of group {group}'s surviving data-parallel ranks: {survivors}")
+        with contextlib.suppress(Exception):  # a worker that does not come back is handled below
+            # a short timeout: a rank stuck in a collective never closes gracefully, it is killed
+            self.client.restart_workers(survivors, timeout=RANK_RESTART_S, raise_for_error=False)
+        for address in survivors:
+            hosts.move(address, hosts.replacement(address, timeout))
+
+    def _unless_lost_again(self, what: str, recreate: Callable[[], None]) -> None:
+        """Run one re-creation. If a worker it needs is lost meanwhile (or it times out), say
+        so and go on: its hosts stay expected on the plan's workers, so the next
+        :meth:`check_health` reports that worker lost (and the policy counts it) or, if the
+        worker is there, they get the start-up grace to send a heartbeat."""
+        try:
+            recreate()
+        except Exception as exc:  # noqa: BLE001 - the run goes on; supervision decides what it means
+            self._on_event(f"re-creating {what} did not finish: {str(exc).splitlines()[0]}")
+
+    def take_snapshots(self) -> None:
+        """Keep each group's newest learner state (its lead's) in this process, for
+        :meth:`recover`; a learner that does not answer in time keeps its older one."""
+        hosts = self._built()
+        pending = {}
+        for group in range(self.cfg.topology.groups):
+            with contextlib.suppress(Exception):  # its worker was just lost: recover() comes next
+                pending[group] = hosts.lead(group).snapshot()
+        for group, fut in pending.items():
+            try:
+                self._snapshots[group] = fut.result(timeout=SNAPSHOT_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - the run goes on; the older snapshot stays
+                self._on_event(f"learner snapshot of group {group} failed: {exc!r}; the older one stays")
 
     def stop_hosts(self) -> None:
         """Stop every loop; hosts that are gone are skipped. Keeps their last heartbeats."""
-        hosts = [*self.actors, *self.learners, *self.buffers]
         try:  # every loop sees the global stop at once; stop() below waits for each to finish
             from distributed import Event
 
             Event(stop_event_name(self.run_id), client=self.client).set()
         except Exception as exc:  # noqa: BLE001
             self._on_event(f"could not set the global stop event: {exc!r}")
-        pending = []
-        for h in hosts:
-            try:
-                pending.append(h.stop(STOP_TIMEOUT_S))
-            except Exception as exc:  # noqa: BLE001 - a lost worker's host cannot be reached
-                self._on_event(f"could not stop a host: {exc!r}")
-        deadline = time.monotonic() + STOP_TIMEOUT_S + 2
-        for fut in pending:
-            try:
-                hb = self._result_unless_hurried(fut, deadline)
-                if hb:
-                    self._final.append({**hb, "episodes": []})  # episodes already came by heartbeat
-            except Exception as exc:  # noqa: BLE001
-                self._on_event(f"a host did not stop cleanly: {exc!r}")
+        if self.hosts is not None:
+            self._final.extend(self.hosts.stop_all())
         if not self._hurry.is_set():
             time.sleep(2 * 0.05 + 0.2)  # let the final log_event heartbeats reach the client
-
-    def _result_unless_hurried(self, fut, deadline: float):
-        """``fut.result()`` until ``deadline``; None at once when the run is told to hurry."""
-        while not self._hurry.is_set():
-            try:
-                return fut.result(timeout=max(0.01, min(HURRY_POLL_S, deadline - time.monotonic())))
-            except TimeoutError:
-                if time.monotonic() >= deadline:
-                    raise
-        return None
 
     def final_heartbeats(self) -> list[dict]:
         return list(self._final)
 
     def learner_checkpoint(self, timeout: float = 60.0) -> tuple[dict, dict] | None:
-        """The learner's final state; None if the run stopped before the learner was built."""
-        return self.learner.checkpoint().result(timeout=timeout)
+        """The learner's final state; None if the run stopped before the learner was built.
+        A learner lost as the run stopped gives its newest snapshot instead, if there is one."""
+        try:
+            return self.learner.checkpoint().result(timeout=timeout)
+        except Exception as exc:
+            if 0 not in self._snapshots:
+                raise
+            self._on_event(f"final checkpoint: the learner did not answer ({exc!r}); saving its newest snapshot")
+            return self._snapshots[0]
 
     def learner_snapshot(self) -> tuple[dict, dict]:
         """The learner's state while it trains (a periodic checkpoint), as CPU tensors."""

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tianji_dask.cluster import HostLost
 from tianji_dask.config import ConfigError, ExperimentConfig, check_env
 from tianji_dask.deployment import deployment_settings
+from tianji_dask.restarts import HostLost
 from tianji_dask.results import MetricsRecorder
 from tianji_dask.rundir import prepare_run_dir, run_name, write_config
 
@@ -325,11 +325,20 @@ class Run:
             )
             self._snapshot = run_cluster.learner_snapshot
             next_row = time.time()
+            r = self.cfg.run
+            keep_snapshots = r.max_restarts > 0 and r.snapshot_interval > 0
+            next_snapshot = time.time() + r.snapshot_interval
             try:
                 while not self._should_stop():
                     next_row = self._tick(next_row)
+                    if keep_snapshots and time.time() >= next_snapshot:
+                        run_cluster.take_snapshots()
+                        next_snapshot = time.time() + r.snapshot_interval
                     try:
-                        run_cluster.check_health()
+                        lost = run_cluster.check_health()
+                        if lost:
+                            losses = run_cluster.recover(lost, self.recorder.host_total, self.recorder.add)
+                            self.recorder.record_losses(**losses)
                     except HostLost as exc:  # say it now: stopping the other hosts takes a while
                         self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")
                         raise

@@ -47,6 +47,7 @@ class ActorCounters(HostCounters):
     params_received: int = counter(grows=True)
     param_version: int = counter(-1)
     sync_wait_s: float = counter(0.0, grows=True)  # synchronous ablation: waiting for new parameters
+    unsent: int = counter()  # env steps made but not yet handed to the channel (a partial chunk or rollout)
 
 
 @dataclass

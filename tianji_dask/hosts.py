@@ -58,10 +58,13 @@ class _LoopHost(ABC, Generic[R]):
 
     role_name = "?"
 
-    def __init__(self, run_id: str, config_json: str, host_id: int):
+    def __init__(self, run_id: str, config_json: str, host_id: int, incarnation: int = 0):
         self.run_id = run_id
         self.cfg = ExperimentConfig.model_validate_json(config_json)
         self.id = host_id
+        # 0 for the host the run started with, k for its k-th re-creation after a loss: the
+        # recorder then carries the totals of the earlier ones (counters begin again at 0)
+        self.incarnation = incarnation
         self.worker = get_worker()
         self.role: R | None = None
         self._stop = threading.Event()
@@ -157,6 +160,7 @@ class _LoopHost(ABC, Generic[R]):
         if self._error:
             hb["error"] = self._error
         hb["run"] = self.run_id
+        hb["incarnation"] = self.incarnation
         self._last = hb
         self.worker.log_event(metrics_topic(self.run_id), hb)
 
@@ -199,8 +203,10 @@ class BufferHost(_LoopHost[LoopRole]):
         obs_shape: tuple,
         obs_dtype: str,
         n_senders: int = 1,
+        *,
+        incarnation: int = 0,
     ):
-        super().__init__(run_id, config_json, host_id)
+        super().__init__(run_id, config_json, host_id, incarnation)
         inbox = ChannelService.current().open_queue(channel, self.cfg.channel.capacity_bytes * max(1, n_senders))
         self.channel = channel
         self.role = spec_for(self.cfg).make_buffer_role(
@@ -297,8 +303,13 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         world_size: int = 1,
         store_address: tuple[str, int] | None = None,
         gossip_peers: dict | None = None,
+        incarnation: int = 0,
+        restore: dict | None = None,
     ):
-        super().__init__(run_id, config_json, host_id)
+        """``restore``: a learner state (``state()`` of a snapshot or checkpoint) to continue
+        from, for a learner re-created after its worker was lost."""
+        super().__init__(run_id, config_json, host_id, incarnation)
+        self._restore = restore
         buffer_host = self.worker.state.actors.get(buffer.key)
         if not isinstance(buffer_host, BufferHost):
             raise RuntimeError(
@@ -306,7 +317,8 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
                 f"({buffer.key}): {self.worker.address} does not hold it"
             )
         self.buffer = buffer_host.role
-        self._args = (seed, [tuple(s) for s in subscribers], obs_dim, n_actions)
+        self._args = (seed, obs_dim, n_actions)
+        self._subscribers = [tuple(s) for s in subscribers]
         self.rank, self.world_size = rank, world_size
         self.address_host = get_address_host(self.worker.address)
         self._store = None
@@ -317,6 +329,8 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             self._store = open_store(self.address_host, world_size, deployment_settings().timeouts.data_parallel)
             self._store_address = (self.address_host, self._store.port)
         self.snapshots = SnapshotRequests()
+        self.publisher: TopicPublisher | None = None  # built in the loop thread (rank 0 only)
+        self.gossip_publisher: TopicPublisher | None = None
         self.updates: LocalUpdates | DataParallelUpdates = LocalUpdates()
         # gossip: {"group": g, "publish_to": [(address, channel)], "inboxes": {peer_group: channel}}
         self._gossip_spec = gossip_peers
@@ -331,8 +345,8 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         return self._store_address
 
     def _make_role(self) -> LearnerLoopRole:
-        seed, subscribers, obs_dim, n_actions = self._args
-        self.publisher = TopicPublisher(subscribers, **self._comm_kwargs()) if self.rank == 0 else None
+        seed, obs_dim, n_actions = self._args
+        self.publisher = TopicPublisher(list(self._subscribers), **self._comm_kwargs()) if self.rank == 0 else None
         average_gradients = None
         if self.world_size > 1:
             if self._store_address is None:
@@ -361,13 +375,33 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             world_size=self.world_size,
             average_gradients=average_gradients,
         )
+        if self._restore is not None:
+            role.restore(self._restore)
+            self._restore = None
         if self._gossip_spec:
             spec = self._gossip_spec
-            pub = TopicPublisher([tuple(x) for x in spec["publish_to"]], **self._comm_kwargs())
+            self.gossip_publisher = TopicPublisher([tuple(x) for x in spec["publish_to"]], **self._comm_kwargs())
             interval = self.cfg.topology.sync_interval_s
-            self.gossip = GossipSync(GroupGossip(int(spec["group"]), pub, self._gossip_inboxes, interval))
+            self.gossip = GossipSync(
+                GroupGossip(int(spec["group"]), self.gossip_publisher, self._gossip_inboxes, interval)
+            )
             role.record_gossip(0, float("nan"))
         return role
+
+    async def move_subscriber(self, channel: str, old_address: str, new_address: str) -> None:
+        """A subscriber of this learner's parameters or gossip (``channel``) was re-created on
+        another worker: publish there from now on, starting with the latest version."""
+        spec = self._gossip_spec or {}
+        for subscribers, publisher in (
+            (self._subscribers, self.publisher),
+            (spec.get("publish_to", []), self.gossip_publisher),
+        ):
+            for k, (address, ch) in enumerate(subscribers):
+                if ch == channel and address == old_address:
+                    subscribers[k] = (new_address, ch)  # what a publisher not built yet will use
+                    if publisher is not None:
+                        publisher.remove_subscriber(old_address, channel)
+                        publisher.add_subscriber(new_address, channel)
 
     def _before_loop(self) -> None:
         self._built.publish()  # version 0: actors start acting as soon as it lands
@@ -432,8 +466,18 @@ class ActorHost(_LoopHost[ActorLoopRole]):
         buffer_address: str,
         traj_channel: str,
         params_channel: str,
+        *,
+        incarnation: int = 0,
+        prior_env_steps: int = 0,
+        balance_from_zero: bool = False,
     ):
-        super().__init__(run_id, config_json, host_id)
+        """``prior_env_steps``: env steps of the actor's predecessors, for one re-created after
+        its worker was lost: its exploration schedule goes on, and so does its share of the
+        production the balance controller weighs against its learner's consumption, unless
+        ``balance_from_zero`` (its learner and buffer were re-created too and count from 0)."""
+        super().__init__(run_id, config_json, host_id, incarnation)
+        self._prior_env_steps = prior_env_steps
+        self._balance_prior = 0 if balance_from_zero else prior_env_steps
         self.params_channel = params_channel
         self.params = ChannelService.current().open_latest(params_channel)
         self._args = (seed, buffer_address, traj_channel)
@@ -449,9 +493,12 @@ class ActorHost(_LoopHost[ActorLoopRole]):
             full_policy=c.full_policy,
             **self._comm_kwargs(),
         )
-        return spec_for(self.cfg).actor_role()(
+        role = spec_for(self.cfg).actor_role()(
             self.cfg, self.id, seed, self.sender, self.params, should_stop=self._stop.is_set
         )
+        role.prior_env_steps = self._prior_env_steps
+        role.balance_prior_env_steps = self._balance_prior
+        return role
 
     def _before_loop(self) -> None:
         # the only wait of an actor: for the first parameters; heartbeats go on meanwhile

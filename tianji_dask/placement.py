@@ -12,7 +12,7 @@ order, learners first in each group, and shared round-robin when there are fewer
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tianji_dask.seeding import group_seeds
 
@@ -57,6 +57,31 @@ class Placement:
         out.update({("learner", p.id): p.worker for p in self.learners})
         out.update({("actor", p.id): p.worker for p in self.actors})
         return out
+
+
+def moved(plan: Placement, old: str, new: str) -> Placement:
+    """``plan`` with every host and every address of worker ``old`` on worker ``new`` (a lost
+    worker's hosts re-created on its replacement): placement and wiring, nothing else."""
+
+    def at(address: str) -> str:
+        return new if address == old else address
+
+    def gossip(spec: dict | None) -> dict | None:
+        if spec is None:
+            return None
+        return {**spec, "publish_to": [(at(a), ch) for a, ch in spec["publish_to"]]}
+
+    learners = tuple(
+        replace(
+            p,
+            worker=at(p.worker),
+            subscribers=tuple((at(a), ch) for a, ch in p.subscribers),
+            gossip=gossip(p.gossip),
+        )
+        for p in plan.learners
+    )
+    actors = tuple(replace(p, worker=at(p.worker), buffer_worker=at(p.buffer_worker)) for p in plan.actors)
+    return Placement(learners, actors, plan.workers_shared)
 
 
 class PlacementError(RuntimeError):

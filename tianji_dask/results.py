@@ -30,9 +30,9 @@ import xarray as xr
 
 from tianji_dask.heartbeats import ROLES, growing_counters, rates
 
-# Counters that only grow while a host lives. If one of them goes down, the host restarted and
-# its counters began again at zero; the recorder then adds the old totals as an offset so sums
-# over hosts and rates stay monotone.
+# Counters that only grow while a host lives. When a host is re-created (its heartbeat has a
+# higher ``incarnation``), or one of them goes down, its counters began again at zero; the
+# recorder then adds the old totals as an offset so sums over hosts and rates stay monotone.
 _GROWING = {role: growing_counters(role) for role in ROLES}
 # Per role: counter whose rate over the last interval is reported, keyed by the name of the rate.
 _RATES = {role: rates(role) for role in ROLES}
@@ -89,7 +89,24 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
         "1",
         "float64",
     ),
+    "actor_restarts": ("actor hosts re-created after their worker was lost (cumulative)", "1", "int64"),
+    "buffer_restarts": ("buffer hosts re-created after their worker was lost (cumulative)", "1", "int64"),
+    "learner_restarts": ("learner hosts re-created after their worker was lost (cumulative)", "1", "int64"),
+    "lost_env_steps": ("env steps lost with re-created actors, not yet sent (cumulative)", "1", "int64"),
+    "lost_episodes": ("episodes in progress lost with re-created actors (cumulative)", "1", "int64"),
+    "lost_replay": ("transitions held by lost buffers, gone with them (cumulative)", "1", "int64"),
+    "lost_updates": ("learner updates undone by restoring an older learner state (cumulative)", "1", "int64"),
 }
+# driver-side counts of host re-creation and what was lost (``MetricsRecorder.record_losses``)
+LOSS_KEYS = (
+    "actor_restarts",
+    "buffer_restarts",
+    "learner_restarts",
+    "lost_env_steps",
+    "lost_episodes",
+    "lost_replay",
+    "lost_updates",
+)
 # name -> (dim, long_name, units, source) with source the per-host value stored each row.
 _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
     "actor_env_fps": ("actor", "env steps per second of one actor", "s-1", "env_fps"),
@@ -127,10 +144,11 @@ RUNNING = "running"  # the status attr of the files a run writes before it has e
 class _Host:
     """Latest heartbeat of one host plus the reference point of its rates."""
 
-    __slots__ = ("t", "raw", "offset", "ref_t", "ref", "rates", "prev_t", "prev_version")
+    __slots__ = ("t", "raw", "offset", "ref_t", "ref", "rates", "prev_t", "prev_version", "incarnation")
 
-    def __init__(self, t: float, counters: dict[str, float]):
+    def __init__(self, t: float, counters: dict[str, float], incarnation: int = 0):
         self.t = t
+        self.incarnation = incarnation
         self.raw = counters
         self.prev_t = math.nan  # the heartbeat before the latest: for versions between the two
         self.prev_version = math.nan
@@ -185,6 +203,7 @@ class MetricsRecorder:
         self._window: collections.deque[float] = collections.deque(maxlen=100)
         self.time_to_target_s = math.nan
         self._status, self._error = RUNNING, ""
+        self._losses = dict.fromkeys(LOSS_KEYS, 0)
 
     # ------------------------------------------------------------------ input
     def add(self, heartbeat: dict) -> None:
@@ -198,18 +217,24 @@ class MetricsRecorder:
             raise ValueError(f"heartbeat role must be one of {ROLES}, got {role!r} (keys: {sorted(heartbeat)})")
         key = (role, int(heartbeat["id"]))
         t = float(heartbeat["t"])
+        incarnation = int(heartbeat.get("incarnation", 0))
         counters = {k: _num(v) for k, v in (heartbeat.get("counters") or {}).items()}
         with self._lock:
             host = self._hosts.get(key)
             if host is None:
-                self._hosts[key] = _Host(t, counters)
-            elif t > host.t:
-                if any(counters.get(k, math.inf) < host.raw.get(k, -math.inf) for k in _GROWING[role]):
+                self._hosts[key] = _Host(t, counters, incarnation)
+            elif incarnation > host.incarnation or (
+                incarnation == host.incarnation and t > host.t
+            ):  # a late heartbeat of an earlier incarnation only brings its episodes
+                began_again = incarnation > host.incarnation or any(
+                    counters.get(k, math.inf) < host.raw.get(k, -math.inf) for k in _GROWING[role]
+                )
+                if began_again:
                     for k in _GROWING[role]:
                         if not math.isnan(host.raw.get(k, math.nan)):
                             host.offset[k] = host.offset.get(k, 0.0) + host.raw[k]
                 host.prev_t, host.prev_version = host.t, _version(host)
-                host.t, host.raw = t, counters
+                host.t, host.raw, host.incarnation = t, counters, incarnation
             steps = self._env_steps_locked()
             for ep in heartbeat.get("episodes") or ():
                 ret, length, t_end = float(ep[0]), int(ep[1]), float(ep[2])
@@ -227,6 +252,26 @@ class MetricsRecorder:
                     and self._mean_100() >= self.target_return
                 ):
                     self.time_to_target_s = t_end - self.t0
+
+    def record_losses(self, **counts: int) -> None:
+        """Add to the driver's counts of re-created hosts and of what was lost with them
+        (keys of ``LOSS_KEYS``); each row carries the running totals."""
+        unknown = set(counts) - set(LOSS_KEYS)
+        if unknown:
+            raise ValueError(f"unknown loss counts {sorted(unknown)}; known: {LOSS_KEYS}")
+        with self._lock:
+            for k, v in counts.items():
+                self._losses[k] += int(v)
+
+    def losses(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._losses)
+
+    def host_total(self, role: str, host_id: int, counter: str) -> float:
+        """A host's cumulative ``counter`` over all its incarnations (0 before its first heartbeat)."""
+        with self._lock:
+            host = self._hosts.get((role, host_id))
+            return 0.0 if host is None else host.value(counter)
 
     def _policy_lag(self, actors, learners) -> float:
         """Mean over actors of (their group's latest version at the actor's heartbeat time -
@@ -348,6 +393,7 @@ class MetricsRecorder:
                 "behaviour_weight_mean": _nanmean([h.raw.get("behaviour_weight", math.nan) for _, h in learners]),
                 "sample_age_s": _nanmean([h.raw.get("sample_age_s", math.nan) for _, h in learners]),
                 "group_param_distance": _nanmax([h.raw.get("group_distance", math.nan) for _, h in learners]),
+                **self._losses,
             }
             per_host = {}
             for role in ROLES:

@@ -21,6 +21,14 @@ def role_seeds(root: int, n_actors: int) -> RoleSeeds:
     return RoleSeeds(actors=as_int[:n_actors], buffer=as_int[n_actors], learner=as_int[n_actors + 1])
 
 
+def incarnation_seed(seed: int, incarnation: int) -> int:
+    """The seed of a host re-created for the ``incarnation``-th time (0: the first, ``seed``
+    itself): a re-created actor must not replay its predecessor's episodes."""
+    if incarnation == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, incarnation]).generate_state(1)[0])
+
+
 def group_seeds(root: int, group: int, n_actors: int) -> RoleSeeds:
     """Seeds of one training group. Group 0 gets :func:`role_seeds` of the root seed (the same
     as the serial reference); group g > 0 that of the g-th child of the root. All data-parallel

@@ -5,6 +5,7 @@ Call protocol (in the learner's own thread, or on the event loop: nothing here b
     pub = TopicPublisher([(actor_worker_address, "params"), ...])
     pub.publish(version, {k: v.detach().cpu() for k, v in model.state_dict().items()})
     pub.add_subscriber(new_address, "params")   # a late subscriber gets the last version at once
+    pub.remove_subscriber(old_address, "params")
     pub.close()
 
 Per subscriber there is at most one pending version: publishing replaces a pending (not yet
@@ -99,6 +100,20 @@ class TopicPublisher:
             except RuntimeError as exc:
                 sub.error = f"{sub.label()}: cannot start: {exc}"
                 self._errors += 1
+
+    def remove_subscriber(self, address: str, channel: str) -> None:
+        """Stop publishing to a subscriber (one that is gone, or moved to another address);
+        unknown pairs are ignored. Its connection is closed without a pending version."""
+        with self._lock:
+            sub = self._subs.pop((address, channel), None)
+            if sub is None:
+                return
+            if sub.error is None:
+                sub.error = f"{sub.label()}: removed"
+                sub.pending = None
+                sub.reported = True  # removed on purpose: not a failure to report
+        if sub.wake is not None:
+            call_soon(self._loop, sub.wake.set)
 
     def publish(self, version: int, payload: dict) -> None:
         """Make ``(version, payload)`` the newest version for every subscriber."""

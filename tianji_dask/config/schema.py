@@ -362,7 +362,7 @@ class StopConfig(_Section):
 
 
 class RunConfig(_Section):
-    """Run supervision: metric cadence, liveness and checkpoints."""
+    """Run supervision: metric cadence, liveness, restarts and checkpoints."""
 
     metrics_interval: float = Field(0.5, gt=0, description="seconds between metric rows / heartbeats")
     heartbeat_timeout: float = Field(
@@ -380,6 +380,23 @@ class RunConfig(_Section):
         ge=0,
         description="seconds between writes of metrics.nc and episodes.nc while the "
         "run goes on (0: only at its end); a crash or a lost machine keeps what was written",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="hosts lost with their worker (a killed process, a cancelled job) are "
+        "re-created, at most this many times within restart_window_s; one more fails the run "
+        "(0: any lost host fails it)",
+    )
+    restart_window_s: float = Field(
+        600.0, gt=0, description="the window over which max_restarts counts re-created hosts"
+    )
+    snapshot_interval: float = Field(
+        5.0,
+        ge=0,
+        description="seconds between copies of each group's learner state kept in the driver's "
+        "memory, which a learner re-created after its worker was lost continues from (0: none; "
+        "it then starts again from its first parameters)",
     )
 
     @model_validator(mode="after")

@@ -40,6 +40,11 @@ class ActorBase(ABC):
     counters_class: type[ActorCounters] = ActorCounters
     counters: ActorCounters
     learner_consumed = 0
+    # env steps of the actor's predecessors when its host was re-created: its schedules continue
+    # from there (its counters begin again at 0), and so does the production the balance
+    # controller counts, unless its learner and buffer were re-created too
+    prior_env_steps = 0
+    balance_prior_env_steps = 0
     policy: Any  # set by the subclass's _setup: load(version, params) and the action rule
 
     def __init__(
@@ -141,10 +146,25 @@ class ActorBase(ABC):
             time.sleep(0.0002)
         self.counters.sync_wait_s += time.perf_counter() - t
 
+    @property
+    def produced_env_steps(self) -> int:
+        """Env steps of this actor and its predecessors (what schedules count)."""
+        return self.prior_env_steps + self.counters.env_steps
+
+    @property
+    def balanced_env_steps(self) -> int:
+        """Env steps the balance controller weighs against the learner's consumption."""
+        return self.balance_prior_env_steps + self.counters.env_steps
+
+    def unsent(self) -> int:
+        """Env steps made but not yet handed to the channel; lost if the host dies now."""
+        return 0
+
     def heartbeat(self) -> dict:
         sent = self.sender.stats()
         self.counters.blocked_s = float(sent.get("blocked_s", 0.0))
         self.counters.dropped = int(sent.get("dropped", 0))
+        self.counters.unsent = self.unsent()
         return Heartbeat("actor", self.id, self.counters, self.tracker.drain()).message()
 
     def close(self) -> None:

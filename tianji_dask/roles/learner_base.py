@@ -95,6 +95,10 @@ class LearnerBase(ABC):
     def state(self) -> State:
         return self.learner_core.state()
 
+    def restore(self, state: State) -> None:
+        """Continue from a saved :meth:`state` (networks, optimiser, update count, schedules)."""
+        self.learner_core.restore(state)
+
     def checkpoint_meta(self) -> dict[str, int]:
         return {"updates": self.learner_core.updates, "samples": self.counters.samples}
 

@@ -49,11 +49,16 @@ class LearnerLoopRole(LoopRole, Protocol):
 
     def state(self) -> dict: ...
 
+    def restore(self, state: dict) -> None: ...
+
     def checkpoint_meta(self) -> dict: ...
 
 
 class ActorLoopRole(LoopRole, Protocol):
     """An actor role as its host uses it (``roles.actor_base.ActorBase`` has it)."""
+
+    prior_env_steps: int  # env steps of its predecessors (a re-created host): schedules go on
+    balance_prior_env_steps: int  # the part of them the balance controller counts
 
     def wait_for_params(self, timeout: float, stop: Callable[[], bool] = ...) -> None:
         """Block until the first policy parameters arrived (``TimeoutError`` after ``timeout``)."""

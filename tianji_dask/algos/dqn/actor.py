@@ -86,7 +86,7 @@ class DQNActorRole(ActorBase):
             + self.chunk_len * self.n_actors
             + self.learner_consumed / (algo.target_replay_ratio * (1.0 - algo.ratio_tolerance))
         )
-        return self.counters.env_steps * self.n_actors > allowed
+        return self.balanced_env_steps * self.n_actors > allowed
 
     def step(self) -> bool:
         self.probe_params()
@@ -98,7 +98,7 @@ class DQNActorRole(ActorBase):
             return False
         algo = self.algo
         eps = epsilon_at(
-            self.counters.env_steps * self.n_actors,
+            self.produced_env_steps * self.n_actors,
             algo.exploration_initial_eps,
             algo.exploration_final_eps,
             algo.exploration_steps,
@@ -128,6 +128,9 @@ class DQNActorRole(ActorBase):
                 self.flush()
         return True
 
+    def unsent(self) -> int:
+        return self._fill
+
     def flush(self) -> None:
         """Push the current chunk (possibly partial) and start a new one."""
         if self._fill == 0:
@@ -140,7 +143,7 @@ class DQNActorRole(ActorBase):
             self.counters.messages_sent += 1
             self.counters.bytes_sent += nbytes
         self._new_chunk()  # the pushed arrays now belong to the channel
-        if self.synchronous and self.counters.env_steps * self.n_actors >= (
+        if self.synchronous and self.balanced_env_steps * self.n_actors >= (
             self.algo.learning_starts * self.cfg.topology.learners
         ):
             self.wait_for_newer_params()

@@ -130,6 +130,9 @@ class PPOActorRole(ActorBase):
             raise RuntimeError(f"actor {self.id}: a rollout refers to frames it does not carry")
         return frames, pos.astype(np.int32)
 
+    def unsent(self) -> int:
+        return self._t * self.num_envs
+
     def flush(self) -> None:
         """Push the finished rollout, tagged with its policy version and creation time."""
         if self._t < self.T:

@@ -1,0 +1,48 @@
+"""benchmarks/chaos.py, small: one seed of DQN CartPole to a low target, calm and with a worker
+killed every 6 s, run as a script from another directory; both runs reach the target and the
+chaos run's kills and re-created hosts are in its files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xarray as xr
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_chaos_kills_workers_and_both_runs_reach_the_target(tmp_path):
+    out = tmp_path / "chaos"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--algos", "dqn", "--seeds", "0"]
+    cmd += ["--target", "150", "--interval", "6", "--max-seconds", "150", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "chaos.json").read_text())
+    runs = {r["mode"]: r for r in report["runs"]}
+    assert runs["calm"]["kills"] == 0 and runs["calm"]["actor_restarts"] == 0
+    chaos = runs["chaos"]
+    assert chaos["kills"] >= 1, chaos
+    first_kill_s = float(chaos["killed"][0].split("s ")[0])
+    if first_kill_s + 2 < chaos["time_to_target_s"]:  # noticed (within a second) before the end
+        assert chaos["actor_restarts"] + chaos["learner_restarts"] >= 1, chaos
+    assert report["summary"]["dqn"]["ratio"] > 0
+    with xr.open_dataset(out / "chaos.nc", engine="h5netcdf") as ds:
+        assert float(ds.kills.sel(algo="dqn", mode="chaos", seed=0)) == chaos["kills"]
+    assert "dqn: median time to target calm" in done.stdout
+
+
+def test_chaos_refuses_a_non_positive_interval(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--interval", "0", "--out", str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--interval must be positive" in done.stderr, done.stderr
+    assert not (tmp_path / "c").exists()
