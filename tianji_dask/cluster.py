@@ -379,7 +379,7 @@ class RunCluster:
         torch.distributed's process group is one per process: the worker processes of the
         group's surviving ranks start again (their nannies restart them) before the new
         rendezvous."""
-        hosts, t = self._built(), self.cfg.topology
+        hosts = self._built()
         plan, present = hosts.current_plan(), set(scheduler_workers(self.client))
         survivors = sorted({p.worker for p in plan.learners if p.group == group and p.worker in present})
         if not survivors:
