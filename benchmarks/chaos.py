@@ -45,8 +45,8 @@ MODES = ("calm", "chaos")
 class Chaos:
     """Kills a random worker process of the run every ``interval`` seconds while it trains."""
 
-    def __init__(self, run, interval: float, rng: random.Random):
-        self.run, self.interval, self.rng = run, interval, rng
+    def __init__(self, run, interval: float, rng: random.Random, max_kills: int | None = None):
+        self.run, self.interval, self.rng, self.max_kills = run, interval, rng, max_kills
         self.kills: list[tuple[float, str]] = []  # (seconds since the run's start, worker address)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="chaos", daemon=True)
@@ -64,6 +64,8 @@ class Chaos:
             wait = self.rng.uniform(0, self.interval)  # the first kill at a random phase, then every interval
             while not self._stop.wait(wait) and not run.done:
                 wait = self.interval
+                if self.max_kills is not None and len(self.kills) >= self.max_kills:
+                    return
                 try:
                     pids = client.run(os.getpid)
                 except Exception:  # noqa: BLE001 - a worker is starting again: try at the next tick
@@ -96,7 +98,7 @@ def one_run(algo: str, mode: str, seed: int, args, runs_dir: Path) -> dict:
     t = time.time()
     events: list[str] = []
     run = train(cfg, out=out, on_event=lambda e: events.append(f"{time.time() - t:.1f}s {e}"))
-    chaos = Chaos(run, args.interval, random.Random(f"{algo}-{seed}")) if mode == "chaos" else None
+    chaos = Chaos(run, args.interval, random.Random(f"{algo}-{seed}"), args.kills) if mode == "chaos" else None
     result = run.wait()
     if chaos is not None:
         chaos.stop()
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--target", type=float, default=300.0, help="stop.target_return (default 300)")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between kills (default 10)")
+    p.add_argument("--kills", type=int, default=None, help="at most this many kills a run (default: no limit)")
     p.add_argument("--max-seconds", type=float, default=600.0, help="each run's stop.max_seconds")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "chaos")
     args = p.parse_args(argv)
