@@ -263,6 +263,10 @@ class MetricsRecorder:
             for k, v in counts.items():
                 self._losses[k] += int(v)
 
+    def losses(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._losses)
+
     def host_total(self, role: str, host_id: int, counter: str) -> float:
         """A host's cumulative ``counter`` over all its incarnations (0 before its first heartbeat)."""
         with self._lock:

@@ -77,6 +77,9 @@ class RunHosts:
             raise RuntimeError("the run's hosts were used before they were placed")
         return self.plan
 
+    def of_role(self, role: str) -> list:
+        return [h for (r, _), h in sorted(self.handles.items()) if r == role]
+
     def group_of(self, key: Key) -> int:
         t = self.cfg.topology
         return key[1] // (t.actors if key[0] == "actor" else t.learners)
@@ -274,7 +277,18 @@ class RunHosts:
         """First half of rebuilding a group: stop its surviving hosts and release them all.
         Returns the stopped hosts' last heartbeats (their episodes already came)."""
         keys = self.group_keys(group)
-        final = self._stop([k for k in keys if k in self.handles], REBUILD_STOP_S, report=False)
+        pending = []
+        for key in keys:
+            with contextlib.suppress(Exception):  # a lost worker's host cannot be reached
+                pending.append(self.handles[key].stop(REBUILD_STOP_S))
+        final = []
+        for fut in pending:
+            try:
+                hb = fut.result(timeout=REBUILD_STOP_S + 2)
+                if hb:
+                    final.append({**hb, "episodes": []})
+            except Exception:  # noqa: BLE001 - gone with its worker, or stuck on it
+                pass
         for key in keys:
             self._release(key)
             self.incarnations[key] += 1
@@ -311,30 +325,21 @@ class RunHosts:
     # --- stopping -----------------------------------------------------------------------
     def stop_all(self) -> list[dict]:
         """Ask every host to stop and wait for each (unless hurried); their last heartbeats."""
-        order = sorted(self.handles, key=lambda k: ({"actor": 0, "learner": 1, "buffer": 2}[k[0]], k[1]))
-        return self._stop(order, STOP_TIMEOUT_S, report=True)
-
-    def _stop(self, keys: list[Key], timeout: float, *, report: bool) -> list[dict]:
-        """Stop the hosts of ``keys`` at once and wait for them all until one deadline (not
-        when hurried); their last heartbeats, without episodes (those already came).
-        ``report``: say which could not be stopped (a rebuild expects the lost ones not to)."""
         pending = []
-        for key in keys:
+        for key in sorted(self.handles, key=lambda k: ({"actor": 0, "learner": 1, "buffer": 2}[k[0]], k[1])):
             try:
-                pending.append(self.handles[key].stop(timeout))
+                pending.append(self.handles[key].stop(STOP_TIMEOUT_S))
             except Exception as exc:  # noqa: BLE001 - a lost worker's host cannot be reached
-                if report:
-                    self._on_event(f"could not stop a host: {exc!r}")
-        deadline = time.monotonic() + timeout + 2
+                self._on_event(f"could not stop a host: {exc!r}")
+        deadline = time.monotonic() + STOP_TIMEOUT_S + 2
         final = []
         for fut in pending:
             try:
                 hb = self._result_unless_hurried(fut, deadline)
                 if hb:
-                    final.append({**hb, "episodes": []})
-            except Exception as exc:  # noqa: BLE001 - gone with its worker, or stuck on it
-                if report:
-                    self._on_event(f"a host did not stop cleanly: {exc!r}")
+                    final.append({**hb, "episodes": []})  # episodes already came by heartbeat
+            except Exception as exc:  # noqa: BLE001
+                self._on_event(f"a host did not stop cleanly: {exc!r}")
         return final
 
     def _result_unless_hurried(self, fut, deadline: float):
