@@ -568,6 +568,31 @@ def test_ppo_policy_on_cuda_acts_as_on_the_cpu():
         np.testing.assert_allclose(v_gpu, v_cpu, atol=2e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ppo_policy_on_cuda_replays_a_graph_that_acts_as_the_eager_inference():
+    """The CUDA policy acts from a CUDA graph after two eager calls: the same actions, log-probs
+    and values as eager inference on the same device, also after new parameters are loaded
+    (the graph reads the tensors ``load`` copies into)."""
+    rng = np.random.default_rng(2)
+    graphed = PPOPolicy(0, 6, [], seed=4, network="nature_cnn", device="cuda")
+    eager = PPOPolicy(0, 6, [], seed=4, network="nature_cnn", device="cuda")
+    eager._graphed = None
+    other = PPOPolicy(0, 6, [], seed=1, network="nature_cnn")
+    for i in range(6):  # eager, eager, capture and replay, replays
+        if i == 4:
+            params = {k: v.numpy() for k, v in other.net.state_dict().items()}
+            graphed.load(1, params)
+            eager.load(1, params)
+        else:
+            eager.load(0, {k: v.cpu().numpy() for k, v in graphed.net.state_dict().items()})
+        obs = rng.integers(0, 256, (64, 4, 84, 84), dtype=np.uint8)
+        got, want = graphed.act(obs), eager.act(obs)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+        np.testing.assert_allclose(got[2], want[2], atol=1e-5)
+    assert graphed._graphed is not None and len(graphed._graphed._graphs) == 1
+
+
 def _atari_batch(n: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     n_frames = n + 3

@@ -63,7 +63,7 @@ def buffer(t, received, size=None, capacity=10_000, seq_gaps=0):
     }
 
 
-def learner(t, updates, batch=32, version=0, loss=float("nan"), q=float("nan"), throttled=0.0):
+def learner(t, updates, batch=32, version=0, loss=float("nan"), q=float("nan"), throttled=0.0, train_s=0.0):
     return {
         "role": "learner",
         "id": 0,
@@ -74,6 +74,7 @@ def learner(t, updates, batch=32, version=0, loss=float("nan"), q=float("nan"), 
             "samples": updates * batch,
             "param_version": version,
             "throttled_s": throttled,
+            "train_s": train_s,
             "loss": loss,
             "q_mean": q,
         },
@@ -87,7 +88,7 @@ def feed_group(m: MetricsRecorder) -> None:
     m.add(actor(0, 0.5, 1000, version=8, blocked_s=0.25, throttled_s=0.5, dropped=2))
     m.add(actor(1, 0.5, 500, version=6, blocked_s=0.75))
     m.add(buffer(0.5, 1400, seq_gaps=1))
-    m.add(learner(0.5, 10, version=10, loss=0.5, q=2.0, throttled=0.125))
+    m.add(learner(0.5, 10, version=10, loss=0.5, q=2.0, throttled=0.125, train_s=0.1))
 
 
 # ------------------------------------------------------------------ recorder
@@ -100,6 +101,9 @@ def test_rates_sums_and_ratios():
     assert r["env_fps"] == pytest.approx(3000.0)  # 1000/0.5 + 500/0.5
     assert r["receive_fps"] == pytest.approx(2800.0)
     assert r["train_fps"] == pytest.approx(640.0)  # 20 updates/s * 32
+    assert r["train_s"] == pytest.approx(0.1)
+    assert r["train_busy"] == pytest.approx(0.2)  # 0.1 s of updates in 0.5 s
+    assert r["train_fps_in_updates"] == pytest.approx(3200.0)  # 320 samples in 0.1 s of updates
     assert r["updates"] == 10
     assert r["replay_ratio"] == pytest.approx(320 / 1400)
     assert r["replay_fill"] == pytest.approx(0.14)
@@ -298,6 +302,8 @@ def test_every_variable_has_long_name_and_units():
         "blocked_s",
         "throttled_actor_s",
         "throttled_learner_s",
+        "train_s",
+        "train_fps_in_updates",
         "dropped",
         "seq_gaps",
         "actor_env_fps",

@@ -66,6 +66,7 @@ class LearnerCounters(HostCounters):
     samples: int = counter(rate="train_fps")
     param_version: int = counter(-1)
     throttled_s: float = counter(0.0, grows=True)
+    train_s: float = counter(0.0, rate="train_busy")  # in updates (an iteration's, for PPO)
     publish_errors: int = counter()
     gossip_rounds: int = counter()
     group_distance: float = counter(NAN)

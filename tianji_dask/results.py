@@ -43,6 +43,16 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
     "env_fps": ("env steps per second (all actors)", "s-1", "float64"),
     "receive_fps": ("transitions received per second (all buffers)", "s-1", "float64"),
     "train_fps": ("samples consumed per second (all learners)", "s-1", "float64"),
+    "train_fps_in_updates": (
+        "samples consumed per second of update time (all learners): the learners' rate while they update",
+        "s-1",
+        "float64",
+    ),
+    "train_busy": (
+        "learner time in updates per second of wall time, summed over learners (1: one learner always updating)",
+        "1",
+        "float64",
+    ),
     "send_bytes_per_s": ("trajectory bytes sent per second (all actors)", "B s-1", "float64"),
     "updates": ("learner updates (all learners)", "1", "int64"),
     "episodes": ("episodes finished (all actors)", "1", "int64"),
@@ -58,6 +68,7 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
     "blocked_s": ("actor time blocked on channel credit (cumulative, all actors)", "s", "float64"),
     "throttled_actor_s": ("actor time paused by the balance controller (cumulative, all actors)", "s", "float64"),
     "throttled_learner_s": ("learner time paused by the balance controller (cumulative, all learners)", "s", "float64"),
+    "train_s": ("learner time spent in updates (cumulative, all learners)", "s", "float64"),
     "dropped": ("trajectory chunks dropped by the channel (cumulative, all actors)", "1", "int64"),
     "seq_gaps": ("sequence gaps seen by the buffers (cumulative)", "1", "int64"),
     "stale_dropped": (
@@ -370,6 +381,8 @@ class MetricsRecorder:
                 "env_fps": rate(actors, "env_fps"),
                 "receive_fps": rate(buffers, "receive_fps"),
                 "train_fps": rate(learners, "train_fps"),
+                "train_fps_in_updates": _in_updates(learners),
+                "train_busy": rate(learners, "train_busy"),
                 "send_bytes_per_s": rate(actors, "send_bytes_per_s"),
                 "updates": int(total(learners, "updates")),
                 "episodes": len(self._ep_cols["return"]),
@@ -385,6 +398,7 @@ class MetricsRecorder:
                 "blocked_s": float(total(actors, "blocked_s")),
                 "throttled_actor_s": float(total(actors, "throttled_s")),
                 "throttled_learner_s": float(total(learners, "throttled_s")),
+                "train_s": float(total(learners, "train_s")),
                 "dropped": int(total(actors, "dropped")),
                 "seq_gaps": int(total(buffers, "seq_gaps")),
                 "stale_dropped": int(total(buffers, "stale_dropped")),
@@ -557,6 +571,17 @@ def _learner_version_at(h: _Host, t: float) -> float:
 def _version(h: _Host) -> float:
     v = h.raw.get("param_version", math.nan)
     return math.nan if v < 0 else v  # -1: no parameters yet
+
+
+def _in_updates(learners) -> float:
+    """Sum over learners of samples per second of update time: each one's ``train_fps`` over the
+    fraction of the interval it spent updating (NaN where none updated)."""
+    vals = [
+        h.rates.get("train_fps", math.nan) / busy
+        for _, h in learners
+        if (busy := h.rates.get("train_busy", math.nan)) > 0
+    ]
+    return float(sum(vals)) if vals else math.nan
 
 
 def _nanmean(vals: list[float]) -> float:

@@ -81,8 +81,10 @@ class DQNLearnerRole(LearnerBase):
         """One gradient step on a batch from the local buffer (gradients averaged by
         ``grad_hook`` in a data-parallel group)."""
         algo = self.algo
+        t = time.perf_counter()
         self._received_at_update = self.buffer.received
         loss, q = self.learner_core.update(self.buffer.sample(algo.batch_size), self.grad_hook)
+        self.counters.train_s += time.perf_counter() - t
         self._loss_sum += loss
         self._q_sum += q
         self._n += 1

@@ -79,7 +79,9 @@ class PPOLearnerRole(LearnerBase):
 
     def update(self) -> None:
         rollouts, self._pending = self._pending, None
+        t = time.perf_counter()
         self._train_on(rollouts)
+        self.counters.train_s += time.perf_counter() - t
 
     def batch_from(self, rollouts) -> dict[str, np.ndarray]:
         """One flat batch of the rollouts; Atari rollouts' ``frames`` are concatenated and their
