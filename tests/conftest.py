@@ -169,6 +169,20 @@ def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProce
     )
 
 
+def cli_in_background(cmd: list[str], cwd: Path) -> subprocess.Popen:
+    """``cmd`` (a CLI process) in a session of its own, as a batch system starts a job: stdin
+    closed, stdout dropped, stderr a text pipe; signal the whole job with ``os.killpg``."""
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while True:
@@ -220,6 +234,7 @@ class _Helpers:
     positive = staticmethod(positive)
     running_at_the_end = staticmethod(running_at_the_end)
     cli = staticmethod(cli)
+    cli_in_background = staticmethod(cli_in_background)
     wait_until = staticmethod(wait_until)
     ending = staticmethod(ending)
     ppo_train_batch = staticmethod(ppo_train_batch)

@@ -427,6 +427,31 @@ def test_learner_lr_schedule_follows_training_not_production(reuse):
     assert lrs[-1] > 0.9 * a.lr  # production (300k transitions) did not anneal it to its floor
 
 
+@pytest.mark.timeout(30)
+def test_a_restored_learner_role_continues_the_lr_schedule():
+    """A learner role restored from another's state (a restart, a resumed run) anneals on from
+    the iterations that state had trained, not from the start of the schedule."""
+    cfg = load_config(PPO_CONFIG, check_env=False)
+    a = cfg.algo
+    buf, inbox = _buffer()
+    trained = PPOLearnerRole(cfg, buf, LocalTopic(), 4, 2, seed=0)
+    for i in range(3):
+        inbox.push(_full_rollout(trained.version, a.rollout_steps, cfg.env.num_envs, seed=i))
+        buf.ingest()
+        assert trained.step()
+    buf2, inbox2 = _buffer()
+    restored = PPOLearnerRole(cfg, buf2, LocalTopic(), 4, 2, seed=1)
+    restored.restore(trained.learner_core.state())
+    for learner, b, box in ((trained, buf, inbox), (restored, buf2, inbox2)):
+        box.push(_full_rollout(learner.version, a.rollout_steps, cfg.env.num_envs, seed=9))
+        b.ingest()
+        assert learner.step()
+    per_iteration = a.rollout_steps * cfg.env.num_envs
+    want = a.lr * max(1 - 3 * per_iteration / a.lr_anneal_steps, 0.05)
+    assert restored.learner_core.optim.param_groups[0]["lr"] == pytest.approx(want, rel=1e-9)
+    assert trained.learner_core.optim.param_groups[0]["lr"] == pytest.approx(want, rel=1e-9)
+
+
 # ------------------------------------------------------------------ PPO actor
 def _actor_cfg(*extra):
     return load_config(PPO_CONFIG, [f"env.id={SHORT_ENV}", "env.num_envs=2", "algo.rollout_steps=8", *extra])

@@ -75,15 +75,7 @@ class CliRun:
             os.close(tty)
             reader = self._read_terminal
         else:
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=tmp_path,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
+            self.proc = h.cli_in_background(cmd, tmp_path)
             reader = self._read
         self._reader = threading.Thread(target=reader, daemon=True)
         self._reader.start()

@@ -34,7 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="train an agent from a config file",
         description="Train an agent. With no --scheduler, starts a LocalCluster on 127.0.0.1.",
     )
-    t.add_argument("config", help="experiment YAML file, e.g. configs/cartpole_dqn.yaml")
+    t.add_argument("config", nargs="?", default=None, help="experiment YAML file, e.g. configs/cartpole_dqn.yaml")
+    t.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its checkpoint (its config; --set only stop.* and run.*); "
+        "metrics.nc and episodes.nc are extended",
+    )
     t.add_argument(
         "--set",
         dest="overrides",
@@ -189,9 +197,24 @@ def cmd_train(args) -> int:
             + ("" if args.serial else " (Dask's own TLS settings, distributed.comm.tls.*, do)")
             + "; drop --tls"
         )
+    if args.resume is not None:
+        also = [f for f, given in (("--out", args.out), ("--plan", args.plan), ("--serial", args.serial)) if given]
+        if also:
+            return _bad_input(
+                f"--resume continues the run in its own directory with its own topology; drop {' and '.join(also)}"
+            )
+    elif args.config is None:
+        return _bad_input("give a config file (tianji-dask train configs/cartpole_dqn.yaml) or --resume RUN_DIR")
+    resume_point = None
     try:
         deployment_settings()  # a wrong tianji.* Dask setting: exit 2 before any job or cluster starts
-        cfg = load_config(args.config, args.overrides)
+        if args.resume is not None:
+            from tianji_dask.resumable import check_resumable
+
+            resume_point = check_resumable(args.resume, args.overrides, config=args.config)
+            cfg = resume_point.cfg
+        else:
+            cfg = load_config(args.config, args.overrides)
         plan = None
         if args.plan is not None:
             plan = load_plan(args.plan)
@@ -207,7 +230,7 @@ def cmd_train(args) -> int:
 
     import torch  # noqa: F401 - the driver saves the checkpoint with it; importing it at the end would delay shutdown by seconds
 
-    from tianji_dask.driver import train
+    from tianji_dask.driver import Run, train
     from tianji_dask.progress import Progress
 
     client = cluster = None
@@ -235,15 +258,20 @@ def cmd_train(args) -> int:
 
     progress = Progress(cfg.stop.target_return)
     try:
-        run = train(
-            cfg,
-            client,
-            out=args.out,
-            serial=args.serial,
-            on_row=progress.update,
-            on_event=progress.event,
-            tls=args.tls,
-        )
+        if resume_point is not None:
+            run = Run(
+                cfg, client=client, on_row=progress.update, on_event=progress.event, tls=args.tls, resume=resume_point
+            )
+        else:
+            run = train(
+                cfg,
+                client,
+                out=args.out,
+                serial=args.serial,
+                on_row=progress.update,
+                on_event=progress.event,
+                tls=args.tls,
+            )
     except (RunDirExists, ConfigError) as exc:
         progress.close()
         return _bad_input(str(exc))

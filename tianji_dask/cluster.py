@@ -290,9 +290,10 @@ class RunCluster:
             raise RuntimeError("the run's hosts were used before they were started")
         return self.hosts
 
-    def start_hosts(self, spaces) -> None:
+    def start_hosts(self, spaces, restore: dict | None = None, prior=None) -> None:
         """Create and wire all hosts of all groups where :func:`placement.place` puts them,
-        then start their loops (:class:`~tianji_dask.run_hosts.RunHosts`)."""
+        then start their loops (:class:`~tianji_dask.run_hosts.RunHosts`); ``restore`` and
+        ``prior`` continue a run (:meth:`RunHosts.build_all`)."""
         hosts = RunHosts(self.client, self.cfg, self.run_id, spaces, self._on_event, self._hurry)
         self.hosts = hosts
         plan = hosts.place_all()
@@ -300,7 +301,7 @@ class RunCluster:
             t = self.cfg.topology
             n_hosts = t.groups * (t.learners + t.actors)
             self._on_event(f"{len(hosts.worker_names)} workers for {n_hosts} host processes: hosts will share workers")
-        hosts.build_all()
+        hosts.build_all(restore, prior)
         self._expected = plan.host_workers()
         self.worker_addresses = sorted(set(self._expected.values()))
         self._started_at = self._deaths_since = time.time()

@@ -26,6 +26,7 @@ from tianji_dask.config import ConfigError, ExperimentConfig, check_env
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.restarts import HostLost
 from tianji_dask.results import MetricsRecorder
+from tianji_dask.resumable import ResumePoint, check_resumable
 from tianji_dask.rundir import prepare_run_dir, run_name, write_config
 
 if TYPE_CHECKING:
@@ -104,16 +105,23 @@ class Run:
         on_event=None,
         runs_root: Path | None = None,
         tls: bool = False,
+        resume: ResumePoint | None = None,
     ):
         deployment_settings()  # a wrong tianji.* Dask setting is refused before anything starts
+        if resume is not None and serial:
+            raise ConfigError("resume continues distributed runs; the serial reference has nothing to continue")
         self.cfg = cfg
         self.serial = serial
+        self._resume = resume
         self.security = _run_security(tls, client, serial)
         self.spaces = check_env(cfg)
         if client is None:  # the replay memories will live on this machine
             check_replay_fits(cfg, self.spaces, serial=serial)
-        self.name = run_name(cfg.env.id, cfg.algo.name, cfg.seed)
-        self.run_dir = prepare_run_dir(out, root=runs_root, name=self.name)
+        if resume is None:
+            self.name = run_name(cfg.env.id, cfg.algo.name, cfg.seed)
+            self.run_dir = prepare_run_dir(out, root=runs_root, name=self.name)
+        else:
+            self.name, self.run_dir = resume.run_dir.name, resume.run_dir
         write_config(self.run_dir, cfg.model_dump_yaml())
         self.id = uuid.uuid4().hex[:10]
         self._client = client
@@ -135,6 +143,8 @@ class Run:
             t0=self.t0,
             attrs={"mode": "serial" if serial else "distributed", "env_id": cfg.env.id, "seed": cfg.seed},
         )
+        if resume is not None:
+            self.recorder.continue_from(resume.metrics, resume.episodes)
         self.dashboard_link: str | None = None
         self.scheduler_address: str | None = None
         self._thread = threading.Thread(target=self._main, name=f"tianji-driver-{self.id}", daemon=True)
@@ -179,7 +189,8 @@ class Run:
             return "target_reached"
         if s.max_env_steps is not None and self.recorder.env_steps >= s.max_env_steps:
             return "max_env_steps"
-        if s.max_seconds is not None and time.time() - self.t0 >= s.max_seconds:
+        # a continued run's budget counts the time before it too (the time axis of metrics.nc)
+        if s.max_seconds is not None and time.time() - self.t0 + self.recorder.time_offset >= s.max_seconds:
             return "max_seconds"
         return None
 
@@ -306,7 +317,7 @@ class Run:
             "run_name": self.name,
             "final": final,
             "env_steps": self.recorder.env_steps,
-            "wall_s": round(time.time() - self.t0, 3),
+            "wall_s": round(time.time() - self.t0 + self.recorder.time_offset, 3),
         }
         save_checkpoint(self.run_dir / "checkpoint", state, meta)
 
@@ -319,7 +330,21 @@ class Run:
             self.dashboard_link = run_cluster.dashboard_link
             self.scheduler_address = run_cluster.scheduler_address
             run_cluster.subscribe(self.recorder.add)
-            run_cluster.start_hosts(self.spaces)
+            if self._resume is None:
+                run_cluster.start_hosts(self.spaces)
+            else:
+                steps = self._resume.actor_env_steps()
+                run_cluster.start_hosts(
+                    self.spaces,
+                    restore=self._resume.state,
+                    prior=lambda key, counter: (
+                        steps.get(key[1], 0) if (key[0], counter) == ("actor", "env_steps") else 0
+                    ),
+                )
+                self._on_event(
+                    f"continuing {self.run_dir.name} from {self.recorder.env_steps:,} env steps, "
+                    f"learner at update {self._resume.meta.get('updates', 0):,}"
+                )
             self.recorder.set_attrs(
                 {"scheduler_address": run_cluster.scheduler_address, "worker_addresses": run_cluster.worker_addresses}
             )
@@ -392,6 +417,25 @@ def _run_security(tls: bool, client, serial: bool):
 
 def _append(error: str | None, line: str) -> str:
     return f"{error}\n{line}" if error else line
+
+
+def resume(
+    run_dir: str | Path,
+    client=None,
+    *,
+    overrides: list[str] | tuple[str, ...] = (),
+    on_row=None,
+    on_event=None,
+    tls: bool = False,
+) -> Run:
+    """Continue a stopped, crashed or time-limited run in its own directory and return its
+    :class:`Run` handle at once: the learner from its checkpoint, the counters, episodes and
+    curve from its ``metrics.nc`` and ``episodes.nc`` (extended, never shortened).
+    ``overrides``: ``--set`` texts of ``stop.*`` and ``run.*`` keys (a new target, a longer
+    budget). Raises ConfigError, with nothing in ``run_dir`` changed, for a directory that no run
+    wrote, a missing checkpoint or results, or an override of the experiment itself."""
+    point = check_resumable(run_dir, overrides)
+    return Run(point.cfg, client=client, on_row=on_row, on_event=on_event, tls=tls, resume=point)
 
 
 def train(

@@ -89,6 +89,39 @@ def start(
     return NotebookRun(run, client, view)
 
 
+def resume(
+    run_dir: str | Path,
+    client,
+    *,
+    overrides=(),
+    display: bool = True,
+    refresh_s: float = 1.0,
+) -> NotebookRun:
+    """Continue a stopped, crashed or time-limited run in its own directory on ``client``'s
+    cluster (as ``tianji-dask train --resume RUN_DIR``) and return its :class:`NotebookRun`.
+
+    ``overrides``: ``--set`` strings or a dict of ``stop.*`` and ``run.*`` keys only (a new
+    target, a longer budget: ``{"stop.max_seconds": 600}``). The learner continues from the
+    run's checkpoint; ``metrics.nc`` and ``episodes.nc`` are extended. A directory that no run
+    wrote, a missing checkpoint or an override of the experiment raises
+    :class:`~tianji_dask.config.ConfigError` with nothing changed."""
+    from tianji_dask.driver import resume as resume_run
+    from tianji_dask.resumable import check_resumable
+
+    if client is None or not hasattr(client, "submit"):
+        raise TypeError("resume() needs a distributed.Client of a cluster you started, as start() does")
+    if isinstance(overrides, dict):
+        overrides = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    cfg = check_resumable(run_dir, list(overrides)).cfg
+    view = _view(cfg, client, refresh_s) if display else _View()
+    try:
+        run = resume_run(run_dir, client, overrides=list(overrides), on_row=view.row, on_event=view.event)
+    except BaseException:
+        view.close()
+        raise
+    return NotebookRun(run, client, view)
+
+
 def _resolve_config(config, overrides) -> ExperimentConfig:
     if isinstance(overrides, str):
         raise TypeError(

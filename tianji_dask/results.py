@@ -118,6 +118,18 @@ LOSS_KEYS = (
     "lost_replay",
     "lost_updates",
 )
+# Cumulative time variables that a continued run (``continue_from``) carries on from the
+# previous run's last row; env_steps, the episode count and the loss counts carry on by their own.
+_CARRIED = (
+    "updates",
+    "blocked_s",
+    "throttled_actor_s",
+    "throttled_learner_s",
+    "train_s",
+    "dropped",
+    "seq_gaps",
+    "stale_dropped",
+)
 # name -> (dim, long_name, units, source) with source the per-host value stored each row.
 _HOST_VARS: dict[str, tuple[str, str, str, str]] = {
     "actor_env_fps": ("actor", "env steps per second of one actor", "s-1", "env_fps"),
@@ -215,6 +227,47 @@ class MetricsRecorder:
         self.time_to_target_s = math.nan
         self._status, self._error = RUNNING, ""
         self._losses = dict.fromkeys(LOSS_KEYS, 0)
+        # a continued run (continue_from): the previous run's files and where this one carries on
+        self._prior: xr.Dataset | None = None
+        self._time_offset = 0.0
+        self._carried: dict[str, float] = {}
+        self._prior_actor_steps: dict[tuple[str, int], float] = {}
+
+    def continue_from(self, metrics: xr.Dataset, episodes: xr.Dataset) -> None:
+        """Carry on the run whose ``metrics.nc`` and ``episodes.nc`` these are (loaded): before
+        any heartbeat, so that ``time`` continues from its last row, cumulative counters
+        (``env_steps`` and each actor's, ``updates``, the loss counts...) from their last values,
+        and the episodes (and the 100-episode window) from its episodes. :meth:`dataset` and
+        :meth:`episodes_dataset` then hold the previous rows and episodes followed by the new."""
+        missing = missing_variables(metrics, episodes)
+        if missing:
+            raise ValueError(f"cannot continue from files without {', '.join(missing)}")
+        with self._lock:
+            if self._hosts or self._rows:
+                raise RuntimeError("continue_from must come before the first heartbeat and row")
+            self._prior = metrics.copy()
+            n = metrics.sizes["time"]
+            if n:
+                last = metrics.isel(time=-1)
+                self._time_offset = float(last["time"])
+                self._carried = {k: float(last[k]) for k in _CARRIED}
+                for k in LOSS_KEYS:
+                    self._losses[k] = int(last[k])
+                steps = last["actor_env_steps"]
+                self._prior_actor_steps = {
+                    ("actor", int(a)): float(v) for a, v in zip(steps["actor"].values, steps.values) if v == v
+                }
+            for k in _EPISODE_VARS:
+                self._ep_cols[k] = [v.item() for v in episodes[k].values]
+            self._window.extend(self._ep_cols["return"][-100:])
+            prior_ttt = float(metrics.attrs.get("time_to_target_s", math.nan))
+            same_target = float(metrics.attrs.get("target_return", math.nan)) == (
+                math.nan if self.target_return is None else self.target_return
+            )
+            if same_target and not math.isnan(prior_ttt):
+                self.time_to_target_s = prior_ttt
+            starts = json.loads(metrics.attrs.get("continued_at_s", "[]"))
+            self._extra_attrs["continued_at_s"] = json.dumps([*starts, self._time_offset])
 
     # ------------------------------------------------------------------ input
     def add(self, heartbeat: dict) -> None:
@@ -233,7 +286,10 @@ class MetricsRecorder:
         with self._lock:
             host = self._hosts.get(key)
             if host is None:
-                self._hosts[key] = _Host(t, counters, incarnation)
+                host = self._hosts[key] = _Host(t, counters, incarnation)
+                if key in self._prior_actor_steps:  # a continued run's actor carries on its count
+                    host.offset["env_steps"] = self._prior_actor_steps[key]
+                    host.ref = {k: host.value(k) for k in host.ref}
             elif incarnation > host.incarnation or (
                 incarnation == host.incarnation and t > host.t
             ):  # a late heartbeat of an earlier incarnation only brings its episodes
@@ -253,7 +309,7 @@ class MetricsRecorder:
                 c["return"].append(ret)
                 c["length"].append(length)
                 c["actor"].append(key[1])
-                c["wall_time"].append(t_end - self.t0)
+                c["wall_time"].append(t_end - self.t0 + self._time_offset)
                 c["env_steps"].append(steps)
                 self._window.append(ret)
                 if (
@@ -262,7 +318,7 @@ class MetricsRecorder:
                     and len(c["return"]) >= 100
                     and self._mean_100() >= self.target_return
                 ):
-                    self.time_to_target_s = t_end - self.t0
+                    self.time_to_target_s = t_end - self.t0 + self._time_offset
 
     def record_losses(self, **counts: int) -> None:
         """Add to the driver's counts of re-created hosts and of what was lost with them
@@ -309,6 +365,11 @@ class MetricsRecorder:
 
     # ---------------------------------------------------------------- summary
     @property
+    def time_offset(self) -> float:
+        """Where this recorder's ``time`` starts: the last row of the run it continues, else 0."""
+        return self._time_offset
+
+    @property
     def env_steps(self) -> int:
         """Env steps produced so far, summed over actors (latest heartbeats)."""
         with self._lock:
@@ -332,9 +393,9 @@ class MetricsRecorder:
             return {k: h.t for k, h in self._hosts.items()}
 
     def _env_steps_locked(self) -> int:
-        return int(
-            sum(v for (r, _), h in self._hosts.items() if r == "actor" and not math.isnan(v := h.value("env_steps")))
-        )
+        made = sum(v for (r, _), h in self._hosts.items() if r == "actor" and not math.isnan(v := h.value("env_steps")))
+        # a continued run's actors that have not reported yet still count what they made before
+        return int(made + sum(v for key, v in self._prior_actor_steps.items() if key not in self._hosts))
 
     def _mean_100(self) -> float:
         return float(np.mean(self._window)) if self._window else math.nan
@@ -376,8 +437,8 @@ class MetricsRecorder:
             # hold a learner heartbeat older than an actor's, which made policy_lag negative
             param_version = _nanmax([*learner_versions, *actor_versions])
             r = {
-                "time": float(t_rel),
-                "env_steps": int(total(actors, "env_steps")),
+                "time": float(t_rel) + self._time_offset,
+                "env_steps": self._env_steps_locked(),
                 "env_fps": rate(actors, "env_fps"),
                 "receive_fps": rate(buffers, "receive_fps"),
                 "train_fps": rate(learners, "train_fps"),
@@ -409,6 +470,8 @@ class MetricsRecorder:
                 "group_param_distance": _nanmax([h.raw.get("group_distance", math.nan) for _, h in learners]),
                 **self._losses,
             }
+            for k in self._carried:
+                r[k] = type(r[k])(r[k] + self._carried[k])
             per_host = {}
             for role in ROLES:
                 for hid, h in by_role[role]:
@@ -479,7 +542,15 @@ class MetricsRecorder:
         coords = {"time": ("time", times, {"long_name": "wall time since start", "units": "s"})}
         for role in ROLES:
             coords[role] = (role, np.array(ids[role], dtype="int64"), {"long_name": f"{role} host id", "units": "1"})
-        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+        ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
+        if self._prior is None:
+            return ds
+        names = [*_TIME_VARS, *_HOST_VARS]
+        both = xr.concat([self._prior[names], ds], dim="time", join="outer", combine_attrs="drop_conflicts")
+        both.attrs = attrs
+        for name in _TIME_VARS:  # an outer join of host ids never touches these: keep their dtypes
+            both[name] = both[name].astype(_TIME_VARS[name][2])
+        return both
 
     def episodes_dataset(self) -> xr.Dataset:
         """Per-episode records in arrival order: dimension ``episode``."""
@@ -513,6 +584,13 @@ class MetricsRecorder:
 
 
 # ---------------------------------------------------------------------- helpers
+def missing_variables(metrics: xr.Dataset, episodes: xr.Dataset) -> list[str]:
+    """Variables a continued run needs that these files lack (files of an older version)."""
+    return [f"metrics.nc:{k}" for k in [*_TIME_VARS, *_HOST_VARS] if k not in metrics] + [
+        f"episodes.nc:{k}" for k in _EPISODE_VARS if k not in episodes
+    ]
+
+
 def provenance_attrs() -> dict[str, str]:
     """Versions of tianji_dask, its main dependencies and Python, plus the git commit."""
     a = {"tianji_dask_version": _package_version("tianji-dask")}

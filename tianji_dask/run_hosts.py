@@ -116,11 +116,12 @@ class RunHosts:
         self.plan = place(workers, self.cfg.topology, self.run_id, self.cfg.seed)
         return self.plan
 
-    def build_all(self) -> None:
+    def build_all(self, restore: dict | None = None, prior: Callable[[Key, str], float] | None = None) -> None:
         """Every group's hosts, then every loop started (a group's gossip peers must exist
-        before any lead publishes to them)."""
+        before any lead publishes to them). A continued run passes its learner state
+        (``restore``, for every group) and what its hosts had counted (``prior``)."""
         for group in range(self.cfg.topology.groups):
-            self._build_group(group, restore=None, prior=lambda key, counter: 0)
+            self._build_group(group, restore=restore, prior=prior or (lambda key, counter: 0))
         for key in self._start_order(list(self.handles)):
             self._wait(self.handles[key].start(), self._worker_of(key))
 

@@ -58,6 +58,7 @@ class PPOLearnerRole(LearnerBase):
             algo.rollouts_per_update * algo.rollout_steps * cfg.env.num_envs * self.world_size / algo.sample_reuse
         )
         self.version = 0
+        self._prior_iterations = 0  # iterations of the learner state restored, if any
         self._pending = None  # rollouts taken by wants_update, trained on by update
         self._stats: dict[str, float] = {}
         self._n = 0
@@ -123,7 +124,8 @@ class PPOLearnerRole(LearnerBase):
         # the actors produced: with actors faster than the learner most rollouts are dropped
         # unused, and annealing on received transitions reached the lr floor within a few dozen
         # iterations (identical on every data-parallel rank: iterations advance together)
-        self.learner_core.set_lr_for(int(self.counters.iterations * self._env_steps_per_iteration))
+        iterations = self._prior_iterations + self.counters.iterations
+        self.learner_core.set_lr_for(int(iterations * self._env_steps_per_iteration))
         before = self.learner_core.updates
         stats = self.learner_core.train(batch, self.grad_hook)
         for k, v in stats.items():
@@ -134,6 +136,12 @@ class PPOLearnerRole(LearnerBase):
         self.counters.updates += self.learner_core.updates - before
         self.counters.samples += len(batch["actions"])
         self.publish()
+
+    def restore(self, state) -> None:
+        """Continue from a saved state; the learning-rate schedule goes on from the iterations it
+        had trained (its update count holds epochs x minibatches per iteration)."""
+        super().restore(state)
+        self._prior_iterations = self.learner_core.updates // (self.algo.epochs * self.algo.minibatches)
 
     def heartbeat(self) -> dict:
         c, n = self.counters, self._n

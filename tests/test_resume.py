@@ -1,0 +1,251 @@
+"""``tianji-dask train --resume RUN_DIR``: a run stopped by SIGTERM goes on in its own directory
+(learner from its checkpoint, curve and episodes extended), and every bad input is refused with
+exit 2 and nothing in the directory changed. Real CLI processes on a real LocalCluster; the
+recorder's continuation also on hand-made heartbeats."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from tianji_dask.config import ConfigError
+from tianji_dask.results import MetricsRecorder
+
+T0 = 1_700_000_000.0
+TRAINING = re.compile(r"updates [1-9]")
+
+
+def _recorder(t0: float) -> MetricsRecorder:
+    return MetricsRecorder(run_name="r", target_return=None, config_json='{"topology": {"actors": 1}}', t0=t0)
+
+
+def _actor(t0, t, steps, episodes=()):
+    return {
+        "role": "actor",
+        "id": 0,
+        "t": t0 + t,
+        "counters": {"env_steps": steps},
+        "episodes": [[r, 10, t0 + t] for r in episodes],
+    }
+
+
+def _learner(t0, t, updates):
+    return {"role": "learner", "id": 0, "t": t0 + t, "counters": {"updates": updates, "samples": updates * 32}}
+
+
+def test_a_continued_recorder_carries_time_counters_and_episodes_on():
+    first = _recorder(T0)
+    first.add(_actor(T0, 0.0, 0))
+    first.add(_learner(T0, 0.0, 0))
+    first.row(0.5)
+    first.add(_actor(T0, 1.0, 400, episodes=[1.0, 2.0]))
+    first.add(_learner(T0, 1.0, 30))
+    first.row(1.5)
+    metrics, episodes = first.dataset(), first.episodes_dataset()
+
+    t1 = T0 + 1000  # the continuation starts later: its clock begins again at 0
+    second = _recorder(t1)
+    second.continue_from(metrics, episodes)
+    assert second.env_steps == 400 and second.time_offset == 1.5
+    second.row(0.1)  # before any heartbeat: the previous counts, not zeros
+    second.add(_actor(t1, 0.2, 0))
+    second.add(_learner(t1, 0.2, 0))
+    second.add(_actor(t1, 1.2, 100, episodes=[3.0]))
+    second.add(_learner(t1, 1.2, 5))
+    row = second.row(1.3)
+    assert row["time"] == pytest.approx(2.8)
+    assert row["env_steps"] == 500 and row["updates"] == 35
+    assert row["env_fps"] == pytest.approx(100.0)  # a rate, not the carried count
+    assert row["return_mean_100"] == pytest.approx(2.0)  # the window holds the earlier episodes
+
+    ds, eps = second.dataset(), second.episodes_dataset()
+    np.testing.assert_allclose(ds.time.values, [0.5, 1.5, 1.6, 2.8])
+    np.testing.assert_array_equal(ds.env_steps.values, [0, 400, 400, 500])
+    np.testing.assert_array_equal(ds.updates.values, [0, 30, 30, 35])
+    # per actor: NaN in the row before the new actor reported, as before any first heartbeat
+    np.testing.assert_allclose(ds.actor_env_steps.values[:, 0], [0, 400, np.nan, 500])
+    assert ds.env_steps.dtype == np.int64 and ds.updates.dtype == np.int64
+    np.testing.assert_array_equal(eps["return"].values, [1.0, 2.0, 3.0])
+    np.testing.assert_allclose(eps.wall_time.values, [1.0, 1.0, 2.7])  # 1.2 s after the restart + 1.5
+    np.testing.assert_array_equal(eps.env_steps.values, [400, 400, 500])
+    assert json.loads(ds.attrs["continued_at_s"]) == [1.5]
+
+
+def _snapshot(path: Path) -> dict[str, str]:
+    """Every file below ``path`` with its contents' hash and mtime: what 'nothing changed' means."""
+    if not path.exists():
+        return {}
+    return {
+        str(p.relative_to(path)): f"{hashlib.sha256(p.read_bytes()).hexdigest()} {p.stat().st_mtime_ns}"
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, h) -> Path:
+    """A short CartPole DQN run that ended by itself (max_env_steps), with its checkpoint."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    p = h.cli("train", str(h.CONFIG), *_sets(*h.SHORT, "stop.max_env_steps=1500"), "--out", str(out), cwd=out.parent)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def _sets(*overrides: str) -> list[str]:
+    return [a for s in overrides for a in ("--set", s)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no directory", "no such directory"),
+        ("empty directory", "not a run directory (no config.yaml)"),
+        ("experiment override", "--set algo.lr=0.1 changes the experiment"),
+        ("another config", "is not the config of this run (algo.name: run 'dqn', file 'ppo')"),
+        ("no checkpoint", "no checkpoint directory at"),
+        ("no metrics", "metrics.nc is missing"),
+        ("with --out", "drop --out"),
+    ],
+)
+def test_resume_refuses_bad_input_with_exit_2_and_changes_nothing(h, finished_run, tmp_path, case, message):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    args = ["train", "--resume", str(run_dir)]
+    if case == "no directory":
+        run_dir = tmp_path / "nothing-here"
+        args = ["train", "--resume", str(run_dir)]
+    elif case == "empty directory":
+        run_dir = tmp_path / "empty"
+        run_dir.mkdir()
+        args = ["train", "--resume", str(run_dir)]
+    elif case == "experiment override":
+        args += ["--set", "algo.lr=0.1"]
+    elif case == "another config":
+        args = ["train", str(h.ROOT / "configs" / "cartpole_ppo.yaml"), "--resume", str(run_dir)]
+    elif case == "no checkpoint":
+        shutil.rmtree(run_dir / "checkpoint")
+    elif case == "no metrics":
+        (run_dir / "metrics.nc").unlink()
+    elif case == "with --out":
+        args += ["--out", str(tmp_path / "elsewhere")]
+    before = _snapshot(run_dir)
+    p = h.cli(*args, cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert message in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert _snapshot(run_dir) == before
+    assert not (tmp_path / "elsewhere").exists()
+
+
+class _Cli:
+    """``tianji-dask train`` in a session of its own, its stderr lines collected."""
+
+    def __init__(self, h, cwd: Path, *args: str):
+        self.proc = h.cli_in_background([sys.executable, "-m", "tianji_dask.cli", *args], cwd)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+
+    def wait_for(self, pattern: re.Pattern, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if any(pattern.search(line) for line in list(self.lines)):
+                return
+            time.sleep(0.1)
+        pytest.fail(f"no line matching {pattern.pattern!r} (exit {self.proc.poll()}):\n{''.join(self.lines)}")
+
+    def finish(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+
+
+def _files(run_dir: Path):
+    from tianji_dask.checkpoint import load_checkpoint
+
+    with (
+        xr.open_dataset(run_dir / "metrics.nc", engine="h5netcdf") as m,
+        xr.open_dataset(run_dir / "episodes.nc", engine="h5netcdf") as e,
+    ):
+        return m.load(), e.load(), load_checkpoint(run_dir / "checkpoint")[1]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_run_stopped_by_sigterm_goes_on_with_resume_in_its_own_directory(h, tmp_path):
+    run_dir = tmp_path / "run"
+    sets = _sets("stop.max_seconds=200", *h.SHORT)
+    first = _Cli(h, tmp_path, "train", str(h.CONFIG), *sets, "--out", str(run_dir))
+    first.wait_for(TRAINING, timeout=90)
+    time.sleep(3)  # some episodes and updates
+    os.killpg(first.proc.pid, signal.SIGTERM)  # a batch system's cancel
+    assert first.finish(timeout=60) == 128 + signal.SIGTERM, "".join(first.lines)
+    metrics0, episodes0, meta0 = _files(run_dir)
+    assert metrics0.attrs["status"] == "stopped" and meta0["updates"] > 0 and episodes0.sizes["episode"] > 0
+
+    target = int(metrics0.env_steps[-1]) + 3000
+    second = _Cli(h, tmp_path, "train", "--resume", str(run_dir), *_sets(f"stop.max_env_steps={target}"))
+    assert second.finish(timeout=150) == 0, "".join(second.lines)
+    assert any("continuing" in line for line in second.lines), "".join(second.lines)
+    metrics, episodes, meta = _files(run_dir)
+
+    assert metrics.attrs["status"] == "max_env_steps", metrics.attrs["error"]
+    n0, k0 = metrics0.sizes["time"], episodes0.sizes["episode"]
+    # the earlier curve and episodes are kept as they were, the new ones follow
+    xr.testing.assert_equal(
+        metrics[["env_steps", "updates"]].isel(time=slice(0, n0)), metrics0[["env_steps", "updates"]]
+    )
+    xr.testing.assert_equal(episodes.isel(episode=slice(0, k0)).drop_vars("episode"), episodes0.drop_vars("episode"))
+    assert np.all(np.diff(metrics.time.values) > 0)  # one continuous time axis
+    assert np.all(np.diff(metrics.env_steps.values) >= 0) and int(metrics.env_steps[-1]) >= target
+    assert np.all(np.diff(metrics.updates.values) >= 0)
+    assert episodes.sizes["episode"] > k0
+    new = episodes.isel(episode=slice(k0, None))
+    assert float(new.wall_time.min()) >= float(metrics0.time[-1])
+    assert int(new.env_steps.min()) >= int(episodes0.env_steps.max())
+    assert json.loads(metrics.attrs["continued_at_s"]) == [float(metrics0.time[-1])]
+    # the learner went on from its checkpoint, not from scratch
+    assert meta["updates"] > meta0["updates"] and meta["env_steps"] >= target
+    assert f"max_env_steps: {target}" in (run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_the_notebook_api_resumes_a_run_on_a_cluster_of_the_users(finished_run, tmp_path):
+    from distributed import Client, LocalCluster
+
+    import tianji_dask
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    metrics0, episodes0, meta0 = _files(run_dir)
+    target = int(metrics0.env_steps[-1]) + 1500
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        with pytest.raises(ConfigError, match="changes the experiment"):
+            tianji_dask.resume(run_dir, client, overrides={"algo.lr": 0.1}, display=False)
+        run = tianji_dask.resume(run_dir, client, overrides={"stop.max_env_steps": target}, display=False)
+        result = run.wait(timeout=150)
+        assert result is not None and result.status == "max_env_steps", result
+        assert len(cluster.workers) == 2  # the user's cluster stays
+    metrics, episodes, meta = _files(run_dir)
+    assert int(metrics.env_steps[-1]) >= target and meta["updates"] > meta0["updates"]
+    assert episodes.sizes["episode"] > episodes0.sizes["episode"]
+    assert np.all(np.diff(metrics.time.values) > 0)
