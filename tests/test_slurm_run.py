@@ -122,9 +122,10 @@ def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_def
     from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     assert wait_empty() == [], "jobs left over from an earlier test"
-    cfg = two_core_plan(load_config(CONFIG, [*SHORT, "stop.max_seconds=6"])).apply(
-        load_config(CONFIG, [*SHORT, "stop.max_seconds=6"])
-    )
+    # stopped by env steps, not seconds: creating the hosts in fresh job processes takes a few
+    # seconds, and a budget of seconds could end the run before its first update
+    overrides = [*SHORT, "stop.max_env_steps=2000", "stop.max_seconds=90"]
+    cfg = two_core_plan(load_config(CONFIG, overrides)).apply(load_config(CONFIG, overrides))
     plan = two_core_plan(cfg)
     cluster = PlannedSLURMCluster(plan, run_tag="t1", **site(tmp_path))
     try:
@@ -194,6 +195,51 @@ def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue
             assert "its worker left the cluster" in result.error, result.error
             assert waited < 15, waited
             assert (tmp_path / "run" / "metrics.nc").exists()
+    finally:
+        cluster.close()
+    assert wait_empty() == [], "closing the cluster left jobs"
+
+
+@pytest.mark.timeout(300)
+def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_reaches_its_target(
+    slurm_conf, jobqueue_defaults, tmp_path
+):
+    """scancel of the actors' job mid-run: the cluster submits the job again (same name, size and
+    tags), the actor host is re-created on its worker, and the run goes on to its target."""
+    import xarray as xr
+    from distributed import Client
+
+    from tianji_dask.driver import train
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+
+    assert wait_empty() == [], "jobs left over from an earlier test"
+    cfg = load_config(CONFIG, ["stop.target_return=150", "stop.max_env_steps=null", "stop.max_seconds=200"])
+    plan = two_core_plan(cfg)
+    cfg = plan.apply(cfg)
+    cluster = PlannedSLURMCluster(plan, run_tag="t4", **site(tmp_path))
+    events: list[str] = []
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(planned_processes(plan), timeout=90)
+            run = train(cfg, client, out=tmp_path / "run", on_event=events.append)
+            deadline = time.monotonic() + 60
+            while run.recorder.env_steps == 0 and not run.done and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert run.recorder.env_steps > 0 and not run.done, (run.result, events)
+            first = dict((name, job) for job, name in squeue())
+            subprocess.run(["scancel", first["tianji-t4-g0-actors"]], check=True, timeout=15)
+            result = run.wait(timeout=250)
+            assert result is not None and result.status == "target_reached", (result, events)
+            again = dict((name, job) for job, name in squeue())
+            workers = {w["name"]: w["resources"] for w in scheduler_workers(client).values()}
+        assert again["tianji-t4-g0-actors"] != first["tianji-t4-g0-actors"], (first, again)
+        assert again["tianji-t4-g0-learner"] == first["tianji-t4-g0-learner"]
+        assert workers["tianji-t4-g0-actors"] == {"tianji_actor": 1, "tianji_group_0": 1}
+        assert "batch job tianji-t4-g0-actors ended: submitted it again" in events, events
+        assert not any("share" in e for e in events), events  # the hosts went to the new job's worker
+        with xr.open_dataset(tmp_path / "run" / "metrics.nc", engine="h5netcdf") as ds:
+            assert int(ds.actor_restarts[-1]) == 1 and int(ds.learner_restarts[-1]) == 0
+            assert float(ds.return_mean_100[-1]) >= 150
     finally:
         cluster.close()
     assert wait_empty() == [], "closing the cluster left jobs"

@@ -70,6 +70,8 @@ class RunHosts:
         self.worker_names: dict[str, str] = {}
         self.worker_resources: dict[str, dict] = {}
         self._startup_s = deployment_settings().timeouts.host_startup
+        # a cluster that submits its ended batch jobs again (slurm_cluster.PlannedSLURMCluster)
+        self._replace_jobs = getattr(getattr(client, "cluster", None), "replace_ended_jobs", None)
 
     # --- views ------------------------------------------------------------------------
     def current_plan(self) -> Placement:
@@ -230,10 +232,21 @@ class RunHosts:
         one with the same planner tags (a replacement batch job). If none comes within
         ``TAKEOVER_WAIT_S`` (a nanny does not restart a process killed while it starts, a
         cancelled job may not be replaced), the live worker holding the fewest of the run's
-        hosts shares its process with them."""
+        hosts shares its process with them. On a cluster that submits its ended batch jobs
+        again, it asks for that every second and waits for the replacement job's worker for up
+        to ``timeout``."""
         name, tags = self.worker_names.get(lost, lost), self.worker_resources.get(lost, {})
         t0 = time.monotonic()
+        takeover_wait = min(TAKEOVER_WAIT_S if self._replace_jobs is None else timeout, timeout)
+        next_replace = t0
         while True:
+            if self._replace_jobs is not None and time.monotonic() >= next_replace:
+                next_replace = time.monotonic() + 1.0
+                try:
+                    for job in self._replace_jobs():
+                        self._on_event(f"batch job {job} ended: submitted it again")
+                except Exception as exc:  # noqa: BLE001 - Slurm's tools failing must not end the wait
+                    self._on_event(f"could not submit ended batch jobs again: {exc}")
             workers = scheduler_workers(self.client)
             if lost in workers:  # the host failed, its worker did not
                 return lost
@@ -241,7 +254,7 @@ class RunHosts:
             same_tags = sorted(a for a, info in workers.items() if tags and dict(info.get("resources") or {}) == tags)
             candidates = same_name or same_tags
             waited = time.monotonic() - t0
-            if not candidates and waited > min(TAKEOVER_WAIT_S, timeout) and workers:
+            if not candidates and waited > takeover_wait and workers:
                 load = collections.Counter(self.current_plan().host_workers().values())
                 candidates = sorted(workers, key=lambda a: (load[a], a))[:1]
                 self._on_event(f"no worker took {lost}'s place within {waited:.0f} s: its hosts share {candidates[0]}")

@@ -6,16 +6,23 @@ dask-jobqueue's clusters scale one job template. This one builds, in its constru
 then the user's ``jobqueue.yaml``) with the job's own cores, processes, memory and Dask
 resources. ``scale`` and ``new_worker_spec`` hand out the plan's jobs instead of copies of the
 template.
+
+A job that ends while the run goes on (``scancel``, preemption, its walltime) is submitted again,
+of the same size, name and tags, by :meth:`PlannedSLURMCluster.replace_ended_jobs`, which the
+run's driver calls when it loses workers (``run_hosts.RunHosts.replacement``).
 """
 
 from __future__ import annotations
 
+import getpass
 import shutil
+import subprocess
 
 import dask
 from dask_jobqueue import SLURMCluster
 from dask_jobqueue.slurm import SLURMJob
 from distributed.core import Status
+from distributed.deploy.cluster import Cluster
 from distributed.deploy.spec import ProcessInterface
 
 from tianji_dask.planner import Plan, PlanError
@@ -83,12 +90,37 @@ class PlannedSLURMCluster(SLURMCluster):
     async def _reach_spec(self) -> None:
         await self  # a SpecCluster awaited starts a job for each worker_spec entry without one (sbatch)
 
+    def replace_ended_jobs(self) -> list[str]:
+        """Submit again every job of the cluster that Slurm no longer lists (cancelled, preempted,
+        past its walltime, failed), with its name, size and tags; returns their names. Jobs still
+        pending or running, and jobs this cluster cancelled itself (``scale``), are left alone."""
+        ids = {name: str(job.job_id) for name, job in self.workers.items() if getattr(job, "job_id", None)}
+        if not ids:
+            return []
+        r = subprocess.run(
+            ["squeue", "-h", "-o", "%i", "-u", getpass.getuser()], capture_output=True, text=True, timeout=15
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"squeue failed ({r.returncode}): {r.stderr.strip()}")
+        listed = set(r.stdout.split())
+        ended = sorted(name for name, job_id in ids.items() if job_id not in listed)
+        for name in ended:
+            del self.workers[name]  # the job is gone: nothing to cancel
+        if ended:
+            self.sync(self._correct_state)  # a job for every worker_spec entry without one (sbatch)
+        return ended
+
+    def _update_worker_status(self, op, msg):
+        # SpecCluster cancels the job of a worker that left, by the worker's name, a
+        # lost-worker-timeout later: by then that name may be a replacement job's. Jobs that end
+        # are replaced by replace_ended_jobs instead, and scale() cancels the ones it drops.
+        Cluster._update_worker_status(self, op, msg)
+
     def scale(self, n=None, jobs=0, memory=None, cores=None):
         """Run the plan's first ``jobs`` jobs, in plan order, and cancel the others; ``n`` asks
         for the fewest first jobs that hold ``n`` workers. All of the plan is
         ``jobs=len(cluster.planned_spec)``; ``scale(0)`` cancels every job. A job started again
-        keeps its name, and SpecCluster cancels the job named like a worker that left
-        ``distributed.deploy.lost-worker-timeout`` (15 s) after it left: scale back up after that."""
+        keeps its name."""
         if memory is not None or cores is not None:
             raise ValueError("a planned cluster scales by its plan's jobs (jobs=) or workers (n=), not memory or cores")
         if n is not None:
