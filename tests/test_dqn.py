@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy, double_dqn_loss, epsilon_at
+from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy, ape_x_epsilons, double_dqn_loss, epsilon_at
 from tianji_dask.config.schema import DQNConfig
 
 
@@ -110,6 +110,46 @@ def test_epsilon_schedule():
     values = [epsilon_at(s, 1.0, 0.04, 8000) for s in range(0, 10_000, 100)]
     assert all(a >= b for a, b in zip(values, values[1:]))  # never increases
     assert epsilon_at(7, 0.3, 0.3, 10) == pytest.approx(0.3)
+
+
+@pytest.mark.timeout(10)
+def test_ape_x_epsilons_per_env():
+    """eps_k = 0.4 ** (1 + 7 k / (N - 1)) over the run's N envs (Ape-X, Horgan et al. 2018)."""
+    want = [0.4, 0.4 ** (1 + 7 / 3), 0.4 ** (1 + 14 / 3), 0.4**8]
+    np.testing.assert_allclose(ape_x_epsilons(0, 4, 4, 0.4, 7.0), want, rtol=1e-12)
+    np.testing.assert_allclose(ape_x_epsilons(2, 2, 4, 0.4, 7.0), want[2:], rtol=1e-12)  # the second actor's envs
+    np.testing.assert_allclose(ape_x_epsilons(0, 1, 1, 0.4, 7.0), [0.4])  # one env: the base
+    assert ape_x_epsilons(0, 4, 4, 0.4, 7.0)[-1] == pytest.approx(0.00065536)
+
+
+@pytest.mark.timeout(30)
+def test_per_env_exploration_gives_each_actor_its_share_of_the_runs_epsilons():
+    from tianji_dask.algos.dqn.actor import DQNActorRole
+    from tianji_dask.channels.local import LocalQueue
+    from tianji_dask.config import load_config
+
+    sets = ["algo.exploration=per_env", "env.num_envs=3", "topology.actors=2", "topology.groups=2"]
+    cfg = load_config("configs/cartpole_dqn.yaml", sets)
+    actor = DQNActorRole(cfg, 3, 0, LocalQueue(capacity_bytes=1 << 20), params=None, balance=False)
+    actor.probe_params = lambda: False
+    total = 2 * 2 * 3  # groups x actors x envs
+    want = ape_x_epsilons(9, 3, total, 0.4, 7.0)  # actor 3 (group 1, second actor) holds envs 9-11
+    np.testing.assert_allclose(actor._env_eps, want)
+    actor.step()
+    assert actor.counters.epsilon == pytest.approx(float(np.mean(want)))
+    linear = DQNActorRole(load_config("configs/cartpole_dqn.yaml"), 0, 0, LocalQueue(capacity_bytes=1 << 20), None)
+    assert linear._env_eps is None
+
+
+@pytest.mark.timeout(10)
+def test_policy_takes_one_epsilon_per_row():
+    policy = DQNPolicy(4, 3, [8], seed=0)
+    obs = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
+    greedy = policy.act(obs, 0.0)
+    eps = np.where(np.arange(200) < 100, 0.0, 1.0)
+    acted = policy.act(obs, eps)
+    np.testing.assert_array_equal(acted[:100], greedy[:100])  # epsilon 0: always greedy
+    assert (acted[100:] != greedy[100:]).sum() > 40  # epsilon 1: random, 2 in 3 differ from greedy
 
 
 # ------------------------------------------------------------------ policy

@@ -62,7 +62,7 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
     "replay_fill": ("replay fill fraction (held / capacity)", "1", "float64"),
     "param_version": ("latest published parameter version", "1", "float64"),
     "policy_lag": ("learner parameter version minus mean actor version", "1", "float64"),
-    "epsilon": ("exploration epsilon (mean over actors)", "1", "float64"),
+    "epsilon": ("exploration epsilon (mean over actors of each actor's mean over its envs)", "1", "float64"),
     "loss": ("learner loss (mean since the learner's previous heartbeat)", "1", "float64"),
     "q_mean": ("mean Q value (mean since the learner's previous heartbeat)", "1", "float64"),
     "blocked_s": ("actor time blocked on channel credit (cumulative, all actors)", "s", "float64"),

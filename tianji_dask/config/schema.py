@@ -121,6 +121,14 @@ class DQNConfig(_Section):
     exploration_initial_eps: float = Field(1.0, ge=0, le=1, description="epsilon at step 0")
     exploration_final_eps: float = Field(0.02, ge=0, le=1, description="epsilon after exploration_steps")
     exploration_steps: int = Field(8000, ge=1, description="env steps (all actors together) of linear epsilon decay")
+    exploration: Literal["linear", "per_env"] = Field(
+        "linear",
+        description="linear: one epsilon for every env, decaying with env steps (exploration_*_eps, "
+        "exploration_steps); per_env: Ape-X's fixed epsilon per env, eps_k = "
+        "per_env_eps_base ** (1 + per_env_eps_alpha * k / (N - 1)) over all N envs of the run",
+    )
+    per_env_eps_base: float = Field(0.4, gt=0, lt=1, description="Ape-X's epsilon base (exploration: per_env)")
+    per_env_eps_alpha: float = Field(7.0, ge=0, description="Ape-X's epsilon exponent spread (exploration: per_env)")
     hidden_sizes: list[PositiveInt] = Field(
         default_factory=lambda: [64, 64],
         min_length=1,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tianji_dask.algos.dqn.core import DQNPolicy, epsilon_at
+from tianji_dask.algos.dqn.core import DQNPolicy, ape_x_epsilons, epsilon_at
 from tianji_dask.envs import next_observations
 from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class DQNActorCounters(ActorCounters):
-    epsilon: float = counter(1.0)  # exploration rate in use
+    epsilon: float = counter(1.0)  # exploration rate in use (the mean over the envs with per-env epsilons)
 
 
 class DQNActorRole(ActorBase):
@@ -62,6 +62,12 @@ class DQNActorRole(ActorBase):
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
+        algo = self.algo
+        self._env_eps: np.ndarray | None = None  # exploration: per_env, fixed for the run
+        if algo.exploration == "per_env":
+            total = self.cfg.topology.groups * self.n_actors * self.num_envs
+            first = self.id * self.num_envs  # actor ids are global: group * actors + i
+            self._env_eps = ape_x_epsilons(first, self.num_envs, total, algo.per_env_eps_base, algo.per_env_eps_alpha)
 
     def _new_chunk(self) -> None:
         n = self.chunk_len
@@ -97,11 +103,15 @@ class DQNActorRole(ActorBase):
             self.counters.throttled_s += time.perf_counter() - t
             return False
         algo = self.algo
-        eps = epsilon_at(
-            self.produced_env_steps * self.n_actors,
-            algo.exploration_initial_eps,
-            algo.exploration_final_eps,
-            algo.exploration_steps,
+        eps = (
+            epsilon_at(
+                self.produced_env_steps * self.n_actors,
+                algo.exploration_initial_eps,
+                algo.exploration_final_eps,
+                algo.exploration_steps,
+            )
+            if self._env_eps is None
+            else self._env_eps
         )
         actions = self.policy.act(self.obs, eps)
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
@@ -118,7 +128,7 @@ class DQNActorRole(ActorBase):
         self.tracker.update(rewards, dones, time.time())
         self.obs = next_obs
         self.counters.env_steps += self.num_envs
-        self.counters.epsilon = eps
+        self.counters.epsilon = float(np.mean(eps))
         if out is not None:
             i, n = self._fill, self.num_envs
             for k, v in out.items():

@@ -48,6 +48,14 @@ def epsilon_at(step: int, initial: float, final: float, decay_steps: int) -> flo
     return initial + frac * (final - initial)
 
 
+def ape_x_epsilons(first: int, count: int, total: int, base: float, alpha: float) -> np.ndarray:
+    """Ape-X's fixed exploration (Horgan et al. 2018): env k of the run's ``total`` envs acts with
+    ``base ** (1 + alpha * k / (total - 1))`` (``base`` alone when there is one env); the
+    epsilons of envs ``first .. first + count - 1``."""
+    k = np.arange(first, first + count, dtype=np.float64)
+    return base ** (1.0 + alpha * k / (total - 1)) if total > 1 else np.full(count, base)
+
+
 def double_dqn_loss(
     q: torch.Tensor,
     q_next_online: torch.Tensor,
@@ -87,7 +95,8 @@ class DQNPolicy:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
         self.version = version
 
-    def act(self, obs: np.ndarray, eps: float) -> np.ndarray:
+    def act(self, obs: np.ndarray, eps: float | np.ndarray) -> np.ndarray:
+        """Epsilon-greedy actions; ``eps`` one for all rows or one per row."""
         with torch.inference_mode():
             greedy = self.net(torch.from_numpy(obs).to(self.device)).argmax(dim=1).cpu().numpy()
         explore = self.rng.random(len(obs)) < eps
