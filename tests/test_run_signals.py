@@ -180,22 +180,28 @@ def alive(p: psutil.Process) -> bool:
         return False
 
 
-def worker_addresses(workers: list[psutil.Process]) -> dict[int, str]:
+def worker_addresses(workers: list[psutil.Process], timeout: float = 15.0) -> dict[int, str]:
     """pid -> Dask address of each worker, without talking to any of them: a worker listens on
     its comm port and its HTTP dashboard; the comm port is the one its peers are connected to
-    (actor -> buffer trajectories, learner -> actor parameters)."""
-    listening, remote = {}, {}
-    for p in workers:
-        conns = p.net_connections(kind="tcp")
-        listening[p.pid] = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
-        remote[p.pid] = {c.raddr.port for c in conns if c.raddr and c.status == psutil.CONN_ESTABLISHED}
-    out = {}
-    for p in workers:
-        peers = set().union(*(remote[q.pid] for q in workers if q.pid != p.pid))
-        comm = listening[p.pid] & peers
-        assert len(comm) == 1, (p.pid, listening, remote)
-        out[p.pid] = f"tcp://127.0.0.1:{comm.pop()}"
-    return out
+    (actor -> buffer trajectories, learner -> actor parameters). A connection can be down for a
+    moment (a peer reconnecting), so the lookup is repeated until each worker has one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listening, remote = {}, {}
+        for p in workers:
+            conns = p.net_connections(kind="tcp")
+            listening[p.pid] = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+            remote[p.pid] = {c.raddr.port for c in conns if c.raddr and c.status == psutil.CONN_ESTABLISHED}
+        out = {}
+        for p in workers:
+            peers = set().union(*(remote[q.pid] for q in workers if q.pid != p.pid))
+            comm = listening[p.pid] & peers
+            if len(comm) == 1:
+                out[p.pid] = f"tcp://127.0.0.1:{comm.pop()}"
+        if len(out) == len(workers):
+            return out
+        assert time.monotonic() < deadline, (listening, remote)
+        time.sleep(0.1)
 
 
 def assert_results_open(run_dir: Path, status: str) -> dict:
