@@ -105,17 +105,17 @@ def resume(
     run's checkpoint; ``metrics.nc`` and ``episodes.nc`` are extended. A directory that no run
     wrote, a missing checkpoint or an override of the experiment raises
     :class:`~tianji_dask.config.ConfigError` with nothing changed."""
-    from tianji_dask.driver import resume as resume_run
+    from tianji_dask.driver import Run
     from tianji_dask.resumable import check_resumable
 
     if client is None or not hasattr(client, "submit"):
         raise TypeError("resume() needs a distributed.Client of a cluster you started, as start() does")
     if isinstance(overrides, dict):
         overrides = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
-    cfg = check_resumable(run_dir, list(overrides)).cfg
-    view = _view(cfg, client, refresh_s) if display else _View()
+    point = check_resumable(run_dir, list(overrides))  # read once: the checkpoint and both files
+    view = _view(point.cfg, client, refresh_s) if display else _View()
     try:
-        run = resume_run(run_dir, client, overrides=list(overrides), on_row=view.row, on_event=view.event)
+        run = Run(point.cfg, client=client, on_row=view.row, on_event=view.event, resume=point)
     except BaseException:
         view.close()
         raise
