@@ -11,12 +11,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 import xarray as xr
 from conftest import CONFIG, SHORT
 
 from tianji_dask.planner import load_plan
 
 pytestmark = pytest.mark.integration
+CUDA = torch.cuda.is_available()
 
 
 def cli(*args, timeout=300, cwd=None):
@@ -194,3 +196,31 @@ def test_plan_writes_under_runs_plans_beside_its_profile_and_never_replaces_it(m
     r = cli("plan", CONFIG, "--cores", "2", cwd=tmp_path)
     assert r.returncode == 2 and f"{plan} exists; it holds a plan already written" in r.stderr, r.stderr
     assert (tmp_path / plan).read_bytes() == written
+
+
+@pytest.mark.skipif(CUDA, reason="this machine has a GPU: the refusal needs one without")
+def test_gpu_measurements_without_a_gpu_are_refused_before_any_is_written(measured, tmp_path):
+    r = cli("profile", CONFIG, "--gpu", "--seconds", "0.5", "--out", tmp_path / "prof.nc")
+    assert r.returncode == 2 and "sees no CUDA device" in r.stderr and "without --gpu" in r.stderr, r.stderr
+    assert "TR_A" not in r.stderr  # refused before the first measurement
+    path, _ = measured  # measured without --gpu
+    r = cli("plan", CONFIG, "--cores", "2", "--gpus", "1", "--profile", path, "--out", tmp_path / "p.yaml")
+    assert r.returncode == 2 and "no GPU measurements" in r.stderr and "--gpu" in r.stderr, r.stderr
+    assert not (tmp_path / "prof.nc").exists() and not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_a_profile_on_the_gpu_measures_the_learner_and_the_actor_there_and_plans_with_them(tmp_path):
+    small = CONFIG.parent / "pong_ppo_small.yaml"
+    cores = len(os.sched_getaffinity(0))
+    r = cli(
+        "plan", small, "--cores", cores, "--gpus", "1", "--seconds", "1", "--max-actors", "2",
+        "--max-threads", "1", "--out", tmp_path / "plan.yaml", timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    with xr.open_dataset(tmp_path / "plan.profile.nc", engine="h5netcdf") as ds:
+        assert (ds.gpu_learner_samples_per_s > 0).all() and (ds.gpu_actor_env_steps_per_s > 0).all()
+        assert int(ds.env_threads.max()) == min(cores - 1, 4)  # at most one thread per env
+        assert ds.attrs["gpu"] != "none"
+    plan = load_plan(tmp_path / "plan.yaml")
+    assert plan.learner_device == "cuda" and plan.gpus_used == 1

@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("config")
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     pr.add_argument(
+        "--gpu",
+        action="store_true",
+        help="also measure on the workers' GPU: a learner there, and one actor with its inference "
+        "there at each env thread count (envs that step on threads)",
+    )
+    pr.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -116,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--nodes", type=int, default=1, help="nodes the cores are spread over (default 1)")
     pl.add_argument("--cores-per-node", type=int, default=None, help="cores of one node (groups never straddle nodes)")
     pl.add_argument("--memory-per-node", default=None, help="memory of one node, e.g. 64GiB (checked against replay)")
+    pl.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="GPUs to plan for, in all (spread evenly over the nodes); a group may put its learner "
+        "and its actors' inference on one of them (default 0: the CPU only)",
+    )
     pl.add_argument(
         "--profile",
         type=Path,
@@ -154,7 +167,12 @@ def _add_profile_arguments(p) -> None:
         help="DQN: comma-separated batch sizes to measure (default: the config's)",
     )
     p.add_argument("--max-actors", type=int, default=None, help="largest actor count measured (default: workers)")
-    p.add_argument("--max-threads", type=int, default=None, help="largest learner thread count (default: cores - 1)")
+    p.add_argument(
+        "--max-threads",
+        type=int,
+        default=None,
+        help="largest learner thread count (default: cores - 1); 0 with a GPU: no learner on the CPU",
+    )
 
 
 def _bad_input(message: str) -> int:
@@ -367,7 +385,7 @@ def _check_profile_arguments(args) -> None:
         raise ValueError(f"--seconds must be positive, got {args.seconds}")
     for name in ("max_actors", "max_threads"):
         v = getattr(args, name)
-        if v is not None and v < 1:
+        if v is not None and v < 1 and not (name == "max_threads" and v == 0 and args.gpu):
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
     _batch_sizes(args.batch_sizes)
     if args.scheduler:
@@ -398,6 +416,7 @@ def _measure(cfg: ExperimentConfig, args, path: Path) -> None:
             max_actors=args.max_actors,
             max_threads=args.max_threads,
             batch_sizes=_batch_sizes(args.batch_sizes),
+            gpu=args.gpu,
             log=lambda s: print(s, file=sys.stderr, flush=True),
         )
     finally:
@@ -411,16 +430,20 @@ def _measure(cfg: ExperimentConfig, args, path: Path) -> None:
 
 def cmd_profile(args) -> int:
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.profiling import default_profile_path
+    from tianji_dask.profiling import ProfileError, default_profile_path
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        # the profile chooses the devices it measures on, whatever the config names
+        cfg = load_config(args.config, args.overrides, check_device=False)
         _check_profile_arguments(args)
         out = args.out or default_profile_path(args.config, args.scheduler)
         _refuse_existing(out, "a profile")
     except (ConfigError, ValueError) as exc:
         return _bad_input(str(exc))
-    _measure(cfg, args, out)
+    try:
+        _measure(cfg, args, out)
+    except ProfileError as exc:
+        return _bad_input(str(exc))
     return EXIT_OK
 
 
@@ -448,25 +471,33 @@ def cmd_plan(args) -> int:
         profile_beside,
         save_plan,
     )
+    from tianji_dask.profiling import ProfileError
 
+    args.gpu = args.gpus > 0
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, check_device=False)  # the plan sets the devices
         _check_profile_arguments(args)
         mem = parse_bytes(args.memory_per_node) if args.memory_per_node else None
-        res = Resources(cores=args.cores, nodes=args.nodes, cores_per_node=args.cores_per_node, memory_per_node=mem)
-        out = args.out or default_plan_path(args.config, args.cores)
+        res = Resources(
+            cores=args.cores,
+            nodes=args.nodes,
+            cores_per_node=args.cores_per_node,
+            memory_per_node=mem,
+            gpus=args.gpus,
+        )
+        out = args.out or default_plan_path(args.config, args.cores, args.gpus)
         _refuse_existing(out, "a plan")
     except (ConfigError, PlanError, ValueError) as exc:
         return _bad_input(str(exc))
     path = args.profile or profile_beside(out)
-    if path.exists():
-        print(f"tianji-dask: planning from the profile {path}", file=sys.stderr)
-    else:
-        print(f"tianji-dask: no profile at {path}: measuring one on this machine", file=sys.stderr)
-        _measure(cfg, args, path)
     try:
+        if path.exists():
+            print(f"tianji-dask: planning from the profile {path}", file=sys.stderr)
+        else:
+            print(f"tianji-dask: no profile at {path}: measuring one on this machine", file=sys.stderr)
+            _measure(cfg, args, path)
         plan = make_plan(cfg, Profile.load(path, cfg), res)
-    except PlanError as exc:
+    except (PlanError, ProfileError) as exc:
         return _bad_input(str(exc))
     console = Console(stderr=False)
     console.print(plan_table(plan))

@@ -5,7 +5,8 @@ Per group g of ``topology.groups``: learners j = 0..L-1, each on its own worker 
 (global id ``g*L + j``), and actors i = 0..A-1 (global id ``g*A + i``), actor i feeding buffer
 ``i % L`` of its group. Workers tagged with the planner's resources (``tianji_learner`` /
 ``tianji_actor`` and ``tianji_group_<g>``, as :mod:`tianji_dask.slurm` starts them) take exactly
-the hosts they were sized for, in the order of their names; untagged workers are used in address
+the hosts they were sized for, in the order of their names (a worker tagged with both roles, of
+a job holding a whole group, takes a learner first); untagged workers are used in address
 order, learners first in each group, and shared round-robin when there are fewer than hosts.
 """
 
@@ -172,7 +173,9 @@ def _workers_of_hosts(
                 key=lambda a: workers[a].get("name", a),
             )
 
-        learners, actors = having("tianji_learner"), having("tianji_actor")
+        learners = having("tianji_learner")[:L]
+        # a group job's workers carry both roles: the learner's is not an actor's too
+        actors = [a for a in having("tianji_actor") if a not in learners]
         if len(learners) < L or len(actors) < A:
             raise PlacementError(
                 f"group {g} needs {L} learner and {A} actor workers, the cluster has "

@@ -19,7 +19,6 @@ config), so it is tested on synthetic profiles with known optima.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,12 +53,22 @@ class Profile:
     learner_samples_per_s: tuple[tuple[float, ...], ...]  # TR_L[threads][batch]
     replay_bytes_per_transition: float = 0.0
     message_bytes: int = 0
+    # Measured on a GPU (``tianji-dask profile --gpu``); empty when not.
+    gpu_learner_samples_per_s: tuple[float, ...] = ()  # TR_L on the GPU, by batch size
+    env_threads: tuple[int, ...] = ()  # env threads of the one GPU-inference actor measured
+    gpu_actor_env_steps_per_s: tuple[float, ...] = ()  # TR_A of that actor, by env threads
 
     def __post_init__(self):
         if not self.actors or len(self.actors) != len(self.actor_env_steps_per_s):
             raise PlanError("profile: actors and actor_env_steps_per_s must be non-empty and of equal length")
+        if self.gpu_learner_samples_per_s and len(self.gpu_learner_samples_per_s) != len(self.batch_sizes):
+            raise PlanError("profile: gpu_learner_samples_per_s needs one value per batch size")
+        if len(self.env_threads) != len(self.gpu_actor_env_steps_per_s):
+            raise PlanError("profile: env_threads and gpu_actor_env_steps_per_s must be of equal length")
+        if not self.threads and not self.gpu_learner_samples_per_s:
+            raise PlanError("profile: no learner measured, on the CPU (threads) or on the GPU")
         shape = np.shape(self.learner_samples_per_s)
-        if shape != (len(self.threads), len(self.batch_sizes)):
+        if self.threads and shape != (len(self.threads), len(self.batch_sizes)):
             raise PlanError(
                 f"profile: learner_samples_per_s has shape {shape}, expected "
                 f"(threads={len(self.threads)}, batch_sizes={len(self.batch_sizes)})"
@@ -105,7 +114,18 @@ class Profile:
             learner_samples_per_s=tuple(tuple(float(v) for v in row) for row in ds.learner_samples_per_s.values),
             replay_bytes_per_transition=float(ds.replay_bytes_per_transition),
             message_bytes=int(ds.message_bytes),
+            gpu_learner_samples_per_s=tuple(float(v) for v in _values(ds, "gpu_learner_samples_per_s")),
+            env_threads=tuple(int(t) for t in _values(ds, "env_threads")),
+            gpu_actor_env_steps_per_s=tuple(float(v) for v in _values(ds, "gpu_actor_env_steps_per_s")),
         )
+
+    @property
+    def gpu_learner(self) -> bool:
+        return bool(self.gpu_learner_samples_per_s)
+
+    @property
+    def gpu_actor(self) -> bool:
+        return bool(self.gpu_actor_env_steps_per_s)
 
     def tr_a(self, k: int) -> float:
         """Production of k actors: interpolated between measured counts; beyond the largest,
@@ -125,6 +145,24 @@ class Profile:
         v = np.asarray([row[j] for row in self.learner_samples_per_s], float)
         return float(np.interp(threads, ts, v))
 
+    def tr_l_gpu(self, batch_size: int) -> float:
+        """Consumption of one learner on the GPU (one core for its process)."""
+        return self.gpu_learner_samples_per_s[self.batch_sizes.index(batch_size)]
+
+    def tr_a_gpu(self, threads: int) -> float:
+        """Production of one actor process with inference on the GPU and its envs on ``threads``
+        threads: interpolated; proportional below the fewest threads measured, flat beyond the
+        most (no speed-up is assumed that was not seen)."""
+        ts, v = np.asarray(self.env_threads, float), np.asarray(self.gpu_actor_env_steps_per_s, float)
+        if threads < ts[0]:
+            return float(v[0] * threads / ts[0])
+        return float(np.interp(threads, ts, v))
+
+
+def _values(ds, name: str):
+    """A profile variable's values; none for the GPU's in a profile measured without one."""
+    return ds[name].values if name in ds.variables else ()
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -132,10 +170,16 @@ class Resources:
     nodes: int = 1
     cores_per_node: int | None = None
     memory_per_node: float | None = None  # bytes; None = not checked
+    gpus: int = 0  # in all, spread evenly over the nodes
 
     def __post_init__(self):
         if self.cores < 1 or self.nodes < 1:
             raise PlanError(f"resources: cores ({self.cores}) and nodes ({self.nodes}) must be at least 1")
+        if self.gpus < 0 or self.gpus % self.nodes:
+            raise PlanError(
+                f"resources: --gpus {self.gpus} over --nodes {self.nodes}: give a multiple of the node "
+                f"count (every node has the same GPUs), or 0"
+            )
         if self.cores_per_node is not None and self.cores_per_node * self.nodes < self.cores:
             raise PlanError(
                 f"resources: --cores {self.cores} exceeds --nodes {self.nodes} x --cores-per-node "
@@ -146,23 +190,31 @@ class Resources:
     def group_core_limit(self) -> int:
         return min(self.cores, self.cores_per_node) if self.cores_per_node else self.cores
 
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
 
 @dataclass
 class Job:
     """One batch job (or a LocalCluster's share of workers): the hosts it carries."""
 
-    kind: str  # "learner" (buffer + learner of a group) or "actors"
+    kind: str  # "learner" (buffer + learner of a group), "actors", or "group" (both, one GPU)
     group: int
     cores: int
     processes: int
     memory_bytes: int
     node: int
+    gpus: int = 0
 
     @property
     def resources(self) -> dict[str, int]:
-        """Dask worker resources that tag which hosts each worker takes."""
-        role = "tianji_learner" if self.kind == "learner" else "tianji_actor"
-        return {role: 1, f"tianji_group_{self.group}": 1}
+        """Dask worker resources that tag which hosts each worker takes. A group job's workers
+        carry both roles: its first worker by name takes the learner, the others the actors."""
+        roles = {"learner": ["tianji_learner"], "actors": ["tianji_actor"]}.get(
+            self.kind, ["tianji_learner", "tianji_actor"]
+        )
+        return {**dict.fromkeys(roles, 1), f"tianji_group_{self.group}": 1}
 
 
 @dataclass
@@ -183,6 +235,10 @@ class Plan:
     explanation: list[str]
     jobs: list[Job] = field(default_factory=list)
     learners: int = 1  # per group; plans replicate groups rather than add data-parallel learners
+    learner_device: str = "cpu"
+    actor_device: str = "cpu"  # where the actors' inference runs
+    env_threads: int | None = None  # threads stepping one actor's envs (envs that step on threads)
+    gpus_used: int = 0
 
     def overrides(self) -> dict[str, object]:
         """The config fields the plan sets (dotted names, as ``--set`` takes them)."""
@@ -191,7 +247,11 @@ class Plan:
             "topology.actors": self.actors,
             "topology.learners": self.learners,
             "topology.learner_threads": self.learner_threads,
+            "learner.device": self.learner_device,
+            "actor.device": self.actor_device,
         }
+        if self.env_threads is not None:
+            out["env.atari_threads"] = self.env_threads
         if ALGORITHMS[self.algo].tunable_batch:
             out.update(
                 {
@@ -232,8 +292,61 @@ def _learner_memory(cfg: ExperimentConfig, profile: Profile, buffer_size: int | 
     return int(LEARNER_PROCESS_BYTES + replay)
 
 
+@dataclass(frozen=True)
+class GroupShape:
+    """One training group's hosts and devices, and what the profile says they do."""
+
+    learner_device: str  # "cpu" or "cuda"
+    learner_threads: int  # torch threads; the learner's cores when it trains on the CPU
+    actor_device: str  # where the actors' inference runs
+    actors: int  # actor processes
+    env_threads: int | None  # threads stepping each actor's envs; None: the env steps on none
+    production: float  # TR_A, env steps/s
+    consumption: float  # TR_L / R, env steps/s
+
+    @property
+    def learner_cores(self) -> int:
+        return self.learner_threads if self.learner_device == "cpu" else 1
+
+    @property
+    def actor_cores(self) -> int:
+        return self.actors if self.actor_device == "cpu" else self.actors * (self.env_threads or 1)
+
+    @property
+    def cores(self) -> int:
+        return self.learner_cores + self.actor_cores
+
+    @property
+    def gpu(self) -> bool:
+        return "cuda" in (self.learner_device, self.actor_device)
+
+    @property
+    def throughput(self) -> float:
+        return min(self.production, self.consumption)
+
+
+def group_shapes(
+    profile: Profile, cores: int, batch: int, R: float, *, gpu: bool, threaded_env: bool, max_actors: int | None
+):
+    """Every group of ``cores`` cores the profile can predict: a learner on the CPU with T
+    threads or on the GPU, and single-core actors on the rest (at most ``max_actors``), or (on a
+    GPU, for an env that steps on threads) one actor with inference on the GPU stepping its envs
+    on t threads."""
+    learners = [("cpu", T, profile.tr_l(T, batch) / R) for T in range(1, cores) if profile.threads]
+    if gpu and profile.gpu_learner:
+        learners.append(("cuda", 1, profile.tr_l_gpu(batch) / R))
+    for device, T, consumption in learners:
+        rest = cores - (T if device == "cpu" else 1)
+        A = min(rest, max_actors or rest)
+        env_threads = 1 if threaded_env else None
+        yield GroupShape(device, T, "cpu", A, env_threads, profile.tr_a(A), consumption)
+        if gpu and threaded_env and profile.gpu_actor:
+            for t in range(1, rest + 1):
+                yield GroupShape(device, T, "cuda", 1, t, profile.tr_a_gpu(t), consumption)
+
+
 def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> Plan:
-    """The best core allocation for ``cfg`` on ``resources`` according to ``profile``."""
+    """The best core (and GPU) allocation for ``cfg`` on ``resources`` according to ``profile``."""
     M = resources.cores
     m_max = resources.group_core_limit
     if M < 2 or m_max < 2:
@@ -241,9 +354,16 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
             f"{M} core(s) (at most {m_max} per node) cannot hold a training group: it needs "
             "1 actor core + 1 learner core = 2 cores. Give --cores 2 or more."
         )
+    if resources.gpus and not (profile.gpu_learner or profile.gpu_actor):
+        raise PlanError(
+            f"--gpus {resources.gpus}, but the profile has no GPU measurements: measure one with "
+            "tianji-dask profile CONFIG --gpu on a machine with the GPU (or plan with --gpus 0)"
+        )
     R = cfg.algo.target_replay_ratio
     spec = spec_for(cfg)
     config_batch = spec.samples_per_update(cfg)
+    max_actors = spec.actors_per_group_limit(cfg)
+    per_node = resources.cores_per_node or M
     best = None
     refused_memory: list[str] = []
     for b in (b for b in profile.batch_sizes if b >= 1):
@@ -252,37 +372,34 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
         learner_mem = _learner_memory(cfg, profile, buffer_size)
         for G in range(1, M // 2 + 1):
             m = min(M // G, m_max)
-            per_node = resources.cores_per_node or M
             if resources.nodes * (per_node // m) < G:
                 continue  # groups never straddle nodes
-            for T in range(1, m):
-                A = m - T
-                groups_per_node = math.ceil(G / resources.nodes)
-                node_mem = groups_per_node * (learner_mem + A * ACTOR_PROCESS_BYTES)
+            gpu = resources.nodes * min(per_node // m, resources.gpus_per_node) >= G
+            shapes = group_shapes(
+                profile, m, b, R, gpu=gpu, threaded_env=cfg.env.stepping_threads, max_actors=max_actors
+            )
+            for shape in shapes:
+                fit = per_node // m if not shape.gpu else min(per_node // m, resources.gpus_per_node)
+                groups_per_node = min(G, fit)
+                node_mem = groups_per_node * (learner_mem + shape.actors * ACTOR_PROCESS_BYTES)
                 if resources.memory_per_node is not None and node_mem > resources.memory_per_node:
                     refused_memory.append(
-                        f"{G} group(s) x ({A} actors x {ACTOR_PROCESS_BYTES / 2**30:.2f} GiB + learner "
+                        f"{G} group(s) x ({shape.actors} actors x {ACTOR_PROCESS_BYTES / 2**30:.2f} GiB + learner "
                         f"{learner_mem / 2**30:.2f} GiB incl. replay {buffer_size or 0:,} x "
                         f"{profile.replay_bytes_per_transition:,.0f} B) = {node_mem / 2**30:.2f} GiB on a node "
                         f"> {resources.memory_per_node / 2**30:.2f} GiB"
                     )
                     continue
-                prod = profile.tr_a(A)
-                cons = profile.tr_l(T, b) / R  # env steps/s the learner can consume at ratio R
-                group = min(prod, cons)
-                # simpler wins a tie: fewer cores, the config's own batch, fewer groups
-                key = (G * group, -(G * m), b == config_batch, -G)
+                # simpler wins a tie: fewer cores, the config's own batch, fewer groups, no GPU
+                key = (G * shape.throughput, -(G * shape.cores), b == config_batch, -G, not shape.gpu)
                 if best is None or _better(key, best[0]):
                     best = (
                         key,
                         dict(
                             G=G,
-                            m=m,
-                            T=T,
-                            A=A,
                             b=b,
-                            prod=prod,
-                            cons=cons,
+                            shape=shape,
+                            groups_per_node=groups_per_node,
                             train_freq=train_freq,
                             buffer_size=buffer_size,
                             learner_mem=learner_mem,
@@ -294,8 +411,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
             + "\n  ".join(sorted(set(refused_memory))[:5])
             + "\nGive more memory per node, or a smaller algo.buffer_size."
         )
-    c = best[1]
-    return _build(cfg, profile, resources, R, **c)
+    return _build(cfg, profile, resources, R, **best[1])
 
 
 def _better(key, other) -> bool:
@@ -308,71 +424,139 @@ def _better(key, other) -> bool:
     return key[1:] > other[1:] or (key[1:] == other[1:] and a > b)
 
 
+def _hosts_text(shape: GroupShape) -> str:
+    if shape.actor_device == "cpu":
+        actors = f"{shape.actors} actor cores"
+    else:
+        actors = f"{shape.actors} actor with inference on the GPU and {shape.env_threads} env threads"
+    if shape.learner_device == "cpu":
+        return f"{actors} + 1 learner with {shape.learner_threads} torch thread(s)"
+    return f"{actors} + 1 learner on the GPU (1 core)"
+
+
+def _next_resource(profile: Profile, shape: GroupShape, b: int, R: float) -> str:
+    """What one more core would give the bottleneck, as the profile predicts it."""
+    T, A, prod, cons = shape.learner_threads, shape.actors, shape.production, shape.consumption
+    if cons < prod:
+        if shape.learner_device != "cpu":
+            return "cores do not speed up the learner on the GPU: more GPUs make more groups"
+        more = profile.tr_l(T + 1, b) / R
+        seen = "" if max(profile.threads) >= T + 1 else f"; not measured beyond {max(profile.threads)}: assumed flat"
+        text = f"another core: {T + 1} learner threads would consume {more:,.0f} env steps/s ({_pct(more, cons)}{seen})"
+        if shape.actor_device != "cpu":
+            return text
+        return text + (
+            f"; moving a core from the actors would drop production to {profile.tr_a(A - 1):,.0f}"
+            if A > 1
+            else "; more actors add nothing while the learner is the bottleneck"
+        )
+    if shape.actor_device != "cpu":
+        t = shape.env_threads or 1
+        more = profile.tr_a_gpu(t + 1)
+        seen = (
+            ""
+            if max(profile.env_threads) >= t + 1
+            else f"; not measured beyond {max(profile.env_threads)}: assumed flat"
+        )
+        return f"another core: {t + 1} env threads would produce {more:,.0f} env steps/s ({_pct(more, prod)}{seen})"
+    more = profile.tr_a(A + 1)
+    return f"another core: {A + 1} actors would produce {more:,.0f} env steps/s ({_pct(more, prod)})" + (
+        f", but one learner thread fewer would consume only {profile.tr_l(T - 1, b) / R:,.0f}"
+        if T > 1 and shape.learner_device == "cpu"
+        else ""
+    )
+
+
+def _where_inference_runs(profile: Profile, shape: GroupShape, max_actors: int | None) -> str:
+    cores = shape.actor_cores
+    cpu_actors = min(cores, max_actors or cores)
+    return (
+        f"inference on the {'GPU' if shape.actor_device != 'cpu' else 'CPU'}: on {cores} actor cores, one actor "
+        f"with inference on the GPU produces {profile.tr_a_gpu(cores):,.0f} env steps/s, {cpu_actors} "
+        f"single-core actor(s) with inference on the CPU {profile.tr_a(cpu_actors):,.0f}"
+    )
+
+
 def _build(
-    cfg: ExperimentConfig, profile, resources, R, *, G, m, T, A, b, prod, cons, train_freq, buffer_size, learner_mem
+    cfg: ExperimentConfig,
+    profile: Profile,
+    resources: Resources,
+    R: float,
+    *,
+    G: int,
+    b: int,
+    shape: GroupShape,
+    groups_per_node: int,
+    train_freq,
+    buffer_size,
+    learner_mem: int,
 ) -> Plan:
     spec = spec_for(cfg)
+    prod, cons = shape.production, shape.consumption
     bottleneck = "learner" if cons < prod else "actors"
-    group = min(prod, cons)
+    group = shape.throughput
+    gpus = G if shape.gpu else 0
+    learner_text = "GPU" if shape.learner_device != "cpu" else shape.learner_threads
     why = [
         f"replay ratio R = {R:g} samples consumed per env step (the serial algorithm's); "
         f"a learner's TR_L samples/s consume TR_L / R env steps/s",
-        f"chosen: {G} group(s) x ({A} actor cores + 1 learner with {T} torch thread(s)) = {G * m} of "
-        f"{resources.cores} cores" + (f"; batch {b}" if spec.tunable_batch else ""),
-        f"per group: TR_A({A}) = {prod:,.0f} env steps/s produced, TR_L({T}, {b}) / R = {cons:,.0f} "
-        f"env steps/s consumed (ratio {prod / cons:.2f})",
+        f"chosen: {G} group(s) x ({_hosts_text(shape)}) = {G * shape.cores} of {resources.cores} cores"
+        + (f" and {gpus} of {resources.gpus} GPU(s)" if gpus else "")
+        + (f"; batch {b}" if spec.tunable_batch else ""),
+        f"per group: TR_A = {prod:,.0f} env steps/s produced, TR_L({learner_text}, {b}) / R = "
+        f"{cons:,.0f} env steps/s consumed (ratio {prod / cons:.2f})",
         f"bottleneck: {bottleneck}",
+        _next_resource(profile, shape, b, R),
     ]
-    if bottleneck == "learner":
-        more = profile.tr_l(T + 1, b) / R
-        seen = "" if max(profile.threads) >= T + 1 else f" (not measured beyond {max(profile.threads)}: assumed flat)"
-        text = f"another core: {T + 1} learner threads would consume {more:,.0f} env steps/s ({_pct(more, cons)}{seen})"
+    limit = spec.actors_per_group_limit(cfg)
+    if resources.gpus and profile.gpu_actor and cfg.env.stepping_threads:
+        why.append(_where_inference_runs(profile, shape, limit))
+    if limit is not None and shape.actor_device == "cpu" and shape.actors == limit:
         why.append(
-            text
-            + (
-                f"; moving a core from the actors would drop production to {profile.tr_a(A - 1):,.0f}"
-                if A > 1
-                else "; more actors add nothing while the learner is the bottleneck"
-            )
-        )
-    else:
-        more = profile.tr_a(A + 1)
-        why.append(
-            f"another core: {A + 1} actors would produce {more:,.0f} env steps/s ({_pct(more, prod)})"
-            + (f", but one learner thread fewer would consume only {profile.tr_l(T - 1, b) / R:,.0f}" if T > 1 else "")
+            f"at most {limit} actor(s) a group: a group's A actors each finish a rollout every "
+            f"A / algo.rollouts_per_update learner iterations, and rollouts more than "
+            f"algo.max_policy_lag versions old are dropped"
         )
     if G > 1:
         why.append(
             f"replicated groups: {G} x {group:,.0f} = {G * group:,.0f} env steps/s; "
             f"groups average parameters every topology.sync_interval_s"
         )
-    spare = resources.cores - G * m
-    if spare:
-        why.append(f"{spare} core(s) left idle: a group of {m} cores does not fit in them")
+    m = min(resources.cores // G, resources.group_core_limit)
+    if m > shape.cores:
+        why.append(
+            f"{m - shape.cores} core(s) of each group's {m} left idle: using them would not raise "
+            f"the throughput by {TIE:.0%} or more"
+        )
+    if resources.cores > G * m:
+        why.append(f"{resources.cores - G * m} core(s) left idle: a group of {m} cores does not fit in them")
     config_batch = spec.samples_per_update(cfg)
     if b != config_batch:
         changed = " and ".join(
             f"{k} {getattr(cfg.algo, k):,} -> {v:,}" for k, v in spec.scaled_for_batch(cfg, b).items()
         )
         why.append(f"batch {config_batch} -> {b}: {changed} keep R and P = B/N_s of serial training")
-    per_node = resources.cores_per_node or resources.cores
-    groups_per_node = max(1, per_node // m)
+    actors_mem = shape.actors * ACTOR_PROCESS_BYTES
     jobs: list[Job] = []
     for g in range(G):
         node = g // groups_per_node
-        jobs.append(Job("learner", g, T, 1, learner_mem, node))
-        jobs.append(Job("actors", g, A, A, A * ACTOR_PROCESS_BYTES, node))
+        if shape.actor_device != "cpu":  # the actor shares the learner's GPU: one job holds both
+            jobs.append(Job("group", g, shape.cores, 1 + shape.actors, learner_mem + actors_mem, node, gpus=1))
+            continue
+        learner_gpus = int(shape.learner_device != "cpu")
+        jobs.append(Job("learner", g, shape.learner_cores, 1, learner_mem, node, gpus=learner_gpus))
+        jobs.append(Job("actors", g, shape.actors, shape.actors, actors_mem, node))
     return Plan(
         algo=cfg.algo.name,
         env_id=cfg.env.id,
         groups=G,
-        actors=A,
-        learner_threads=T,
+        actors=shape.actors,
+        learner_threads=shape.learner_threads,
         batch_size=b,
         buffer_size=buffer_size,
         train_freq=train_freq,
         cores_total=resources.cores,
-        cores_used=G * m,
+        cores_used=G * shape.cores,
         replay_ratio=R,
         predicted={
             "actor_env_steps_per_s": G * prod,
@@ -383,6 +567,10 @@ def _build(
         bottleneck=bottleneck,
         explanation=why,
         jobs=jobs,
+        learner_device="cuda" if shape.learner_device != "cpu" else "cpu",
+        actor_device="cuda" if shape.actor_device != "cpu" else "cpu",
+        env_threads=shape.env_threads,
+        gpus_used=gpus,
     )
 
 
@@ -390,10 +578,12 @@ def _pct(new: float, old: float) -> str:
     return f"{(new / old - 1) * 100:+.0f} %" if old > 0 else "n/a"
 
 
-def default_plan_path(config, cores: int) -> Path:
-    """Where ``tianji-dask plan`` writes without ``--out``: ``<runs-dir>/plans/<config>-<cores>cores.yaml``
-    (``tianji.runs-dir``, :mod:`tianji_dask.deployment`; ``runs`` by default)."""
-    return deployment_settings().runs_dir / "plans" / f"{Path(config).stem}-{cores}cores.yaml"
+def default_plan_path(config, cores: int, gpus: int = 0) -> Path:
+    """Where ``tianji-dask plan`` writes without ``--out``: ``<runs-dir>/plans/<config>-<cores>cores.yaml``,
+    ``<config>-<cores>cores-<gpus>gpus.yaml`` with GPUs (``tianji.runs-dir``,
+    :mod:`tianji_dask.deployment`; ``runs`` by default)."""
+    gpu = f"-{gpus}gpus" if gpus else ""
+    return deployment_settings().runs_dir / "plans" / f"{Path(config).stem}-{cores}cores{gpu}.yaml"
 
 
 def profile_beside(plan_path) -> Path:
@@ -442,14 +632,29 @@ def plan_table(plan: Plan):
     """A rich Table of the plan's jobs and predictions (``rich.print`` it)."""
     from rich.table import Table
 
-    t = Table(title=f"plan: {plan.algo} on {plan.env_id}, {plan.cores_used} of {plan.cores_total} cores")
-    for col in ("group", "job", "processes", "cores", "memory", "hosts"):
-        t.add_column(col, justify="right" if col in ("group", "processes", "cores", "memory") else "left")
+    gpus = f" and {plan.gpus_used} GPU(s)" if plan.gpus_used else ""
+    t = Table(title=f"plan: {plan.algo} on {plan.env_id}, {plan.cores_used} of {plan.cores_total} cores{gpus}")
+    for col in ("group", "job", "processes", "cores", "gpus", "memory", "hosts"):
+        t.add_column(col, justify="left" if col in ("job", "hosts") else "right")
+    learner = (
+        f"buffer + learner ({plan.learner_threads} torch threads)"
+        if plan.learner_device == "cpu"
+        else "buffer + learner on the GPU"
+    )
+    actors = (
+        "actor(s)" if plan.actor_device == "cpu" else f"actor(s), inference on the GPU, {plan.env_threads} env threads"
+    )
     for j in plan.jobs:
-        hosts = (
-            f"buffer + learner ({plan.learner_threads} torch threads)"
-            if j.kind == "learner"
-            else f"{j.processes} actor(s)"
+        hosts = {"learner": learner, "actors": f"{j.processes} {actors}"}.get(
+            j.kind, f"{learner}; {j.processes - 1} {actors}"
         )
-        t.add_row(str(j.group), j.kind, str(j.processes), str(j.cores), f"{j.memory_bytes / 2**30:.2f} GiB", hosts)
+        t.add_row(
+            str(j.group),
+            j.kind,
+            str(j.processes),
+            str(j.cores),
+            str(j.gpus),
+            f"{j.memory_bytes / 2**30:.2f} GiB",
+            hosts,
+        )
     return t

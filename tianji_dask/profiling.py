@@ -4,9 +4,15 @@ config's components produce and consume on the current cluster.
 * TR_A(k): env steps per second produced by ``k`` actor processes stepping at once (one core
   each), for k = 1, 2, 4, ... up to the actor cores available;
 * TR_L(T, B): samples per second a learner consumes with ``T`` torch threads at batch size ``B``;
+* with ``gpu=True`` (``--gpu``), on the workers' GPU: TR_L(B) of a learner on the GPU, and, for
+  envs that step on threads (ale-py's vector env), TR_A(t) of one actor process with its
+  inference on the GPU and its envs stepped by ``t`` threads;
 * the message: bytes per trajectory chunk (or rollout), and the time to serialize (T_sd) and
   deserialize (T_rv) one with distributed's protocol;
 * replay memory bytes per transition (the planner's memory check).
+
+The CPU actors are single-core (one env thread, inference on the CPU) and the CPU learner
+trains on the CPU, whatever devices the config names: the planner chooses the devices.
 
 Every measurement runs the real role objects (the serial runner's actor, buffer and learner,
 wired by in-process channels) inside a Dask worker, with exploration at its final value so the
@@ -31,17 +37,27 @@ from tianji_dask.workers import scheduler_workers
 DEFAULT_SECONDS = 3.0
 
 
-def _steady_config(cfg: ExperimentConfig, batch_size: int | None = None) -> ExperimentConfig:
+def _steady_config(
+    cfg: ExperimentConfig,
+    batch_size: int | None = None,
+    *,
+    device: str = "cpu",
+    env_threads: int | None = None,
+) -> ExperimentConfig:
     """The config as the profile runs it: no balance controller, exploration already decayed,
-    warm-up as short as a batch, and the batch size under test."""
+    warm-up as short as a batch, the batch size under test, the learner and the actor's
+    inference on ``device``, and ``env_threads`` threads stepping the envs (where they do)."""
     data = cfg.model_dump(mode="json")
     data["algo"]["ratio_tolerance"] = None
     spec_for(cfg).steady_algo(data["algo"], batch_size)
     data["topology"].update(actors=1, learners=1, groups=1, mode="relaxed")
+    data["learner"]["device"] = data["actor"]["device"] = device
+    if env_threads is not None and cfg.env.stepping_threads:
+        data["env"]["atari_threads"] = env_threads
     return ExperimentConfig.model_validate(data)
 
 
-def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
+def measure_actor(cfg_json: str, seconds: float, start_at: float, device: str = "cpu", env_threads: int = 1) -> dict:
     """One actor process's production (env steps/s), and its message size and (de)serialization
     time. Waits until the wall clock reaches ``start_at`` so that concurrent actors overlap."""
     import torch
@@ -50,7 +66,7 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
     from tianji_dask.serial import SerialRun
 
     torch.set_num_threads(1)
-    cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json))
+    cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json), device=device, env_threads=env_threads)
     run = SerialRun(cfg)
     run.learner.publish()
     run.actor.probe_params()
@@ -69,9 +85,13 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
         if items:
             last = items[-1]
     steps = run.actor.counters.env_steps - steps0
-    if last is None:
-        run.actor.flush()
-        last = run.queue.poll()[-1]
+    run.actor.flush()
+    while last is None:  # a slow actor (a whole rollout per message) sends after the window
+        items = run.queue.poll()
+        if items:
+            last = items[-1]
+        else:
+            run.actor.step()
     run.actor.close()
     msg = {"items": [[0, last.nbytes, last.payload]]}
     t = time.perf_counter()
@@ -89,15 +109,15 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float) -> dict:
     }
 
 
-def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds: float) -> dict:
-    """A learner's consumption (samples/s) with ``threads`` torch threads on a buffer filled
-    by its actor, and the replay memory's bytes per transition."""
+def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds: float, device: str = "cpu") -> dict:
+    """A learner's consumption (samples/s) with ``threads`` torch threads on ``device``, on a
+    buffer filled by its actor, and the replay memory's bytes per transition."""
     import torch
 
     from tianji_dask.serial import SerialRun
 
     torch.set_num_threads(threads)
-    cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json), batch_size)
+    cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json), batch_size, device=device)
     run = SerialRun(cfg)
     run.learner.publish()
     run.actor.probe_params()
@@ -136,21 +156,30 @@ def profile(
     max_actors: int | None = None,
     max_threads: int | None = None,
     batch_sizes: list[int] | None = None,
+    gpu: bool = False,
     log=lambda s: None,
 ):
     """Measure TR_A and TR_L on ``client``'s cluster; returns the profile Dataset.
 
     Actors: k single-threaded actor processes at once on k different workers. Learner: one at a
-    time, on one worker, with T torch threads (T up to the cluster's cores less one)."""
+    time, on one worker, with T torch threads (T up to the cluster's cores less one). With
+    ``gpu``, also on the first worker's GPU: the learner, and one actor with its inference there
+    and t env threads (t up to the cores less one, at most the envs)."""
     import xarray as xr
 
     workers = sorted(scheduler_workers(client).items())
     if not workers:
         raise RuntimeError("the cluster has no workers to profile on")
-    cores = min(sum(int(w.get("nthreads", 1)) for _, w in workers), _node_cpus(client))
     addresses = [a for a, _ in workers]
+    gpu_name = client.submit(_cuda_device_name, workers=[addresses[0]], pure=False).result() if gpu else None
+    if gpu and gpu_name is None:
+        raise ProfileError(
+            f"--gpu: the worker {addresses[0]} sees no CUDA device (torch.cuda.is_available() is "
+            "False there); profile on a machine with the GPU, or without --gpu"
+        )
+    cores = min(sum(int(w.get("nthreads", 1)) for _, w in workers), _node_cpus(client))
     max_actors = min(max_actors or len(addresses), len(addresses))
-    max_threads = max_threads or max(1, cores - 1)
+    max_threads = max(1, cores - 1) if max_threads is None else max_threads  # 0: no learner on the CPU
     spec = spec_for(cfg)
     batch_sizes = spec.profile_batch_sizes(cfg, batch_sizes)
     cfg_json = cfg.to_json()
@@ -194,6 +223,12 @@ def profile(
             bytes_per_transition = r["replay_bytes_per_transition"]
             log(f"learner threads {t:3d} batch {b:6d}: TR_L {tr_l[i, j]:10.0f} samples/s")
 
+    gpu_vars, gpu_coords = {}, {}
+    if gpu:
+        gpu_vars, gpu_coords, bytes_per_transition = _profile_gpu(
+            client, cfg, addresses[0], batch_sizes, cores, seconds, log
+        )
+
     ds = xr.Dataset(
         {
             "actor_env_steps_per_s": (
@@ -231,11 +266,13 @@ def profile(
                 bytes_per_transition,
                 {"long_name": "replay memory per transition", "units": "B"},
             ),
+            **gpu_vars,
         },
         coords={
             "actors": ("actors", actor_counts, {"long_name": "actor processes stepping at once", "units": "1"}),
             "threads": ("threads", thread_counts, {"long_name": "learner torch threads", "units": "1"}),
             "batch_size": ("batch_size", batch_sizes, {"long_name": "learner batch size", "units": "samples"}),
+            **gpu_coords,
         },
         attrs={
             "title": "tianji-dask performance profile (TR_A, TR_L)",
@@ -247,10 +284,73 @@ def profile(
             "cluster_workers": len(addresses),
             "seconds_per_measurement": seconds,
             "machine": platform.platform(),
+            "gpu": gpu_name or "none",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
     )
     return ds
+
+
+class ProfileError(RuntimeError):
+    """The cluster cannot take a measurement asked for; the message names the fix."""
+
+
+def _cuda_device_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def _profile_gpu(client, cfg: ExperimentConfig, address: str, batch_sizes, cores: int, seconds: float, log):
+    """The GPU's measurements on the worker at ``address``: (data variables, coordinates, the
+    replay's bytes per transition)."""
+    spec = spec_for(cfg)
+    cfg_json = cfg.to_json()
+    tr_l = []
+    for b in batch_sizes:
+        r = client.submit(
+            measure_learner,
+            cfg_json,
+            1,
+            b if spec.tunable_batch else None,
+            seconds,
+            "cuda",
+            workers=[address],
+            pure=False,
+        ).result()
+        tr_l.append(r["samples_per_s"])
+        bytes_per_transition = r["replay_bytes_per_transition"]
+        log(f"learner on the GPU, batch {b:6d}: TR_L {tr_l[-1]:10.0f} samples/s")
+    variables = {
+        "gpu_learner_samples_per_s": (
+            "batch_size",
+            np.asarray(tr_l),
+            {"long_name": "consumption throughput TR_L of one learner on the GPU", "units": "samples/s"},
+        )
+    }
+    if not cfg.env.stepping_threads:
+        return variables, {}, bytes_per_transition
+    thread_counts = doubling(max(1, min(cores - 1, cfg.env.num_envs)))
+    tr_a = []
+    for t in thread_counts:
+        r = client.submit(
+            measure_actor, cfg_json, seconds, time.time(), "cuda", t, workers=[address], pure=False
+        ).result()
+        tr_a.append(r["env_steps_per_s"])
+        log(f"actor with inference on the GPU, {t:3d} env threads: TR_A {tr_a[-1]:10.0f} env steps/s")
+    variables["gpu_actor_env_steps_per_s"] = (
+        "env_threads",
+        np.asarray(tr_a),
+        {"long_name": "production throughput TR_A of one actor with inference on the GPU", "units": "env steps/s"},
+    )
+    coords = {
+        "env_threads": (
+            "env_threads",
+            thread_counts,
+            {"long_name": "threads stepping the GPU actor's envs", "units": "1"},
+        )
+    }
+    return variables, coords, bytes_per_transition
 
 
 def _node_cpus(client) -> int:
@@ -303,6 +403,13 @@ def describe(ds) -> str:
         for b in ds.batch_size.values:
             v = float(ds.learner_samples_per_s.sel(threads=t, batch_size=b))
             lines.append(f"  TR_L({int(t)} threads, batch {int(b)}) = {v:,.0f} samples/s")
+    if "gpu_learner_samples_per_s" in ds:
+        for b in ds.batch_size.values:
+            v = float(ds.gpu_learner_samples_per_s.sel(batch_size=b))
+            lines.append(f"  TR_L(GPU {ds.attrs.get('gpu')}, batch {int(b)}) = {v:,.0f} samples/s")
+    if "gpu_actor_env_steps_per_s" in ds:
+        for t, v in zip(ds.env_threads.values, ds.gpu_actor_env_steps_per_s.values):
+            lines.append(f"  TR_A(1 actor, inference on the GPU, {int(t)} env threads) = {v:,.0f} env steps/s")
     lines.append(
         f"  message {int(ds.message_bytes):,} B per {int(ds.steps_per_message)} env steps; "
         f"T_sd {float(ds.serialize_s) * 1e3:.2f} ms, T_rv {float(ds.deserialize_s) * 1e3:.2f} ms"

@@ -2,10 +2,12 @@
 keywords and scripts, and the check that a node can hold them. The cluster that submits them is
 :class:`~tianji_dask.slurm_cluster.PlannedSLURMCluster`.
 
-Each group of the plan becomes two kinds of batch jobs: a learner job (one process per learner,
-``learner_threads`` cores each; it also hosts the group's buffer, so its memory includes the
-replay memory) and an actors job (one single-core process per actor). Their workers carry Dask
-resources (``tianji_learner`` or ``tianji_actor``, and ``tianji_group_<g>``) by which the run
+Each group of the plan becomes two batch jobs: a learner job (one process per learner,
+``learner_threads`` cores each, or one core and ``--gres=gpu:1`` for a learner on the GPU; it also
+hosts the group's buffer, so its memory includes the replay memory) and an actors job (one
+single-core process per actor). A group whose actor infers on the learner's GPU is one job
+(learner and actor processes, ``--gres=gpu:1``). Their workers carry Dask resources
+(``tianji_learner`` and/or ``tianji_actor``, and ``tianji_group_<g>``) by which the run
 places its hosts. Site settings (queue, account, interface, walltime, prologue, log directory)
 come from the user's dask-jobqueue configuration (``jobqueue.yaml``: see jobqueue/jobqueue.yaml),
 never from the experiment config; keyword arguments override it, as in ``SLURMCluster(...)``.
@@ -34,10 +36,14 @@ def plan_from_config(cfg: ExperimentConfig) -> Plan:
 
     t = cfg.topology
     threads = t.learner_torch_threads
+    learner_gpus = t.learners if cfg.learner.device != "cpu" else 0
+    actor_gpus = int(cfg.actor.device != "cpu")  # the actors of a job share one GPU
     jobs = []
     for g in range(t.groups):
-        jobs.append(Job("learner", g, t.learners * threads, t.learners, t.learners * LEARNER_PROCESS_BYTES, 0))
-        jobs.append(Job("actors", g, t.actors, t.actors, t.actors * ACTOR_PROCESS_BYTES, 0))
+        jobs.append(
+            Job("learner", g, t.learners * threads, t.learners, t.learners * LEARNER_PROCESS_BYTES, 0, learner_gpus)
+        )
+        jobs.append(Job("actors", g, t.actors, t.actors, t.actors * ACTOR_PROCESS_BYTES, 0, actor_gpus))
     a = cfg.algo
     return Plan(
         algo=a.name,
@@ -54,6 +60,10 @@ def plan_from_config(cfg: ExperimentConfig) -> Plan:
         explanation=["the config's topology as it is (no profile)"],
         jobs=jobs,
         learners=t.learners,
+        learner_device=cfg.learner.device,
+        actor_device=cfg.actor.device,
+        env_threads=cfg.env.atari_threads if cfg.env.stepping_threads else None,
+        gpus_used=t.groups * (learner_gpus + actor_gpus),
     )
 
 
@@ -68,13 +78,17 @@ def job_options(job: Job, **site) -> dict:
 
     extra = list(site.pop("worker_extra_args", None) or dask.config.get("jobqueue.slurm.worker-extra-args", None) or [])
     resources = ",".join(f"{k}={v}" for k, v in job.resources.items())
-    return {
+    options = {
         **site,
         "cores": job.cores,
         "processes": job.processes,
         "memory": f"{job.memory_bytes}B",
         "worker_extra_args": [*extra, "--resources", resources],
     }
+    if job.gpus:
+        directives = site.get("job_extra_directives") or dask.config.get("jobqueue.slurm.job-extra-directives", None)
+        options["job_extra_directives"] = [*(directives or []), f"--gres=gpu:{job.gpus}"]
+    return options
 
 
 def planned_worker_spec(plan: Plan, run_tag: str, job_cls, site: dict) -> dict[str, dict]:

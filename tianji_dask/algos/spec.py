@@ -82,3 +82,8 @@ class AlgorithmSpec(Protocol):
     def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
         """``batch_size``, ``buffer_size`` and ``train_freq`` of a plan made of this config."""
         ...
+
+    def actors_per_group_limit(self, cfg: ExperimentConfig) -> int | None:
+        """The most actors a group may have before their data grows staler than the config
+        admits (None: no such limit)."""
+        ...

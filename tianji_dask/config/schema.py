@@ -81,6 +81,12 @@ class EnvConfig(_Section):
         actors send each new frame once, and the networks are CNNs."""
         return self.kind == "atari"
 
+    @property
+    def stepping_threads(self) -> bool:
+        """One actor's envs step on ``atari_threads`` native threads (ale-py's vector env), so
+        an actor process can use several cores; other envs step on the actor's one thread."""
+        return self.kind == "atari" and self.atari_backend == "ale_vector"
+
     @model_validator(mode="after")
     def _check_step_groups(self) -> EnvConfig:
         if self.num_envs % self.step_groups:

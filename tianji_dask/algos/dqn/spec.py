@@ -92,3 +92,6 @@ class DQNSpec:
     def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
         algo = cfg.algo_as(DQNConfig)
         return {"batch_size": algo.batch_size, "buffer_size": algo.buffer_size, "train_freq": algo.train_freq}
+
+    def actors_per_group_limit(self, cfg: ExperimentConfig) -> int | None:
+        return None  # replay: the balance controller holds the replay ratio, whatever the actors

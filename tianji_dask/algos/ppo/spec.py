@@ -76,3 +76,10 @@ class PPOSpec:
 
     def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
         return {"batch_size": self.samples_per_update(cfg), "buffer_size": None, "train_freq": None}
+
+    def actors_per_group_limit(self, cfg: ExperimentConfig) -> int | None:
+        # At balance, A actors each finish a rollout every A / rollouts_per_update learner
+        # iterations, so a rollout reaches the learner about that many versions after the
+        # parameters it acted with; beyond max_policy_lag it is dropped.
+        algo = cfg.algo_as(PPOConfig)
+        return algo.max_policy_lag * algo.rollouts_per_update
