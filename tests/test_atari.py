@@ -567,18 +567,17 @@ def _check_atari_run(h, result, cfg, algo: str) -> dict:
     return n
 
 
+TINY_DQN = [
+    "env.num_envs=2",
+    "stop.max_env_steps=2400",
+    "algo.learning_starts=500",
+    "algo.train_freq=16",
+    "algo.ratio_tolerance=null",
+    "stop.max_seconds=200",
+]
 TINY_RUNS = {
-    "dqn": (
-        DQN_SMALL,
-        [
-            "env.num_envs=2",
-            "stop.max_env_steps=2400",
-            "algo.learning_starts=500",
-            "algo.train_freq=16",
-            "algo.ratio_tolerance=null",
-            "stop.max_seconds=200",
-        ],
-    ),
+    "dqn": (DQN_SMALL, TINY_DQN),
+    "dqn_prioritized": (DQN_SMALL, [*TINY_DQN, "algo.replay=prioritized"]),
     "ppo": (
         PPO_SMALL,
         [
@@ -601,5 +600,5 @@ def test_tiny_pong_run_on_a_local_cluster(h, tmp_path, algo):
 
     path, overrides = TINY_RUNS[algo]
     result = train(load_config(path, overrides), out=tmp_path / algo).wait(timeout=220)
-    n = _check_atari_run(h, result, load_config(path, overrides), algo)
+    n = _check_atari_run(h, result, load_config(path, overrides), algo.split("_")[0])
     print(f"\npong {algo}: {n}")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import CONFIG
 
 from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy, ape_x_epsilons, double_dqn_loss, epsilon_at
+from tianji_dask.config import load_config
 from tianji_dask.config.schema import DQNConfig
 
 
@@ -59,7 +61,7 @@ def test_double_dqn_loss_hand_computed():
     # q_taken: 2.0, 0.5, -2.0 -> errors 0.5, -2.5, -1.5
     # Huber (beta 1): 0.5 * 0.5**2 = 0.125; 2.5 - 0.5 = 2.0; 1.5 - 0.5 = 1.0
     expected = (0.125 + 2.0 + 1.0) / 3  # 1.0416666...
-    loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts)
+    loss, q_taken, _ = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert q_taken.tolist() == [2.0, 0.5, -2.0]
     # Plain DQN (max over the target net) would give targets 3.5, 3, 2.5 -> errors -1.5, -2.5, -4.5
@@ -77,7 +79,7 @@ def test_double_dqn_loss_n_step_discount():
     # An n-step transition carries its return and gamma**n: 3 steps of reward 1 at gamma 0.5
     # give R = 1 + 0.5 + 0.25 = 1.75 and discount 0.125; the online argmax picks a'=1 (target 8).
     q = torch.tensor([[2.0, 0.0]])
-    loss, _ = double_dqn_loss(
+    loss, _, _ = double_dqn_loss(
         q,
         torch.tensor([[0.0, 1.0]]),
         torch.tensor([[100.0, 8.0]]),
@@ -93,7 +95,7 @@ def test_double_dqn_loss_n_step_discount():
 def test_double_dqn_loss_does_not_backprop_into_the_targets():
     q = torch.zeros(2, 2, requires_grad=True)
     nxt = torch.ones(2, 2, requires_grad=True)
-    loss, _ = double_dqn_loss(q, nxt, nxt * 2, torch.tensor([0, 1]), torch.zeros(2), torch.full((2,), 0.9))
+    loss, _, _ = double_dqn_loss(q, nxt, nxt * 2, torch.tensor([0, 1]), torch.zeros(2), torch.full((2,), 0.9))
     loss.backward()
     assert nxt.grad is None
     assert q.grad is not None and q.grad.abs().sum() > 0
@@ -195,7 +197,7 @@ def test_policy_load_swaps_parameters_and_version():
 def fixed_batch_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
     t = {k: torch.as_tensor(v) for k, v in b.items()}
     with torch.no_grad():
-        loss, _ = double_dqn_loss(
+        loss, _, _ = double_dqn_loss(
             learner.online(t["obs"]),
             learner.online(t["next_obs"]),
             learner.target(t["next_obs"]),
@@ -307,3 +309,39 @@ def test_batch_mover_on_cuda_reuses_pinned_buffers_for_fields_of_varying_length(
     assert mover._pinned["frames"] is buf and shorter.shape == (9, 2, 2) and int(shorter.sum()) == 7 * 36
     longer = mover({"frames": np.ones((20, 2, 2), np.uint8)})["frames"]
     assert mover._pinned["frames"] is not buf and longer.shape == (20, 2, 2) and int(longer.sum()) == 80
+
+
+def test_a_dueling_head_adds_the_value_to_the_centred_advantages():
+    from tianji_dask.algos.networks import DuelingHead
+
+    head = DuelingHead(2, 3)
+    with torch.no_grad():
+        head.value.weight.copy_(torch.tensor([[1.0, 0.0]]))
+        head.value.bias.zero_()
+        head.advantage.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]))
+        head.advantage.bias.zero_()
+    # features (2, 4): V = 2, A = (2, 4, 0) with mean 2, so Q = 2 + (0, 2, -2)
+    q = head(torch.tensor([[2.0, 4.0]]))
+    torch.testing.assert_close(q, torch.tensor([[2.0, 4.0, 0.0]]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("network", ["mlp", "nature_cnn"])
+def test_a_dueling_learner_trains_and_its_actors_load_its_parameters(network):
+    cfg = load_config(CONFIG, ["algo.dueling=true"]).algo
+    obs_dim, shape, dtype = (4, (4,), np.float32) if network == "mlp" else (4 * 84 * 84, (4, 84, 84), np.uint8)
+    learner = DQNLearner(obs_dim, 3, cfg, seed=0, network=network)
+    assert any("advantage" in k for k in learner.policy_params())
+    rng = np.random.default_rng(0)
+    batch = {
+        "obs": rng.integers(0, 255, (8, *shape)).astype(dtype),
+        "next_obs": rng.integers(0, 255, (8, *shape)).astype(dtype),
+        "actions": rng.integers(0, 3, 8),
+        "rewards": rng.normal(size=8).astype(np.float32),
+        "discounts": np.full(8, 0.9, np.float32),
+    }
+    loss, _ = learner.update(batch)
+    assert np.isfinite(loss)
+    policy = DQNPolicy(obs_dim, 3, cfg.hidden_sizes, seed=0, network=network, dueling=True)
+    policy.load(1, learner.policy_params())
+    assert policy.act(batch["obs"], 0.0).shape == (8,)

@@ -6,7 +6,8 @@ the bytes of float32. Which network a run uses is derived from the config
 (:func:`network_kind`): ``nature_cnn`` for ``env.kind: atari``, the MLPs otherwise.
 
 * :class:`NatureQNetwork`: conv 32x8x8/4, 64x4x4/2, 64x3x3/1, fc 512, one Q-value per action
-  (Mnih et al. 2015; cleanrl's ``dqn_atari.py``, PyTorch's default init).
+  (Mnih et al. 2015; cleanrl's ``dqn_atari.py``, PyTorch's default init), or the dueling
+  architecture's two streams (:class:`DuelingHead`).
 * :class:`AtariActorCritic`: the same trunk shared by a policy head and a value head, with
   orthogonal init as cleanrl's ``ppo_atari.py`` (gain sqrt(2) in the trunk, 0.01 for the
   policy head, 1 for the value head, zero biases).
@@ -43,29 +44,52 @@ def _to_float(obs: torch.Tensor) -> torch.Tensor:
     return obs
 
 
-def nature_trunk(in_channels: int = FRAME_STACK, init=None) -> nn.Sequential:
-    """The three convolutions and the 512-unit layer, ReLU after each."""
-    layers = [
+def nature_trunk(in_channels: int = FRAME_STACK, init=None, fc: bool = True) -> nn.Sequential:
+    """The three convolutions and (``fc``) the 512-unit layer, ReLU after each."""
+    layers: list[nn.Linear | nn.Conv2d] = [
         nn.Conv2d(in_channels, 32, 8, stride=4),
         nn.Conv2d(32, 64, 4, stride=2),
         nn.Conv2d(64, 64, 3, stride=1),
-        nn.Linear(TRUNK_FEATURES, 512),
     ]
+    if fc:
+        layers.append(nn.Linear(TRUNK_FEATURES, 512))
     if init is not None:
         for layer in layers:
             init(layer)
-    return nn.Sequential(
-        layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2], nn.ReLU(), nn.Flatten(), layers[3], nn.ReLU()
-    )
+    modules: list[nn.Module] = [layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2], nn.ReLU(), nn.Flatten()]
+    if fc:
+        modules += [layers[3], nn.ReLU()]
+    return nn.Sequential(*modules)
+
+
+class DuelingHead(nn.Module):
+    """Q = V + A - mean_a A (Wang et al. 2016): a value stream and an advantage stream over the
+    same features, each with one hidden layer of ``hidden`` units (none when 0)."""
+
+    def __init__(self, in_features: int, n_actions: int, hidden: int = 0):
+        super().__init__()
+
+        def stream(out: int) -> nn.Module:
+            if not hidden:
+                return nn.Linear(in_features, out)
+            return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out))
+
+        self.value = stream(1)
+        self.advantage = stream(n_actions)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        a = self.advantage(features)
+        return self.value(features) + a - a.mean(dim=1, keepdim=True)
 
 
 class NatureQNetwork(nn.Module):
-    """Q-values ``(B, n_actions)`` of uint8 frame stacks ``(B, 4, 84, 84)``."""
+    """Q-values ``(B, n_actions)`` of uint8 frame stacks ``(B, 4, 84, 84)``; ``dueling``: the
+    convolutions feed a value and an advantage stream of 512 units each, as Wang et al."""
 
-    def __init__(self, n_actions: int, in_channels: int = FRAME_STACK):
+    def __init__(self, n_actions: int, in_channels: int = FRAME_STACK, dueling: bool = False):
         super().__init__()
-        self.trunk = nature_trunk(in_channels)
-        self.head = nn.Linear(512, n_actions)
+        self.trunk = nature_trunk(in_channels, fc=not dueling)
+        self.head: nn.Module = DuelingHead(TRUNK_FEATURES, n_actions, 512) if dueling else nn.Linear(512, n_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.head(self.trunk(_to_float(obs)))

@@ -135,6 +135,23 @@ class DQNConfig(_Section):
     )
     per_env_eps_base: float = Field(0.4, gt=0, lt=1, description="Ape-X's epsilon base (exploration: per_env)")
     per_env_eps_alpha: float = Field(7.0, ge=0, description="Ape-X's epsilon exponent spread (exploration: per_env)")
+    dueling: bool = Field(
+        False, description="dueling Q-network: Q = V + A - mean(A) from a value and an advantage stream"
+    )
+    replay: Literal["uniform", "prioritized"] = Field(
+        "uniform",
+        description="uniform: every stored transition equally likely; prioritized: proportional "
+        "to (|TD error| + priority_eps) ** priority_alpha, the loss weighted by importance "
+        "weights with exponent priority_beta annealed to 1 (Schaul et al. 2016, Ape-X)",
+    )
+    priority_alpha: float = Field(0.6, ge=0, le=1, description="how much priorities count (replay: prioritized)")
+    priority_beta: float = Field(
+        0.4, ge=0, le=1, description="importance-weight exponent at the start (replay: prioritized)"
+    )
+    priority_beta_steps: int = Field(
+        1_000_000, ge=1, description="transitions a buffer receives while priority_beta anneals to 1"
+    )
+    priority_eps: float = Field(1e-6, gt=0, description="added to |TD error|: no transition's probability is 0")
     hidden_sizes: list[PositiveInt] = Field(
         default_factory=lambda: [64, 64],
         min_length=1,

@@ -2,7 +2,8 @@
 holds, counting it, the loop step and the heartbeat; a subclass stores one payload (``_add``)
 and reports its fill (``_fill``). :class:`ReplayBufferRole` is the buffer of off-policy
 algorithms: a bounded replay memory the learner in the same process samples from (Atari runs
-use :class:`~tianji_dask.roles.frame_replay.FrameReplay`: each frame stored once)."""
+use :class:`~tianji_dask.roles.frame_replay.FrameReplay`: each frame stored once), uniform or
+prioritized (:class:`~tianji_dask.roles.prioritized.PrioritizedReplay`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from tianji_dask.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.frame_replay import FrameReplay
+from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings
 from tianji_dask.roles.replay import ReplayMemory
 
 if TYPE_CHECKING:
@@ -66,11 +68,14 @@ class BufferBase(ABC):
         """The host closes the inbox."""
 
 
-def replay_nbytes(capacity: int, obs_shape: tuple[int, ...], obs_dtype, frame_stacks: bool = False) -> int:
+def replay_nbytes(
+    capacity: int, obs_shape: tuple[int, ...], obs_dtype, frame_stacks: bool = False, prioritized: bool = False
+) -> int:
     """Bytes of the replay memory a :class:`ReplayBufferRole` of these arguments fills."""
+    extra = PrioritizedReplay.extra_nbytes(capacity) if prioritized else 0
     if frame_stacks:
-        return FrameReplay.nbytes_for(capacity, _frame_shape(obs_shape))
-    return ReplayMemory.nbytes_for(capacity, obs_shape, obs_dtype)
+        return FrameReplay.nbytes_for(capacity, _frame_shape(obs_shape)) + extra
+    return ReplayMemory.nbytes_for(capacity, obs_shape, obs_dtype) + extra
 
 
 def _frame_shape(obs_shape: tuple[int, ...]) -> tuple[int, int]:
@@ -95,13 +100,18 @@ class ReplayBufferRole(BufferBase):
         frame_stacks: bool = False,
         seed: int = 0,
         buffer_id: int = 0,
+        priorities: PrioritySettings | None = None,
     ):
         super().__init__(inbox, buffer_id)
-        self.replay: FrameReplay | ReplayMemory
+        memory: FrameReplay | ReplayMemory
         if frame_stacks:
-            self.replay = FrameReplay(capacity, _frame_shape(obs_shape), obs_shape[0])
+            memory = FrameReplay(capacity, _frame_shape(obs_shape), obs_shape[0])
         else:
-            self.replay = ReplayMemory(capacity, obs_shape, obs_dtype)
+            memory = ReplayMemory(capacity, obs_shape, obs_dtype)
+        self.replay: FrameReplay | ReplayMemory | PrioritizedReplay = (
+            memory if priorities is None else PrioritizedReplay(memory, priorities)
+        )
+        self.priorities = priorities
         self.rng = np.random.default_rng(seed)
 
     def __len__(self) -> int:
@@ -113,8 +123,18 @@ class ReplayBufferRole(BufferBase):
         return len(payload["actions"])
 
     def sample(self, n: int) -> dict[str, np.ndarray]:
+        """``n`` transitions; prioritized, also their importance ``weights`` and the ``keys``
+        that :meth:`update_priorities` takes back."""
         with self._lock:
+            if isinstance(self.replay, PrioritizedReplay):
+                assert self.priorities is not None
+                return self.replay.sample(n, self.rng, self.priorities.beta_at(self.received))
             return self.replay.sample(n, self.rng)
+
+    def update_priorities(self, keys: np.ndarray, td_errors: np.ndarray) -> None:
+        with self._lock:
+            assert isinstance(self.replay, PrioritizedReplay)
+            self.replay.update_priorities(keys, td_errors)
 
     def _fill(self) -> dict[str, Any]:
         return {"size": len(self.replay), "capacity": self.replay.capacity}

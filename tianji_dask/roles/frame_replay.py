@@ -232,7 +232,9 @@ class FrameReplay:
         self._win_seq[rows, seq % WINDOW] = seq
         self._win_count[rows, seq % WINDOW] = counts
 
-    def add(self, batch: dict[str, np.ndarray]) -> None:
+    def add(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Store ``batch``; returns the ring indices written and the batch rows they hold
+        (transitions whose frames never arrived are skipped)."""
         frames = batch.get("frames")
         fids = batch.get("frame_ids")
         if frames is None or fids is None:
@@ -261,7 +263,7 @@ class FrameReplay:
         keep = keep[-self.capacity :]
         m = len(keep)
         if m == 0:
-            return
+            return keep, keep
         idx = (self._pos + np.arange(m)) % self.capacity
         fc = self.frame_capacity
         self._obs[idx] = obs_c[keep] % fc
@@ -272,6 +274,7 @@ class FrameReplay:
         self._discounts[idx] = batch["discounts"][keep]
         self._pos = int((self._pos + m) % self.capacity)
         self._size = min(self._size + m, self.capacity)
+        return idx, keep
 
     # --- reading --------------------------------------------------------------------------
     def valid(self, idx: np.ndarray) -> np.ndarray:

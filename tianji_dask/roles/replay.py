@@ -104,20 +104,27 @@ class ReplayMemory:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._data.values())
 
-    def add(self, batch: dict[str, np.ndarray]) -> None:
+    def add(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Store ``batch``; returns the ring indices written and the batch rows they hold."""
         n = len(batch["actions"])
         self.added += n
-        if n > self.capacity:  # keep only the newest transitions
-            batch = {k: v[-self.capacity :] for k, v in batch.items()}
-            n = self.capacity
-        idx = (self._pos + np.arange(n)) % self.capacity
+        rows = np.arange(n)[-self.capacity :]  # keep only the newest transitions
+        idx = (self._pos + np.arange(len(rows))) % self.capacity
         for k in FIELDS:
-            self._data[k][idx] = batch[k]
-        self._pos = int((self._pos + n) % self.capacity)
-        self._size = min(self._size + n, self.capacity)
+            self._data[k][idx] = batch[k][rows] if len(rows) < n else batch[k]
+        self._pos = int((self._pos + len(rows)) % self.capacity)
+        self._size = min(self._size + len(rows), self.capacity)
+        return idx, rows
+
+    def valid(self, idx: np.ndarray) -> np.ndarray:
+        """Every stored transition is whole (the frame replay's can lose frames)."""
+        return np.ones(len(idx), bool)
+
+    def get(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The transitions at ring indices ``idx``."""
+        return {k: v[idx] for k, v in self._data.items()}
 
     def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if self._size == 0:
             raise ValueError("cannot sample from an empty replay memory")
-        idx = rng.integers(0, self._size, size=n)
-        return {k: v[idx] for k, v in self._data.items()}
+        return self.get(rng.integers(0, self._size, size=n))

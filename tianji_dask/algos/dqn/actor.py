@@ -8,6 +8,7 @@ thread and in the serial runner.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,7 +50,7 @@ class DQNActorRole(ActorBase):
 
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
-        self.policy = self._make_policy(DQNPolicy, seed)
+        self.policy = self._make_policy(functools.partial(DQNPolicy, dueling=self.algo.dueling), seed)
         self.obs = self.reset_env(seed)
         self.frames = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.core import State, component, load_optimizer_state, optimizer_state
-from tianji_dask.algos.networks import NatureQNetwork
+from tianji_dask.algos.networks import DuelingHead, NatureQNetwork
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import DQNConfig
@@ -32,14 +32,20 @@ def mlp(in_dim: int, out_dim: int, hidden: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def q_network(obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp") -> nn.Module:
+def q_network(
+    obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp", dueling: bool = False
+) -> nn.Module:
     """The Q-network: an MLP over flat observations, or the Nature CNN over uint8 frame stacks
-    (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``)."""
+    (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``); ``dueling``: Q from a
+    value and an advantage stream (for the MLP, one linear layer each after the hidden layers)."""
     if network == "nature_cnn":
-        return NatureQNetwork(n_actions)
+        return NatureQNetwork(n_actions, dueling=dueling)
     if network != "mlp":
         raise ValueError(f"unknown network {network!r}; expected 'mlp' or 'nature_cnn'")
-    return mlp(obs_dim, n_actions, hidden)
+    if not dueling:
+        return mlp(obs_dim, n_actions, hidden)
+    trunk = list(mlp(obs_dim, hidden[-1], hidden[:-1])) + [nn.ReLU()]
+    return nn.Sequential(*trunk, DuelingHead(hidden[-1], n_actions))
 
 
 def epsilon_at(step: int, initial: float, final: float, decay_steps: int) -> float:
@@ -63,18 +69,25 @@ def double_dqn_loss(
     actions: torch.Tensor,
     rewards: torch.Tensor,
     discounts: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Huber loss of Q(s,a) against r + discount * Q_target(s', argmax_a' Q_online(s', a')).
 
     ``rewards`` are (n-step) returns and ``discounts`` the bootstrap factors: ``gamma**n``,
     or 0 for a transition that terminated its episode (truncated episodes bootstrap from
-    their final observation). Returns ``(loss, q_taken)``.
+    their final observation). ``weights``: per-transition importance weights of prioritized
+    replay (the loss is their weighted mean). Returns ``(loss, q_taken, td_errors)``, the TD
+    errors target - Q(s,a) detached.
     """
     q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
     with torch.no_grad():
         best = q_next_online.argmax(dim=1, keepdim=True)
         target = rewards + discounts * q_next_target.gather(1, best).squeeze(1)
-    return F.smooth_l1_loss(q_taken, target), q_taken
+    if weights is None:
+        loss = F.smooth_l1_loss(q_taken, target)
+    else:
+        loss = (weights * F.smooth_l1_loss(q_taken, target, reduction="none")).mean()
+    return loss, q_taken, (target - q_taken).detach()
 
 
 class DQNPolicy:
@@ -82,10 +95,17 @@ class DQNPolicy:
     runs on ``device``; exploration draws come from a numpy generator whatever the device."""
 
     def __init__(
-        self, obs_dim: int, n_actions: int, hidden: list[int], seed: int, network: str = "mlp", device: str = "cpu"
+        self,
+        obs_dim: int,
+        n_actions: int,
+        hidden: list[int],
+        seed: int,
+        network: str = "mlp",
+        device: str = "cpu",
+        dueling: bool = False,
     ):
         self.device = torch.device(device)
-        self.net = q_network(obs_dim, n_actions, hidden, network).to(self.device)
+        self.net = q_network(obs_dim, n_actions, hidden, network, dueling).to(self.device)
         self.net.requires_grad_(False)
         self.n_actions = n_actions
         self.rng = np.random.default_rng(seed)
@@ -116,8 +136,8 @@ class DQNLearner:
         self.algo = algo
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
-        self.online = q_network(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
-        self.target = q_network(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
+        self.online = q_network(obs_dim, n_actions, algo.hidden_sizes, network, algo.dueling).to(self.device)
+        self.target = q_network(obs_dim, n_actions, algo.hidden_sizes, network, algo.dueling).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         # fused Adam is a single kernel per step: about 20 % less Python overhead on small nets
@@ -133,7 +153,10 @@ class DQNLearner:
         q, q_next_online = both[:n], both[n:].detach()
         with torch.no_grad():
             q_next_target = self.target(t["next_obs"])
-        loss, q_taken = double_dqn_loss(q, q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"])
+        loss, q_taken, td = double_dqn_loss(
+            q, q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"], t.get("weights")
+        )
+        self._td_errors = td
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
         if grad_hook is not None:
@@ -144,6 +167,11 @@ class DQNLearner:
         if self.updates % self.algo.target_update_interval == 0:
             self.target.load_state_dict(self.online.state_dict())
         return loss.item(), q_taken.detach().mean().item()
+
+    def td_errors(self) -> np.ndarray:
+        """|TD error| of each transition of the last update's batch (prioritized replay's new
+        priorities; one device-to-host copy)."""
+        return self._td_errors.abs().cpu().numpy()
 
     def policy_params(self) -> dict[str, np.ndarray]:
         """The online network's weights as CPU numpy arrays (fresh copies: safe to hand to a channel)."""

@@ -83,7 +83,11 @@ class DQNLearnerRole(LearnerBase):
         algo = self.algo
         t = time.perf_counter()
         self._received_at_update = self.buffer.received
-        loss, q = self.learner_core.update(self.buffer.sample(algo.batch_size), self.grad_hook)
+        batch = self.buffer.sample(algo.batch_size)
+        keys = batch.pop("keys", None)  # prioritized replay: where the batch came from
+        loss, q = self.learner_core.update(batch, self.grad_hook)
+        if keys is not None:
+            self.buffer.update_priorities(keys, self.learner_core.td_errors())
         self.counters.train_s += time.perf_counter() - t
         self._loss_sum += loss
         self._q_sum += q

@@ -25,11 +25,23 @@ class DQNSpec:
         self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
     ) -> LoopRole:
         from tianji_dask.roles.buffer import ReplayBufferRole
+        from tianji_dask.roles.prioritized import PrioritySettings
 
-        capacity = cfg.algo_as(DQNConfig).buffer_size
-        frame_stacks = cfg.env.frame_stacks
+        algo = cfg.algo_as(DQNConfig)
+        priorities = None
+        if algo.replay == "prioritized":
+            priorities = PrioritySettings(
+                algo.priority_alpha, algo.priority_beta, algo.priority_beta_steps, algo.priority_eps
+            )
         return ReplayBufferRole(
-            inbox, capacity, obs_shape, obs_dtype, frame_stacks=frame_stacks, seed=seed, buffer_id=buffer_id
+            inbox,
+            algo.buffer_size,
+            obs_shape,
+            obs_dtype,
+            frame_stacks=cfg.env.frame_stacks,
+            seed=seed,
+            buffer_id=buffer_id,
+            priorities=priorities,
         )
 
     def learner_role(self) -> Callable[..., LearnerLoopRole]:
@@ -43,8 +55,9 @@ class DQNSpec:
     def replay_nbytes(self, cfg: ExperimentConfig, obs_shape, obs_dtype, capacity: int | None = None) -> int:
         from tianji_dask.roles.buffer import replay_nbytes
 
-        capacity = cfg.algo_as(DQNConfig).buffer_size if capacity is None else capacity
-        return replay_nbytes(capacity, obs_shape, obs_dtype, cfg.env.frame_stacks)
+        algo = cfg.algo_as(DQNConfig)
+        capacity = algo.buffer_size if capacity is None else capacity
+        return replay_nbytes(capacity, obs_shape, obs_dtype, cfg.env.frame_stacks, algo.replay == "prioritized")
 
     def steps_per_message(self, cfg: ExperimentConfig) -> int:
         return cfg.channel.chunk_steps * cfg.env.num_envs

@@ -1,0 +1,52 @@
+"""benchmarks/dqn_pong_single.py, the single-process DQN that tianji-dask's Pong DQN is raced
+against: its replay's n-step returns on a hand-computed case, and a short real run on the CPU."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "dqn_pong_single.py"
+
+
+def single():
+    spec = importlib.util.spec_from_file_location("dqn_pong_single", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_replay_returns_n_step_returns_that_stop_at_an_episode_end():
+    replay = single().Replay(slots=8, envs=1, device="cpu")
+    # rewards 1, 2, 3, 4, 5 at steps 0..4; the episode ends at step 2
+    for t, (r, end) in enumerate([(1, 0), (2, 0), (3, 1), (4, 0), (5, 0)]):
+        replay.add(
+            torch.full((1, 4, 84, 84), t, dtype=torch.uint8),
+            torch.tensor([t]),
+            torch.tensor([float(r)]),
+            torch.tensor([float(end)]),
+        )
+    gen = torch.Generator().manual_seed(0)
+    obs, actions, ret, disc, nxt = replay.sample(64, 2, 0.5, gen)
+    for o, a, g, d, n in zip(obs[:, 0, 0, 0], actions, ret, disc, nxt[:, 0, 0, 0]):
+        t = int(a)
+        assert int(o) == t and int(n) == t + 2 and t <= 2  # the 2 steps after t are stored
+        want = {0: (1 + 0.5 * 2, 0.25), 1: (2 + 0.5 * 3, 0.0), 2: (3, 0.0)}[t]
+        assert (float(g), float(d)) == pytest.approx(want)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_short_run_on_the_cpu_trains_and_reports_json():
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--envs", "2", "--threads", "1", "--buffer-size", "4000",
+         "--learning-starts", "200", "--n-step", "3", "--max-seconds", "8", "--device", "cpu"],
+        capture_output=True, text=True, timeout=110,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["env_steps"] > 200 and res["updates"] > 0 and res["seconds_to_target"] is None

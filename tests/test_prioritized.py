@@ -1,0 +1,130 @@
+"""Prioritized replay: the sum-tree, the importance weights, the replay's priorities and the
+learner that updates them."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import CONFIG
+
+from tianji_dask.algos.dqn.core import double_dqn_loss
+from tianji_dask.config import load_config
+from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings, importance_weights
+from tianji_dask.roles.replay import ReplayMemory
+from tianji_dask.roles.sum_tree import SumTree
+
+
+def frequencies(tree: SumTree, n: int, seed: int = 0) -> np.ndarray:
+    drawn = tree.sample(n, np.random.default_rng(seed))
+    return np.bincount(drawn, minlength=tree.capacity) / n
+
+
+def test_the_sum_tree_draws_in_proportion_to_the_priorities_and_follows_updates():
+    tree = SumTree(5)  # not a power of two
+    tree.update(np.arange(5), np.array([1.0, 2.0, 3.0, 4.0, 0.0]))
+    assert tree.total == 10 and tree.min == 1
+    np.testing.assert_allclose(frequencies(tree, 40_000), [0.1, 0.2, 0.3, 0.4, 0.0], atol=0.005)
+    tree.update(np.array([0, 4, 4]), np.array([6.0, 9.0, 5.0]))  # a repeated index: the last value
+    assert tree.total == 20 and list(tree[np.arange(5)]) == [6, 2, 3, 4, 5]
+    np.testing.assert_allclose(frequencies(tree, 40_000, seed=1), [0.3, 0.1, 0.15, 0.2, 0.25], atol=0.005)
+    tree.update(np.array([1]), np.array([0.0]))
+    assert tree.min == 3 and frequencies(tree, 10_000)[1] == 0
+
+
+def test_the_sum_tree_finds_each_leaf_of_a_prefix_sum():
+    tree = SumTree(4)
+    tree.update(np.arange(4), np.array([1.0, 0.0, 2.0, 1.0]))
+    # cumulative 1, 1, 3, 4: a mass falls in the first leaf whose cumulative sum exceeds it
+    assert list(tree.find(np.array([0.0, 0.999, 1.0, 2.5, 3.0, 3.999]))) == [0, 0, 2, 2, 3, 3]
+    single = SumTree(1)
+    single.update(np.array([0]), np.array([0.5]))
+    assert list(single.sample(3, np.random.default_rng(0))) == [0, 0, 0]
+    with pytest.raises(ValueError, match="all zero"):
+        SumTree(3).sample(1, np.random.default_rng(0))
+    with pytest.raises(IndexError):
+        tree.update(np.array([4]), np.array([1.0]))
+
+
+def test_importance_weights_on_a_hand_computed_case():
+    # scaled priorities 1 and 3 (total 4) of 2 transitions, beta 0.5: P = 0.25, 0.75;
+    # w = (2 P)^-0.5 = 1.41421, 0.81650; the largest weight is the smallest priority's, 1.41421
+    w = importance_weights(np.array([1.0, 3.0]), 4.0, 1.0, 2, 0.5)
+    np.testing.assert_allclose(w, [1.0, 0.81650 / 1.41421], rtol=1e-4)
+    assert importance_weights(np.array([3.0]), 4.0, 1.0, 2, 0.0)[0] == 1.0  # beta 0: no correction
+
+
+def memory_of(n: int, capacity: int = 8) -> PrioritizedReplay:
+    settings = PrioritySettings(alpha=1.0, beta=0.4, beta_steps=100, eps=1e-6)
+    replay = PrioritizedReplay(ReplayMemory(capacity, (1,)), settings)
+    replay.add(
+        {
+            "obs": np.arange(n, dtype=np.float32)[:, None],
+            "next_obs": np.zeros((n, 1), np.float32),
+            "actions": np.zeros(n, np.int64),
+            "rewards": np.arange(n, dtype=np.float32),
+            "discounts": np.ones(n, np.float32),
+        }
+    )
+    return replay
+
+
+def test_new_transitions_enter_with_the_largest_priority_and_the_learner_sets_their_own():
+    replay = memory_of(4)
+    batch = replay.sample(4, np.random.default_rng(0), beta=0.4)
+    np.testing.assert_array_equal(batch["weights"], np.ones(4, np.float32))  # all at priority 1
+    keys = np.stack([np.arange(4), np.ones(4, np.int64)])  # slots 0..3, written by the first add
+    replay.update_priorities(keys, np.array([1.0, -3.0, 0.0, 4.0]))
+    assert replay.max_priority == pytest.approx(4.0)
+    p = np.array([1.0, 3.0, 0.0, 4.0]) + 1e-6
+    np.testing.assert_allclose(replay.tree[np.arange(4)], p)
+    drawn = replay.sample(8_000, np.random.default_rng(1), beta=1.0)
+    freq = np.bincount(drawn["rewards"].astype(int), minlength=4) / 8_000
+    np.testing.assert_allclose(freq, p / p.sum(), atol=0.01)
+    # beta 1: w_i = (N P_i)^-1 normalised by the smallest priority's: p_min / p_i
+    rows = drawn["keys"][0]
+    np.testing.assert_allclose(drawn["weights"], (p[2] / p[rows]).astype(np.float32), rtol=1e-5)
+
+
+def test_a_slot_written_again_keeps_its_new_transitions_priority():
+    replay = memory_of(8, capacity=8)
+    batch = replay.sample(2, np.random.default_rng(0), beta=0.4)
+    keys = batch["keys"]
+    replay.add({k: v[:1] for k, v in replay.memory.get(np.arange(8)).items()})  # overwrites slot 0
+    before = replay.tree[np.arange(8)].copy()
+    replay.update_priorities(np.stack([np.array([0, 1]), np.array([1, 1])]), np.array([50.0, 7.0]))
+    after = replay.tree[np.arange(8)]
+    assert after[0] == before[0]  # slot 0 holds the second add's transition now
+    assert after[1] == pytest.approx(7.0)
+    assert keys.shape == (2, 2)
+
+
+def test_the_weighted_loss_and_the_td_errors_on_a_hand_computed_case():
+    q = torch.tensor([[1.0, 2.0], [3.0, 0.0]], requires_grad=True)
+    nxt = torch.zeros(2, 2)
+    # targets = rewards (discount 0): TD errors 0.5 - 1 = -0.5 and 5 - 3 = 2
+    loss, _, td = double_dqn_loss(
+        q, nxt, nxt, torch.tensor([0, 0]), torch.tensor([0.5, 5.0]), torch.zeros(2), torch.tensor([1.0, 0.25])
+    )
+    np.testing.assert_allclose(td.numpy(), [-0.5, 2.0])
+    # Huber: 0.5 * 0.25 = 0.125 and 2 - 0.5 = 1.5; weighted mean (0.125 + 0.25 * 1.5) / 2 = 0.25
+    assert loss.item() == pytest.approx(0.25)
+
+
+def test_a_prioritized_learner_gives_the_transitions_it_trained_on_their_td_errors():
+    from tianji_dask.serial import SerialRun
+
+    cfg = load_config(CONFIG, ["algo.replay=prioritized", "algo.learning_starts=256", "algo.ratio_tolerance=null"])
+    run = SerialRun(cfg)
+    run.learner.publish()
+    run.actor.probe_params()
+    while len(run.buffer) < 256:
+        run.actor.step()
+        run.buffer.ingest()
+    replay = run.buffer.replay
+    assert isinstance(replay, PrioritizedReplay)
+    stored = np.arange(len(replay))
+    assert np.all(replay.tree[stored] == 1.0)  # all entered at the initial largest priority
+    for _ in range(20):
+        assert run.learner.step()
+    changed = replay.tree[stored] != 1.0
+    assert 0 < changed.sum() <= 20 * cfg.algo.batch_size
+    run.actor.close()
