@@ -122,9 +122,37 @@ def test_a_prioritized_learner_gives_the_transitions_it_trained_on_their_td_erro
     replay = run.buffer.replay
     assert isinstance(replay, PrioritizedReplay)
     stored = np.arange(len(replay))
-    assert np.all(replay.tree[stored] == 1.0)  # all entered at the initial largest priority
+    before = replay.tree[stored].copy()  # the actor's priorities
     for _ in range(20):
         assert run.learner.step()
-    changed = replay.tree[stored] != 1.0
+    changed = replay.tree[stored] != before
     assert 0 < changed.sum() <= 20 * cfg.algo.batch_size
+    run.actor.close()
+
+
+def test_actors_send_the_td_errors_of_their_own_q_network_as_priorities():
+    """Ape-X's initial priorities: |R + discount * max Q(s') - Q(s, a)| with the actor's network,
+    the bootstrap of the window's last step completed one step later or at the flush."""
+    from tianji_dask.serial import SerialRun
+
+    overrides = ["algo.replay=prioritized", "algo.n_step=3", "algo.ratio_tolerance=null", "channel.chunk_steps=10"]
+    run = SerialRun(load_config(CONFIG, overrides))
+    run.learner.publish()
+    run.actor.probe_params()
+    for _ in range(95):  # 9 full chunks and a partial one: the flush completes the last rows
+        run.actor.step()
+    run.actor.flush()
+    chunks = [item.payload for item in run.queue.poll()]
+    assert len(chunks) == 10
+    policy = run.actor.policy
+    for c in chunks:
+        q = policy.q_values(c["obs"])[np.arange(len(c["actions"])), c["actions"]]
+        bootstrap = c["discounts"] * policy.q_values(c["next_obs"]).max(axis=1)
+        np.testing.assert_allclose(c["priorities"], np.abs(c["rewards"] + bootstrap - q), rtol=1e-5, atol=1e-5)
+    assert (np.concatenate([c["discounts"] for c in chunks]) == 0).any()  # episodes ended on the way
+    replay = run.buffer.replay
+    for c in chunks:  # the replay takes them as the transitions' first priorities
+        replay.add(c)
+    stored = np.concatenate([c["priorities"] for c in chunks])
+    np.testing.assert_allclose(replay.tree[np.arange(len(stored))], (stored + 1e-6) ** 0.6, rtol=1e-5)
     run.actor.close()

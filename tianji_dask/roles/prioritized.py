@@ -6,7 +6,8 @@ Transition i is drawn with probability P(i) = p_i^alpha / sum_k p_k^alpha, where
 + eps is its last absolute TD error, and the learner weights its loss by the importance weight
 w_i = (N P(i))^-beta / max_k w_k (N: transitions stored; the max over all of them, from the
 smallest priority), so weights only scale updates down. A new transition enters with the
-largest priority seen so far, so it is drawn soon; the learner's update then gives it its own.
+priority its actor computed (``priorities`` in the chunk: :mod:`tianji_dask.algos.dqn.priorities`),
+or, without one, the largest priority seen so far; the learner's updates then give it its own.
 
 Where the priorities travel: nowhere. The buffer and the learner share a process, so the
 learner hands the TD errors of the batch it just trained on straight to the buffer
@@ -68,7 +69,13 @@ class PrioritizedReplay:
         if len(idx):
             self._writes += 1
             self._written_by[idx] = self._writes
-            self.tree.update(idx, np.full(len(idx), self.max_priority**self.settings.alpha))
+            given = batch.get("priorities")  # the actors' own (Ape-X), else the largest seen
+            if given is None:
+                p = np.full(len(idx), self.max_priority)
+            else:
+                p = np.abs(np.asarray(given, np.float64)[rows]) + self.settings.eps
+                self.max_priority = max(self.max_priority, float(p.max()))
+            self.tree.update(idx, p**self.settings.alpha)
         return idx, rows
 
     def sample(self, n: int, rng: np.random.Generator, beta: float) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tianji_dask.algos.dqn.core import DQNPolicy, ape_x_epsilons, epsilon_at
+from tianji_dask.algos.dqn.priorities import ActorPriorities
 from tianji_dask.envs import next_observations
 from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
@@ -60,6 +61,9 @@ class DQNActorRole(ActorBase):
             self.frames.start(self.obs)
             self._tr_shape, self._tr_dtype = (self.obs_shape[0],), np.int64
         self.window = NStepWindow(self.algo.n_step, self.algo.gamma, self.num_envs, self._tr_shape, self._tr_dtype)
+        self.priorities = (
+            ActorPriorities(self.algo.n_step, self.num_envs) if self.algo.replay == "prioritized" else None
+        )
         self.chunk_len = cfg.channel.chunk_steps * self.num_envs
         self._new_chunk()
         self.learner_consumed = 0
@@ -79,6 +83,8 @@ class DQNActorRole(ActorBase):
             "rewards": np.empty(n, np.float32),
             "discounts": np.empty(n, np.float32),
         }
+        if self.priorities is not None:
+            self._chunk["priorities"] = np.empty(n, np.float32)
         self._fill = 0
 
     def ahead_of_learner(self) -> bool:
@@ -114,7 +120,11 @@ class DQNActorRole(ActorBase):
             if self._env_eps is None
             else self._env_eps
         )
-        actions = self.policy.act(self.obs, eps)
+        if self.priorities is None:
+            actions = self.policy.act(self.obs, eps)
+        else:
+            actions, q = self.policy.act_and_values(self.obs, eps)
+            self.priorities.complete(self._chunk["priorities"], q.max(axis=1))
         next_obs, rewards, terminated, truncated, infos = self.env.step(actions)
         dones = terminated | truncated
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
@@ -126,6 +136,8 @@ class DQNActorRole(ActorBase):
             ids = self.frames.ids
             real_next = self.frames.step(next_obs, dones, infos)
             out = self.window.add(ids, actions, train_rewards, real_next, train_terminated, train_dones)
+        if self.priorities is not None:
+            self.priorities.record(q[np.arange(self.num_envs), actions], train_dones)
         self.tracker.update(rewards, dones, time.time())
         self.obs = next_obs
         self.counters.env_steps += self.num_envs
@@ -134,6 +146,8 @@ class DQNActorRole(ActorBase):
             i, n = self._fill, self.num_envs
             for k, v in out.items():
                 self._chunk[k][i : i + n] = v
+            if self.priorities is not None:
+                self.priorities.emitted(out, self._chunk["priorities"], i)
             self._fill += n
             if self._fill >= self.chunk_len:
                 self.flush()
@@ -146,6 +160,8 @@ class DQNActorRole(ActorBase):
         """Push the current chunk (possibly partial) and start a new one."""
         if self._fill == 0:
             return
+        if self.priorities is not None and self.priorities.pending:
+            self.priorities.complete(self._chunk["priorities"], self.policy.q_values(self.obs).max(axis=1))
         chunk = {k: v[: self._fill] for k, v in self._chunk.items()}
         if self.frames is not None:  # every frame emitted so far: this chunk's stacks end there
             chunk["frames"], chunk["frame_ids"] = self.frames.take()

@@ -119,7 +119,19 @@ class DQNPolicy:
         """Epsilon-greedy actions; ``eps`` one for all rows or one per row."""
         with torch.inference_mode():
             greedy = self.net(torch.from_numpy(obs).to(self.device)).argmax(dim=1).cpu().numpy()
-        explore = self.rng.random(len(obs)) < eps
+        return self._explore(greedy, eps)
+
+    def act_and_values(self, obs: np.ndarray, eps: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Epsilon-greedy actions and the Q-values ``(rows, n_actions)`` they came from."""
+        q = self.q_values(obs)
+        return self._explore(q.argmax(axis=1), eps), q
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.net(torch.from_numpy(obs).to(self.device)).float().cpu().numpy()
+
+    def _explore(self, greedy: np.ndarray, eps: float | np.ndarray) -> np.ndarray:
+        explore = self.rng.random(len(greedy)) < eps
         if explore.any():
             greedy = greedy.copy()
             greedy[explore] = self.rng.integers(0, self.n_actions, size=int(explore.sum()))
