@@ -11,6 +11,7 @@ import cloudpickle
 import numpy as np
 import pytest
 import torch
+from conftest import CONFIG
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy
@@ -252,6 +253,47 @@ def test_frame_replay_rebuilds_exactly_what_the_env_produced(backend, pong_run):
     assert batch["obs"].shape == (64, 4, 84, 84) and batch["obs"].dtype == np.uint8
     produced = {(o.tobytes(), n.tobytes()) for o, n in zip(want["obs"], want["next_obs"])}
     assert all((o.tobytes(), n.tobytes()) in produced for o, n in zip(batch["obs"], batch["next_obs"]))
+
+
+@pytest.mark.slow  # a recorded Pong actor run
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_frame_replay_on_a_torch_device_gives_the_host_replays_batch(pong_run, device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _, _, chunks, _ = pong_run
+    host, on_device = FrameReplay(300, frame_capacity=290), FrameReplay(300, frame_capacity=290, device=device)
+    for c in chunks:  # a small ring: wrapped, and the oldest transitions lost frames
+        assert np.array_equal(host.add(c)[0], on_device.add(c)[0])
+    idx = np.random.default_rng(0).integers(0, 300, 256)
+    assert np.array_equal(host.valid(idx), on_device.valid(idx))
+    want, got = host.get(idx), on_device.get(idx)
+    for k in ("obs", "next_obs"):
+        assert isinstance(got[k], torch.Tensor) and got[k].device.type == device
+        np.testing.assert_array_equal(got[k].cpu().numpy(), want[k], err_msg=k)
+    for k in ("actions", "rewards", "discounts"):
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert on_device.nbytes == host.nbytes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_dqn_learner_trains_from_a_replay_on_its_device():
+    from tianji_dask.serial import SerialRun
+
+    overrides = ["algo.replay_device=learner", "algo.replay=prioritized", "algo.learning_starts=64", "env.num_envs=2"]
+    run = SerialRun(load_config(DQN_SMALL, [*overrides, "algo.batch_size=32", "algo.ratio_tolerance=null"]))
+    run.learner.publish()
+    run.actor.probe_params()
+    while len(run.buffer) < 64:
+        run.actor.step()
+        run.actor.flush()
+        run.buffer.ingest()
+    assert isinstance(run.buffer.sample(4)["obs"], torch.Tensor)
+    assert run.learner.step() and run.learner.step()
+    run.actor.close()
+    with pytest.raises(ConfigError, match="replay_device=learner keeps a frame replay.*env.kind=atari"):
+        load_config(CONFIG, ["algo.replay_device=learner"])
 
 
 @pytest.mark.slow  # a recorded Pong actor run

@@ -1,11 +1,14 @@
 """Moving a learner's batch from numpy (replay memory, rollouts) onto its device.
 
 On CUDA the batch goes through page-locked (pinned) host buffers, one per field, reused from
-batch to batch, with asynchronous copies. Reuse is safe because both learners end every update
+batch to batch, with asynchronous copies; a field that is a tensor already (observations
+gathered on the device by a device replay) is used where it is. Reuse is safe because both learners end every update
 with ``.item()``, which waits for the GPU, before the next batch overwrites the buffers.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -16,11 +19,14 @@ class BatchMover:
         self.device = device
         self._pinned: dict[str, torch.Tensor] = {}
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: Mapping[str, np.ndarray | torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.device.type != "cuda":
             return {k: torch.as_tensor(v) for k, v in batch.items()}
         out = {}
         for k, v in batch.items():
+            if isinstance(v, torch.Tensor):  # gathered on the device already (a device replay)
+                out[k] = v.to(self.device, non_blocking=True)
+                continue
             src = torch.from_numpy(np.ascontiguousarray(v))
             buf = self._pinned.get(k)
             if buf is None or buf.numel() < src.numel() or buf.dtype != src.dtype:

@@ -138,6 +138,11 @@ class DQNConfig(_Section):
     dueling: bool = Field(
         False, description="dueling Q-network: Q = V + A - mean(A) from a value and an advantage stream"
     )
+    replay_device: Literal["cpu", "learner"] = Field(
+        "cpu",
+        description="where the replay keeps its frames: cpu (host memory), or learner (the learner's "
+        "device, learner.device: batches gathered there, no host copy; env.kind=atari only)",
+    )
     replay: Literal["uniform", "prioritized"] = Field(
         "uniform",
         description="uniform: every stored transition equally likely; prioritized: proportional "
@@ -489,6 +494,11 @@ class ExperimentConfig(_Section):
                 f"stop.max_env_steps={steps} is below algo.learning_starts="
                 f"{self.algo.learning_starts}: the run would stop before the first update; "
                 f"raise max_env_steps or lower learning_starts"
+            )
+        if getattr(self.algo, "replay_device", "cpu") == "learner" and not self.env.frame_stacks:
+            raise problem(
+                "algo.replay_device=learner keeps a frame replay on the learner's device, and "
+                f"env.kind={self.env.kind!r} has no frames: set env.kind=atari or algo.replay_device=cpu"
             )
         return self
 

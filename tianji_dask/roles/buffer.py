@@ -88,7 +88,7 @@ class ReplayBufferRole(BufferBase):
     """The buffer's own loop ingests into replay (:class:`BufferBase`); the learner calls
     ``sample(n)`` and reads ``len(buffer)`` / ``received`` from its own thread. ``capacity`` in
     transitions; ``frame_stacks``: observations are Atari frame stacks ``(stack, height,
-    width)``, kept as single frames."""
+    width)``, kept as single frames (on the torch ``device`` if given: the learner's)."""
 
     def __init__(
         self,
@@ -101,11 +101,12 @@ class ReplayBufferRole(BufferBase):
         seed: int = 0,
         buffer_id: int = 0,
         priorities: PrioritySettings | None = None,
+        device: str | None = None,
     ):
         super().__init__(inbox, buffer_id)
         memory: FrameReplay | ReplayMemory
         if frame_stacks:
-            memory = FrameReplay(capacity, _frame_shape(obs_shape), obs_shape[0])
+            memory = FrameReplay(capacity, _frame_shape(obs_shape), obs_shape[0], device=device)
         else:
             memory = ReplayMemory(capacity, obs_shape, obs_dtype)
         self.replay: FrameReplay | ReplayMemory | PrioritizedReplay = (

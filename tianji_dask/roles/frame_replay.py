@@ -23,6 +23,12 @@ frames for any episode longer than about 256 steps. Should a transition's oldest
 overwritten anyway, sampling skips it (its ``oldest`` frame count is checked). Memory is
 ``frames x 7,056 B + transitions x 56 B`` (:meth:`FrameReplay.nbytes_for`): about 7.2 KB per
 transition, 7.2 GB for a million.
+
+With ``device`` (a torch device, the learner's), the frame ring is a tensor there: each chunk's
+new frames are copied to it once, and a sample's stacks are gathered there by index, so a batch's
+observations never exist on the host; the bookkeeping (ids, positions, actions, returns) stays
+in numpy, a few bytes per transition. ``get`` then returns ``obs``/``next_obs`` as tensors on the
+device, which the learner's batch mover passes through.
 """
 
 from __future__ import annotations
@@ -133,7 +139,12 @@ class FrameReplay:
     """
 
     def __init__(
-        self, capacity: int, frame_shape: tuple[int, int] = (84, 84), stack: int = 4, frame_capacity: int | None = None
+        self,
+        capacity: int,
+        frame_shape: tuple[int, int] = (84, 84),
+        stack: int = 4,
+        frame_capacity: int | None = None,
+        device: str | None = None,
     ):
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
@@ -143,7 +154,8 @@ class FrameReplay:
         self.frame_capacity = int(frame_capacity or self.default_frame_capacity(capacity))
         if self.frame_capacity < 2 * stack:
             raise ValueError(f"frame_capacity must be >= {2 * stack}, got {self.frame_capacity}")
-        self._frames = np.zeros((self.frame_capacity, *self.frame_shape), np.uint8)
+        self.device = device
+        self._frames = _frame_ring((self.frame_capacity, *self.frame_shape), device)
         self._obs = np.zeros((capacity, stack), np.int32)  # ring positions of the frames
         self._next = np.zeros((capacity, stack), np.int32)
         self._oldest = np.zeros(capacity, np.int64)  # count of the oldest frame referred to
@@ -174,8 +186,8 @@ class FrameReplay:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._frames, self._obs, self._next, self._oldest, self._actions, self._rewards, self._discounts)
-        return sum(a.nbytes for a in arrays)
+        arrays = (self._obs, self._next, self._oldest, self._actions, self._rewards, self._discounts)
+        return sum(a.nbytes for a in arrays) + self._frames.nbytes
 
     # --- adding ---------------------------------------------------------------------------
     def _stream_rows(self, streams: np.ndarray, create: bool) -> np.ndarray:
@@ -247,7 +259,7 @@ class FrameReplay:
         obs_c, obs_ok = self._resolve(np.asarray(batch["obs"], np.int64), fids, order, counts)
         nxt_c, nxt_ok = self._resolve(np.asarray(batch["next_obs"], np.int64), fids, order, counts)
         if len(fids):
-            self._frames[counts % self.frame_capacity] = frames
+            self._frames.write(counts % self.frame_capacity, frames)
             self.frames_written += len(fids)
             self._register(fids, counts)
 
@@ -286,8 +298,8 @@ class FrameReplay:
         idx = np.asarray(idx)
         n, k = len(idx), self.stack
         return {
-            "obs": self._frames[self._obs[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
-            "next_obs": self._frames[self._next[idx].reshape(-1)].reshape(n, k, *self.frame_shape),
+            "obs": self._frames.gather(self._obs[idx].reshape(-1)).reshape(n, k, *self.frame_shape),
+            "next_obs": self._frames.gather(self._next[idx].reshape(-1)).reshape(n, k, *self.frame_shape),
             "actions": self._actions[idx],
             "rewards": self._rewards[idx],
             "discounts": self._discounts[idx],
@@ -313,3 +325,41 @@ class FrameReplay:
             idx[bad] = rng.integers(0, self._size, size=int(bad.sum()))
             bad = ~self.valid(idx)
         return self.get(idx)
+
+
+class _HostFrames:
+    """The frame ring as a numpy array."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.array = np.zeros(shape, np.uint8)
+        self.nbytes = self.array.nbytes
+
+    def write(self, positions: np.ndarray, frames: np.ndarray) -> None:
+        self.array[positions] = frames
+
+    def gather(self, positions: np.ndarray) -> np.ndarray:
+        return self.array[positions]
+
+
+class _DeviceFrames:
+    """The frame ring as a uint8 tensor on a torch device: frames go there once, stacks are
+    gathered there."""
+
+    def __init__(self, shape: tuple[int, ...], device: str):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.tensor = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        self.nbytes = self.tensor.numel()
+
+    def write(self, positions: np.ndarray, frames: np.ndarray) -> None:
+        t = self.torch
+        self.tensor[t.as_tensor(positions, device=self.device)] = t.as_tensor(frames).to(self.device)
+
+    def gather(self, positions: np.ndarray):
+        return self.tensor[self.torch.as_tensor(positions, device=self.device)]
+
+
+def _frame_ring(shape: tuple[int, ...], device: str | None) -> _HostFrames | _DeviceFrames:
+    return _HostFrames(shape) if device is None else _DeviceFrames(shape, device)

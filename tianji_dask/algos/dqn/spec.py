@@ -42,6 +42,7 @@ class DQNSpec:
             seed=seed,
             buffer_id=buffer_id,
             priorities=priorities,
+            device=cfg.learner.device if algo.replay_device == "learner" else None,
         )
 
     def learner_role(self) -> Callable[..., LearnerLoopRole]:
