@@ -1,0 +1,211 @@
+"""The paper's Fig. 5d on real links: throughput between two nodes against message size, the
+project's queue channel against raw TCP over the same link, on a rate-limited link (1 Gbit/s, the
+paper's Ethernet) and on an unlimited one.
+
+The nodes are network namespaces joined by veth links to a bridge (``jobqueue/netns-nodes.sh``,
+root only), each with one Dask worker listening on its own address: node 2 sends, node 1
+receives. Raw TCP runs in those same two worker processes (one socket, ``sendall`` of each
+message, the receiver reading into a preallocated buffer), right before the channel case of the
+same size, which is the communication benchmark's (``comm_bench``: one ``QueueSender`` pushing
+into one ``QueueInbox``, sample time 0). Throughput is message bytes over the receiver's time from
+the first to the last message.
+
+    sudo python benchmarks/link_throughput.py --out benchmarks/results/link_throughput
+    sudo python benchmarks/link_throughput.py --rates 1gbit --sizes 524288 --messages 300   # quick
+
+Writes ``link_throughput.nc`` (dims ``rate`` x ``size``), ``link_throughput.json`` and
+``link_throughput.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "jobqueue")]
+
+from netns_nodes import Nodes  # noqa: E402
+
+from comm_bench.cases import MB, Case, CommBenchConfig  # noqa: E402
+from comm_bench.cluster import BenchCluster  # noqa: E402
+
+KIB = 1 << 10
+SIZES = (64 * KIB, 256 * KIB, 512 * KIB, 1024 * KIB, 4096 * KIB)
+
+
+class RawReceiver:
+    """A Dask actor on the receiving node: one TCP listener, then one connection read to the end."""
+
+    def listen(self, host: str) -> int:
+        self.sock = socket.create_server((host, 0))
+        return self.sock.getsockname()[1]
+
+    def receive(self, total: int, size: int) -> dict:
+        conn, _ = self.sock.accept()
+        buf = memoryview(np.empty(size, np.uint8))
+        got, t_first = 0, None
+        while got < total:
+            n = conn.recv_into(buf)
+            if n == 0:
+                break
+            if t_first is None:
+                t_first = time.perf_counter()
+            got += n
+        t_last = time.perf_counter()
+        conn.close()
+        self.sock.close()
+        return {"bytes": got, "seconds": t_last - (t_first or t_last)}
+
+
+def raw_send(host: str, port: int, messages: int, size: int) -> int:
+    with socket.create_connection((host, port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg = bytes(size)
+        for _ in range(messages):
+            s.sendall(msg)
+    return messages * size
+
+
+class NodesCluster(BenchCluster):
+    """The communication benchmark's cluster, made of the nodes' two workers: worker 0 (node 1)
+    receives, worker 1 (node 2) sends."""
+
+    def __init__(self, cfg: CommBenchConfig, scheduler: str):
+        super().__init__(cfg)
+        self.scheduler = scheduler
+
+    def __enter__(self):
+        from distributed import Client
+
+        from tianji_dask.channels import ChannelPlugin
+
+        self.client = Client(self.scheduler, timeout=60)
+        self.client.wait_for_workers(2, timeout=120)
+        self.client.register_plugin(ChannelPlugin())
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        self.workers = sorted(info, key=lambda a: info[a]["name"])
+        self.pids = self.client.run(os.getpid)
+        return self
+
+    def __exit__(self, *exc):
+        self.client.close()
+
+    def run_raw(self, size: int, messages: int) -> float:
+        recv_w, send_w = self.workers
+        host = recv_w.split("://")[1].rsplit(":", 1)[0]
+        receiver = self.client.submit(RawReceiver, actor=True, workers=[recv_w], pure=False).result()
+        port = receiver.listen(host).result()
+        got = receiver.receive(messages * size, size)
+        self.client.submit(raw_send, host, port, messages, size, workers=[send_w], pure=False).result(timeout=600)
+        r = got.result(timeout=600)
+        return r["bytes"] / r["seconds"]
+
+
+def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
+    workdir = Path(tempfile.mkdtemp(prefix="link-throughput-"))
+    nodes = Nodes.up(2, workdir, rate)
+    nodes.pythonpath.append(str(HERE))  # the tasks are comm_bench's
+    rows = []
+    try:
+        scheduler = nodes.start_scheduler()
+        nodes.start_worker(1, "node1-receiver", {})
+        nodes.start_worker(2, "node2-sender", {})
+        nodes.wait_for_workers(2)
+        cfg = CommBenchConfig(messages=messages)
+        with NodesCluster(cfg, scheduler) as cluster:
+            for size in sizes:
+                raw = cluster.run_raw(size, messages)
+                res = cluster.run_channel(Case("size", "channel", size, 1, 0.0, messages), f"link-{size}")
+                channel = messages * size / res["collection_time"]
+                rows.append({"rate": rate or "unlimited", "size": size, "raw_tcp": raw, "channel": channel})
+                log(
+                    f"{rate or 'unlimited':>9} {size // KIB:6d} KiB: raw TCP {raw / MB:8.1f} MB/s, "
+                    f"channel {channel / MB:8.1f} MB/s ({channel / raw:.2f})"
+                )
+    finally:
+        nodes.stop()
+    return rows
+
+
+def save(rows: list[dict], out: Path, meta: dict) -> None:
+    rates = list(dict.fromkeys(r["rate"] for r in rows))
+    sizes = sorted({r["size"] for r in rows})
+    grid = {k: np.full((len(rates), len(sizes)), np.nan) for k in ("raw_tcp", "channel")}
+    for r in rows:
+        i, j = rates.index(r["rate"]), sizes.index(r["size"])
+        for k in grid:
+            grid[k][i, j] = r[k]
+    dims = ("rate", "size")
+    ds = xr.Dataset(
+        {
+            "raw_tcp_bytes_per_s": (dims, grid["raw_tcp"], {"long_name": "raw TCP throughput", "units": "B/s"}),
+            "channel_bytes_per_s": (dims, grid["channel"], {"long_name": "queue channel throughput", "units": "B/s"}),
+            "fraction_of_raw_tcp": (
+                dims,
+                grid["channel"] / grid["raw_tcp"],
+                {"long_name": "channel throughput / raw TCP throughput", "units": "1"},
+            ),
+        },
+        coords={
+            "rate": ("rate", rates, {"long_name": "link rate limit (tc tbf)", "units": "1"}),
+            "size": ("size", sizes, {"long_name": "message size", "units": "B"}),
+        },
+        attrs={"title": "throughput between two network-namespace nodes (paper Fig. 5d)", **meta},
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    ds.to_netcdf(out / "link_throughput.nc", engine="h5netcdf")
+    (out / "link_throughput.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, rate in enumerate(rates):
+        ax.plot(np.array(sizes) / KIB, grid["raw_tcp"][i] / MB, "--", marker="o", label=f"raw TCP, {rate}")
+        ax.plot(np.array(sizes) / KIB, grid["channel"][i] / MB, "-", marker="s", label=f"channel, {rate}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size [KiB]")
+    ax.set_ylabel("throughput [MB/s]")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "link_throughput.png", dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="1gbit,unlimited", help="comma-separated tc rates; 'unlimited' for none")
+    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="comma-separated message bytes")
+    p.add_argument("--messages", type=int, default=2000, help="messages per case")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/link_throughput"))
+    a = p.parse_args()
+    if os.geteuid() != 0:
+        p.error("needs root: the nodes are network namespaces (jobqueue/netns-nodes.sh)")
+    sizes = [int(s) for s in a.sizes.split(",")]
+    rows = []
+    for rate in a.rates.split(","):
+        rows += measure(None if rate == "unlimited" else rate, sizes, a.messages, lambda s: print(s, flush=True))
+    meta = {
+        "messages": a.messages,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": " ".join(sys.argv),
+    }
+    save(rows, a.out, meta)
+    print(f"results: {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""A run across nodes with network stacks of their own (tests/netns_support.py): the learner's
+node and two actor nodes, joined by veth links to a bridge, the scheduler on the bridge. Every
+trajectory byte has to cross the links: the links' counters must show at least the bytes of all
+the transitions the run produced. Needs root (CI); see netns_support for when it skips."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import xarray as xr
+from conftest import CONFIG
+from netns_support import address, link_bytes, nodes_up
+
+pytestmark = pytest.mark.integration
+
+# A CartPole transition as the actors send it: obs and next_obs (4 float32 each), the action
+# (int64), the n-step return and the discount (float32).
+TRANSITION_BYTES = 2 * 4 * 4 + 8 + 4 + 4
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    n = nodes_up(3, tmp_path)
+    try:
+        yield n
+    finally:
+        n.stop()
+
+
+@pytest.mark.timeout(360)
+def test_a_run_with_its_learner_and_actors_on_three_nodes_reaches_its_target_through_the_links(nodes, tmp_path):
+    scheduler = nodes.start_scheduler()
+    nodes.start_worker(1, "node1-learner", {"tianji_learner": 1, "tianji_group_0": 1})
+    for k in (2, 3):
+        nodes.start_worker(k, f"node{k}-actor", {"tianji_actor": 1, "tianji_group_0": 1})
+    workers = nodes.wait_for_workers(3)
+    assert sorted(w["host"] for w in workers.values()) == [address(1), address(2), address(3)]
+    before = {k: link_bytes(k) for k in (1, 2, 3)}
+    r = subprocess.run(
+        [sys.executable, "-m", "tianji_dask.cli", "train", str(CONFIG), "--scheduler", scheduler,
+         "--set", "topology.actors=2", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=330, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    with xr.open_dataset(tmp_path / "run" / "metrics.nc", engine="h5netcdf") as ds:
+        assert ds.attrs["status"] == "target_reached", ds.attrs["status"]
+        env_steps = int(ds.env_steps.max())
+    sent = sum(link_bytes(k)[0] - before[k][0] for k in (2, 3))  # out of the actors' nodes
+    received = link_bytes(1)[1] - before[1][1]  # into the learner's node
+    produced = env_steps * TRANSITION_BYTES
+    print(f"\ntransitions {produced:,} B; out of the actor nodes {sent:,} B, into the learner's {received:,} B")
+    assert sent >= produced and received >= produced, (sent, received, produced)
