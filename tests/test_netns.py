@@ -52,3 +52,21 @@ def test_a_run_with_its_learner_and_actors_on_three_nodes_reaches_its_target_thr
     produced = env_steps * TRANSITION_BYTES
     print(f"\ntransitions {produced:,} B; out of the actor nodes {sent:,} B, into the learner's {received:,} B")
     assert sent >= produced and received >= produced, (sent, received, produced)
+
+
+@pytest.mark.timeout(300)
+def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path):
+    """benchmarks/link_throughput.py on its smallest case: a 100 Mbit/s link caps both."""
+    from netns_support import require_netns
+
+    require_netns()
+    out = tmp_path / "lt"
+    r = subprocess.run(
+        [sys.executable, "benchmarks/link_throughput.py", "--rates", "100mbit", "--sizes", "262144",
+         "--messages", "40", "--out", str(out)],
+        capture_output=True, text=True, timeout=280, cwd=CONFIG.parent.parent,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    with xr.open_dataset(out / "link_throughput.nc", engine="h5netcdf") as ds:
+        raw, channel = float(ds.raw_tcp_bytes_per_s.item()), float(ds.channel_bytes_per_s.item())
+    assert 6e6 < raw < 14e6 and 6e6 < channel < 14e6, (raw, channel)  # 100 Mbit/s = 12.5 MB/s
