@@ -12,7 +12,7 @@ from conftest import CONFIG
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import load_config
 from tianji_dask.placement import place
-from tianji_dask.planner import PlanError, Profile, Resources, default_plan_path, load_plan, make_plan
+from tianji_dask.planner import Plan, PlanError, Profile, Resources, default_plan_path, load_plan, make_plan
 from tianji_dask.slurm import job_scripts, plan_from_config
 
 PONG = CONFIG.parent / "pong_ppo.yaml"
@@ -171,3 +171,14 @@ def test_the_pong_config_is_the_plan_its_stored_profile_gives_for_16_cores_and_a
     again = make_plan(pong(), Profile.load(results / "plan.profile.nc", pong()), Resources(cores=16, gpus=1))
     assert again.overrides() == stored.overrides()
     assert stored.apply(pong()) == pong()
+
+
+def test_a_plan_written_before_plans_chose_devices_leaves_the_configs_devices():
+    plan = make_plan(pong(), profile(), Resources(cores=16, gpus=1)).to_dict()
+    for key in ("learner_device", "actor_device", "env_threads", "gpus_used"):
+        plan.pop(key)
+    for job in plan["jobs"]:
+        job.pop("gpus")
+    old = Plan.from_dict(plan)
+    assert "learner.device" not in old.overrides() and "env.atari_threads" not in old.overrides()
+    assert old.apply(pong()).learner.device == "cuda"  # the config's

@@ -235,8 +235,9 @@ class Plan:
     explanation: list[str]
     jobs: list[Job] = field(default_factory=list)
     learners: int = 1  # per group; plans replicate groups rather than add data-parallel learners
-    learner_device: str = "cpu"
-    actor_device: str = "cpu"  # where the actors' inference runs
+    # None (a plan written before plans chose devices): the config's devices stay
+    learner_device: str | None = None
+    actor_device: str | None = None  # where the actors' inference runs
     env_threads: int | None = None  # threads stepping one actor's envs (envs that step on threads)
     gpus_used: int = 0
 
@@ -247,9 +248,11 @@ class Plan:
             "topology.actors": self.actors,
             "topology.learners": self.learners,
             "topology.learner_threads": self.learner_threads,
-            "learner.device": self.learner_device,
-            "actor.device": self.actor_device,
         }
+        if self.learner_device is not None:
+            out["learner.device"] = self.learner_device
+        if self.actor_device is not None:
+            out["actor.device"] = self.actor_device
         if self.env_threads is not None:
             out["env.atari_threads"] = self.env_threads
         if ALGORITHMS[self.algo].tunable_batch:
@@ -638,11 +641,13 @@ def plan_table(plan: Plan):
         t.add_column(col, justify="left" if col in ("job", "hosts") else "right")
     learner = (
         f"buffer + learner ({plan.learner_threads} torch threads)"
-        if plan.learner_device == "cpu"
+        if (plan.learner_device or "cpu") == "cpu"
         else "buffer + learner on the GPU"
     )
     actors = (
-        "actor(s)" if plan.actor_device == "cpu" else f"actor(s), inference on the GPU, {plan.env_threads} env threads"
+        "actor(s)"
+        if (plan.actor_device or "cpu") == "cpu"
+        else f"actor(s), inference on the GPU, {plan.env_threads} env threads"
     )
     for j in plan.jobs:
         hosts = {"learner": learner, "actors": f"{j.processes} {actors}"}.get(
