@@ -20,7 +20,7 @@ THREADS = (1, 2, 4, 8, 15)
 
 
 def pong(**over):
-    return load_config(PONG, [f"{k}={v}" for k, v in over.items()], check_device=False)
+    return load_config(PONG, [f"{k}={v}" for k, v in over.items()], check_env=False, check_device=False)
 
 
 def profile(*, cpu_actor=400, cpu_learner=500, gpu_learner=46_000.0, gpu_actor=lambda t: 1_000 * t):
