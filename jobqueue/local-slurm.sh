@@ -19,13 +19,16 @@
 # STATE_DIR must be on a filesystem that allows exec (batch scripts run from the spool) and its
 # path may hold only letters, digits and . _ + / - characters. No cgroups: Slurm neither enforces
 # --mem nor the CPU count here. One node, loopback when the hostname resolves to 127.x.
-# Other settings: LOCAL_SLURM_TIMEOUT (seconds to wait for the node to become idle, default 60).
+# Other settings: LOCAL_SLURM_TIMEOUT (seconds to wait for the node to become idle, default 60);
+# LOCAL_SLURM_GPUS (default 2): GPUs the node declares, by count only (no device is bound), so
+# that jobs with --gres=gpu:N are scheduled as on a GPU cluster; 0 declares none.
 set -euo pipefail
 
 PROG="local-slurm.sh"
 PACKAGES=(slurmctld slurmd slurm-client munge)
 CLUSTER_NAME="tianji-local"   # tests/slurm_support.py checks for it before submitting anything
 TIMEOUT="${LOCAL_SLURM_TIMEOUT:-60}"
+GPUS="${LOCAL_SLURM_GPUS:-2}"
 
 say() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -248,8 +251,20 @@ EOF
     else
         echo "# $host resolves to '${addr:-nothing}', not 127.x: the daemons listen on all addresses" >> "$tmp"
     fi
+    local gres=""
+    [[ "$GPUS" =~ ^[0-9]+$ ]] || die "LOCAL_SLURM_GPUS must be a count of GPUs, got '$GPUS'"
+    rm -f "$STATE/gres.conf" "$STATE"/fake-gpu*
+    if [ "$GPUS" -gt 0 ]; then
+        # Slurm counts a GPU per device file; plain files stand in for them (no cgroups here, so
+        # nothing is bound): jobs asking for GPUs are scheduled as on a GPU node
+        echo "GresTypes=gpu" >> "$tmp"
+        gres="Gres=gpu:$GPUS"
+        local k
+        for k in $(seq 0 $((GPUS - 1))); do : > "$STATE/fake-gpu$k"; done
+        printf "AutoDetect=off\nNodeName=%s Name=gpu File=%s/fake-gpu[0-%d]\n" "$host" "$STATE" $((GPUS - 1)) > "$STATE/gres.conf"
+    fi
     cat >> "$tmp" <<EOF
-NodeName=$host NodeAddr=127.0.0.1 $hw State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 $hw $gres State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
     chmod 0644 "$tmp"

@@ -162,3 +162,35 @@ def test_script_status_env_and_refusals(slurm_conf):
             stdin=subprocess.DEVNULL,
         )
         assert r.returncode == 1 and "must be run as root" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_plans_gpu_jobs_are_scheduled_by_slurm_and_never_straddle_nodes(slurm_conf, jobqueue_defaults, tmp_path):
+    """The local node declares 2 GPUs by count (LOCAL_SLURM_GPUS): each group job of a plan for
+    two such nodes (a learner and an actor sharing a GPU, --gres=gpu:1) fits one node and passes
+    sbatch --test-only; the same job asking for more GPUs than a node has is refused by Slurm."""
+    from test_planner_gpu import pong, profile
+
+    from tianji_dask.planner import Resources, make_plan
+    from tianji_dask.slurm import check_fits, job_scripts
+
+    cpus = node_cpus()
+    plan = make_plan(pong(), profile(), Resources(cores=2 * cpus, nodes=2, cores_per_node=cpus, gpus=2))
+    assert [(j.kind, j.node, j.gpus) for j in plan.jobs] == [("group", 0, 1), ("group", 1, 1)]
+    assert all(j.cores <= cpus for j in plan.jobs)
+    check_fits(plan)  # against sinfo: no job larger than the node
+
+    def test_only(script: str) -> subprocess.CompletedProcess:
+        path = tmp_path / "job.sh"
+        path.write_text(script, encoding="utf-8")
+        return subprocess.run(
+            ["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=30, cwd=tmp_path
+        )
+
+    for _, script in job_scripts(plan, python=sys.executable, walltime="00:01:00"):
+        assert "#SBATCH --gres=gpu:1" in script
+        ok = test_only(script)
+        assert ok.returncode == 0 and "to start at" in ok.stderr, ok.stderr
+    too_many = test_only(script.replace("--gres=gpu:1", "--gres=gpu:3"))
+    assert too_many.returncode != 0, too_many.stderr
+    assert squeue_ids() == []  # --test-only submits nothing
