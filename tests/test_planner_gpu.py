@@ -109,6 +109,20 @@ def test_gpus_without_gpu_measurements_or_uneven_over_nodes_are_refused():
         make_plan(pong(), profile(gpu_learner=0.0, gpu_actor=None), Resources(cores=16, gpus=1))
     with pytest.raises(PlanError, match="--gpus 3 over --nodes 2: give a multiple"):
         Resources(cores=32, nodes=2, gpus=3)
+    gpu_only = profile()
+    gpu_only = Profile(
+        actors=gpu_only.actors,
+        actor_env_steps_per_s=gpu_only.actor_env_steps_per_s,
+        threads=(),
+        batch_sizes=gpu_only.batch_sizes,
+        learner_samples_per_s=(),
+        gpu_learner_samples_per_s=gpu_only.gpu_learner_samples_per_s,
+        env_threads=gpu_only.env_threads,
+        gpu_actor_env_steps_per_s=gpu_only.gpu_actor_env_steps_per_s,
+    )
+    assert make_plan(pong(), gpu_only, Resources(cores=16, gpus=1)).learner_device == "cuda"
+    with pytest.raises(PlanError, match="no learner on the CPU.*plan with --gpus"):
+        make_plan(pong(), gpu_only, Resources(cores=16))
 
 
 def test_a_gpu_profile_reads_back_from_its_netcdf(tmp_path: Path):

@@ -408,6 +408,11 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
                             learner_mem=learner_mem,
                         ),
                     )
+    if best is None and not refused_memory:
+        raise PlanError(
+            "the profile measured no learner on the CPU (profile --max-threads 0) and the plan has no "
+            "GPU: plan with --gpus, or profile again with a CPU learner"
+        )
     if best is None:
         raise PlanError(
             "no allocation fits in memory:\n  "
