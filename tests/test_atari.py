@@ -553,10 +553,15 @@ def test_check_env_gives_the_preprocessed_spaces(backend):
 
 @pytest.mark.timeout(30)
 def test_shipped_pong_configs_load():
-    for name in ("pong_dqn_small", "pong_ppo_small", "pong_dqn", "pong_ppo"):
+    for name in ("pong_dqn_small", "pong_ppo_small", "pong_dqn", "pong_dqn_apex", "pong_ppo"):
         cfg = load_config(f"configs/{name}.yaml", check_env=False, check_device=False)
         assert cfg.env.kind == "atari" and cfg.env.id == "ALE/Pong-v5"
     big = load_config("configs/pong_dqn.yaml", check_env=False, check_device=False)
+    # the Ape-X twin differs in its replay, exploration and returns only (Fig. 4a-b's comparison)
+    apex = load_config("configs/pong_dqn_apex.yaml", check_env=False, check_device=False).model_dump()
+    plain = big.model_dump()
+    assert {k for k in plain["algo"] if plain["algo"][k] != apex["algo"][k]} == {"n_step", "exploration", "replay"}
+    assert all(plain[s] == apex[s] for s in plain if s != "algo")
     assert big.algo.buffer_size == 1_000_000 and big.algo.target_replay_ratio == 8
     assert FrameReplay.nbytes_for(big.algo.buffer_size) < 10e9
     ppo = load_config("configs/pong_ppo.yaml", check_env=False, check_device=False)
