@@ -273,15 +273,59 @@ def test_a_frame_replay_on_a_torch_device_gives_the_host_replays_batch(pong_run,
         np.testing.assert_array_equal(got[k].cpu().numpy(), want[k], err_msg=k)
     for k in ("actions", "rewards", "discounts"):
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-    assert on_device.nbytes == host.nbytes
+    # the transitions mirrored on the device: 8 positions, oldest count, action (int64), return,
+    # discount (float32), and three int64 scalars
+    assert on_device.nbytes == host.nbytes + 300 * (8 * 8 + 8 + 8 + 4 + 4) + 3 * 8
+
+
+@pytest.mark.slow  # a recorded Pong actor run
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_device_replay_draws_stored_transitions_uniformly_on_the_device(pong_run, device):
+    """``sample_on_device`` draws uniformly among the transitions that still have their frames,
+    and each drawn row is the transition at its ring index: frames, action, return, discount."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _, _, chunks, _ = pong_run
+    host, on_device = FrameReplay(300, frame_capacity=290), FrameReplay(300, frame_capacity=290, device=device)
+    for c in chunks:  # wrapped, and the oldest transitions lost frames
+        host.add(c)
+        on_device.add(c)
+    valid = host.valid(np.arange(300))
+    assert 0 < valid.sum() < 300
+    torch.manual_seed(0)
+    counts = np.zeros(300, np.int64)
+    for _ in range(200):
+        batch = on_device.sample_on_device(256)
+        idx = batch["indices"].cpu().numpy()
+        assert valid[idx].all()
+        want = host.get(idx)
+        for k in want:
+            np.testing.assert_array_equal(batch[k].cpu().numpy(), want[k], err_msg=k)
+        counts += np.bincount(idx, minlength=300)
+    expected = counts.sum() / valid.sum()
+    # each valid transition drawn about equally often: within 5 binomial standard deviations
+    assert np.abs(counts[valid] - expected).max() < 5 * np.sqrt(expected)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_dqn_learner_trains_from_a_replay_on_its_device():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("replay", ["uniform", "prioritized"])
+def test_a_dqn_learner_trains_from_a_replay_on_its_device(replay, device):
+    """Uniform: batches drawn on the device (on CUDA, draw and update replayed as one graph
+    from the third update); prioritized: drawn by the host's sum-tree, stacks gathered there."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
     from tianji_dask.serial import SerialRun
 
-    overrides = ["algo.replay_device=learner", "algo.replay=prioritized", "algo.learning_starts=64", "env.num_envs=2"]
+    overrides = [
+        "algo.replay_device=learner",
+        f"algo.replay={replay}",
+        "algo.learning_starts=64",
+        "env.num_envs=2",
+        f"learner.device={device}",
+    ]
     run = SerialRun(load_config(DQN_SMALL, [*overrides, "algo.batch_size=32", "algo.ratio_tolerance=null"]))
     run.learner.publish()
     run.actor.probe_params()
@@ -290,7 +334,14 @@ def test_a_dqn_learner_trains_from_a_replay_on_its_device():
         run.actor.flush()
         run.buffer.ingest()
     assert isinstance(run.buffer.sample(4)["obs"], torch.Tensor)
-    assert run.learner.step() and run.learner.step()
+    assert (run.buffer.device_sampler(32) is None) == (replay == "prioritized")
+    for _ in range(5):
+        assert run.learner.step()
+        run.actor.step()  # the buffer's adds between updates
+        run.actor.flush()
+        run.buffer.ingest()
+    counters = run.learner.heartbeat()["counters"]
+    assert counters["updates"] == 5 and np.isfinite(counters["loss"]) and np.isfinite(counters["q_mean"])
     run.actor.close()
     with pytest.raises(ConfigError, match="replay_device=learner keeps a frame replay.*env.kind=atari"):
         load_config(CONFIG, ["algo.replay_device=learner"])
@@ -476,7 +527,7 @@ def test_dqn_and_ppo_learners_train_on_uint8_stacks():
         "discounts": np.full(n, 0.99, np.float32),
     }
     learner = DQNLearner(4 * 84 * 84, 6, cfg.algo, seed=0, network="nature_cnn")
-    loss, q = learner.update(batch)
+    loss, q = learner.update(batch).tolist()
     assert np.isfinite(loss) and np.isfinite(q)
     policy = DQNPolicy(4 * 84 * 84, 6, [], seed=0, network="nature_cnn")
     policy.load(1, learner.policy_params())
@@ -557,12 +608,12 @@ def test_shipped_pong_configs_load():
         cfg = load_config(f"configs/{name}.yaml", check_env=False, check_device=False)
         assert cfg.env.kind == "atari" and cfg.env.id == "ALE/Pong-v5"
     big = load_config("configs/pong_dqn.yaml", check_env=False, check_device=False)
-    # the Ape-X twin differs in its replay, exploration and returns only (Fig. 4a-b's comparison)
+    # the Ape-X twin differs in its replay and exploration only (Fig. 4a-b's comparison)
     apex = load_config("configs/pong_dqn_apex.yaml", check_env=False, check_device=False).model_dump()
     plain = big.model_dump()
-    assert {k for k in plain["algo"] if plain["algo"][k] != apex["algo"][k]} == {"n_step", "exploration", "replay"}
+    assert {k for k in plain["algo"] if plain["algo"][k] != apex["algo"][k]} == {"exploration", "replay"}
     assert all(plain[s] == apex[s] for s in plain if s != "algo")
-    assert big.algo.buffer_size == 1_000_000 and big.algo.target_replay_ratio == 8
+    assert big.algo.buffer_size == 50_000 and big.algo.target_replay_ratio == 32
     assert FrameReplay.nbytes_for(big.algo.buffer_size) < 10e9
     ppo = load_config("configs/pong_ppo.yaml", check_env=False, check_device=False)
     # a rollout carries each frame once: its steps' new frames plus each env's first stack

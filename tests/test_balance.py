@@ -50,7 +50,8 @@ def _channels():
 
 
 class _StubReplay:
-    """What DQNLearnerRole reads from its buffer: ``received``, ``len()`` and ``sample(n)``."""
+    """What DQNLearnerRole reads from its buffer: ``received``, ``len()``, ``sample(n)`` and
+    ``device_sampler(n)`` (None: no device replay)."""
 
     def __init__(self, received: int):
         self.received = received
@@ -58,6 +59,9 @@ class _StubReplay:
 
     def __len__(self) -> int:
         return self.received
+
+    def device_sampler(self, n: int) -> None:
+        return None
 
     def sample(self, n: int) -> dict[str, np.ndarray]:
         return {

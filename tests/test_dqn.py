@@ -213,10 +213,10 @@ def test_learner_update_reduces_loss_on_a_fixed_batch():
     learner = DQNLearner(4, 2, dqn_config(lr=1e-2, hidden_sizes=[64]), seed=0)
     b = fixed_batch()
     before = fixed_batch_loss(learner, b)
-    first, _ = learner.update(b)
+    first, _ = learner.update(b).tolist()
     assert first == pytest.approx(before, rel=1e-5)  # update() reports the loss before its step
     for _ in range(99):
-        loss, q_mean = learner.update(b)
+        loss, q_mean = learner.update(b).tolist()
         assert np.isfinite(loss) and np.isfinite(q_mean)
     after = fixed_batch_loss(learner, b)
     assert learner.updates == 100
@@ -290,10 +290,11 @@ def test_batch_mover_on_cuda_reuses_pinned_buffers():
     mover = BatchMover(torch.device("cuda"))
     a = {"obs": np.ones((4, 2), np.float32)}
     first = mover(a)["obs"]
-    assert first.device.type == "cuda" and float(first.sum()) == 8  # .item() waits, as each update does
     buf = mover._pinned["obs"]
+    # no wait for the device in between: the mover waits for the first copy before it reuses
     second = mover({"obs": np.full((4, 2), 3, np.float32)})["obs"]
     assert mover._pinned["obs"] is buf and buf.is_pinned()
+    assert first.device.type == "cuda" and float(first.sum()) == 8
     assert float(second.sum()) == 24
 
 
@@ -340,8 +341,46 @@ def test_a_dueling_learner_trains_and_its_actors_load_its_parameters(network):
         "rewards": rng.normal(size=8).astype(np.float32),
         "discounts": np.full(8, 0.9, np.float32),
     }
-    loss, _ = learner.update(batch)
+    loss, _ = learner.update(batch).tolist()
     assert np.isfinite(loss)
     policy = DQNPolicy(obs_dim, 3, cfg.hidden_sizes, seed=0, network=network, dueling=True)
     policy.load(1, learner.policy_params())
     assert policy.act(batch["obs"], 0.0).shape == (8,)
+
+
+def _atari_batch_on(device: str, n: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "obs": torch.randint(0, 256, (n, 4, 84, 84), generator=g, dtype=torch.uint8).to(device),
+        "next_obs": torch.randint(0, 256, (n, 4, 84, 84), generator=g, dtype=torch.uint8).to(device),
+        "actions": torch.randint(0, 6, (n,), generator=g).to(device),
+        "rewards": torch.randn(n, generator=g).to(device),
+        "discounts": (torch.rand(n, generator=g) > 0.1).float().mul(0.99).to(device),
+    }
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dqn_learner_on_cuda_replays_draw_and_update_as_a_graph_that_trains_as_the_eager_step(monkeypatch):
+    """``update_sampled`` on CUDA runs two eager warm-up steps, then captures the draw and the
+    update as one CUDA graph and replays it; the draw here reads tensors refilled in place before
+    each update. Same seeds, same batches, target syncs in between: the same statistics,
+    parameters and optimiser state as eager updates, bit for bit (deterministic cuDNN: its
+    default convolution backward is not deterministic)."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    cfg = dqn_config(lr=1e-4, target_update_interval=2)
+    graphed = DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    eager = DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    source = _atari_batch_on("cuda", 32, seed=0)
+    for s in range(6):  # warm-up, warm-up, capture, replays
+        batch = _atari_batch_on("cuda", 32, seed=s)
+        for k, v in batch.items():
+            source[k].copy_(v)
+        got = graphed.update_sampled(lambda: dict(source)).clone()
+        want = eager.update(batch)
+        assert torch.equal(got, want), s
+    assert graphed._graphed is not None and len(graphed._graphed._graphs) == 1
+    state_graphed, state_eager = graphed.state(), eager.state()
+    for comp in ("online", "target", "optim_state"):
+        for name, value in state_graphed[comp].items():
+            assert torch.equal(value, state_eager[comp][name]), (comp, name)
+    assert graphed.updates == eager.updates == 6

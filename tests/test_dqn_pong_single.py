@@ -50,3 +50,34 @@ def test_a_short_run_on_the_cpu_trains_and_reports_json():
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["env_steps"] > 200 and res["updates"] > 0 and res["seconds_to_target"] is None
+
+
+def test_the_race_runs_the_single_script_with_the_configs_hyperparameters():
+    """benchmarks/vs_single.py hands the single DQN script the tianji-dask config's
+    hyperparameters and its actors' envs (every flag one the script takes), gives PPO its own
+    peer, and refuses a config the script cannot follow, before any run."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("vs_single", SCRIPT.with_name("vs_single.py"))
+    vs_single = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs_single)
+    args = argparse.Namespace(
+        config="configs/pong_dqn.yaml",
+        overrides=["algo.lr=0.0003", "topology.actors=3"],
+        target=18.0,
+        max_seconds=600.0,
+        single_max_seconds=900.0,
+        envs=None,
+        threads=16,
+    )
+    cmd, envs, algo = vs_single.single_command(args)
+    assert (Path(cmd[0]).name, envs, algo) == ("dqn_pong_single.py", 3 * 8, "dqn")
+    flags = dict(zip(cmd[1::2], cmd[2::2]))
+    assert flags["--lr"] == "0.0003" and flags["--envs"] == "24" and flags["--max-seconds"] == "900.0"
+    assert flags["--train-freq"] == "1" and flags["--n-step"] == "3" and flags["--buffer-size"] == "50000"
+    source = SCRIPT.read_text()
+    assert all(f'add_argument("{f}"' in source for f in flags), "a flag the script does not take"
+    cmd, envs, algo = vs_single.single_command(argparse.Namespace(**{**vars(args), "config": "configs/pong_ppo.yaml"}))
+    assert (Path(cmd[0]).name, envs, algo) == ("ppo_pong_single.py", 64, "ppo")
+    with pytest.raises(SystemExit, match="only uniform replay"):
+        vs_single.single_command(argparse.Namespace(**{**vars(args), "config": "configs/pong_dqn_apex.yaml"}))

@@ -13,6 +13,8 @@ from tianji_dask.roles.replay import ReplayMemory
 
 GIB = 2**30
 CPU = ["learner.device=cpu", "actor.device=cpu"]  # the Pong configs name a GPU; the replay is the same
+# pong_dqn.yaml's replay is small and on the GPU: the papers' 1M on the host
+DQN_1M = [*CPU, "algo.replay_device=cpu", "algo.buffer_size=1000000"]
 
 
 def test_flat_replay_bytes_match_what_a_built_memory_reports():
@@ -21,7 +23,7 @@ def test_flat_replay_bytes_match_what_a_built_memory_reports():
 
 
 def test_pong_dqn_needs_its_frame_replay_and_ppo_needs_none():
-    cfg = load_config("configs/pong_dqn.yaml", CPU)
+    cfg = load_config("configs/pong_dqn.yaml", DQN_1M)
     obs = check_env(cfg).observation_space
     assert spec_for(cfg).replay_nbytes(cfg, obs.shape, obs.dtype) == FrameReplay.nbytes_for(1_000_000)
     ppo = load_config("configs/pong_ppo.yaml", CPU)
@@ -30,7 +32,7 @@ def test_pong_dqn_needs_its_frame_replay_and_ppo_needs_none():
 
 
 def test_a_replay_that_does_not_fit_is_refused_with_a_size_that_does():
-    cfg = load_config("configs/pong_dqn.yaml", CPU)
+    cfg = load_config("configs/pong_dqn.yaml", DQN_1M)
     spaces = check_env(cfg)
     per = FrameReplay.nbytes_for(1_000_000)
     check_replay_fits(cfg, spaces, serial=False, available=int(per / 0.89))
@@ -39,7 +41,7 @@ def test_a_replay_that_does_not_fit_is_refused_with_a_size_that_does():
     msg = str(e.value)
     assert "algo.buffer_size=1,000,000 needs 6.73 GiB of replay per buffer x 1 buffer(s)" in msg, msg
     suggested = int(msg.split("at most ")[1].split(", or")[0].replace(",", ""))
-    smaller = load_config("configs/pong_dqn.yaml", [*CPU, f"algo.buffer_size={suggested}"])
+    smaller = load_config("configs/pong_dqn.yaml", [*DQN_1M[:-1], f"algo.buffer_size={suggested}"])
     check_replay_fits(smaller, spaces, serial=False, available=4 * GIB)  # the advice holds
 
 

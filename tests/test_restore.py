@@ -51,7 +51,7 @@ def test_dqn_restored_learner_makes_bit_identical_updates(tmp_path):
     assert restored.updates == 4
     assert_same_state(original, restored)
     for s in range(4, 9):  # past the next target sync (update 6)
-        assert original.update(dqn_batch(s)) == restored.update(dqn_batch(s))
+        assert torch.equal(original.update(dqn_batch(s)), restored.update(dqn_batch(s)))
         assert_same_state(original, restored)
     assert not torch.equal(
         original.online.state_dict()["0.weight"], DQNLearner(4, 2, cfg, seed=0).online.state_dict()["0.weight"]

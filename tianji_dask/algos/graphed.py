@@ -14,6 +14,7 @@ storage: replacing any of them (loading an optimiser's state dict) needs a new
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -78,3 +79,21 @@ class GraphedStep:
             out = self.fn(static_inputs)
         self._graphs[key] = (graph, static_inputs, out)
         return self._graphs[key]
+
+
+class InFlight:
+    """Bounds how far the host runs ahead of the device: ``mark()`` after each step queued on the
+    current stream records an event, and once more than ``limit`` steps are queued it waits for
+    the oldest. Steps that never wait for the device (a replayed graph) could otherwise queue
+    without end, and the counts the host reports would run ahead of the work done."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._events: deque[torch.cuda.Event] = deque()
+
+    def mark(self) -> None:
+        event = torch.cuda.Event()
+        event.record()
+        self._events.append(event)
+        if len(self._events) > self.limit:
+            self._events.popleft().synchronize()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -131,6 +132,20 @@ class ReplayBufferRole(BufferBase):
                 assert self.priorities is not None
                 return self.replay.sample(n, self.rng, self.priorities.beta_at(self.received))
             return self.replay.sample(n, self.rng)
+
+    def device_sampler(self, n: int) -> Callable[[], dict[str, Any]] | None:
+        """For a uniform frame replay on a torch device: a function that draws ``n`` transitions
+        there with device operations only (:meth:`FrameReplay.sample_on_device`); call it while
+        holding :attr:`lock`. None for any other replay."""
+        replay = self.replay
+        if not isinstance(replay, FrameReplay) or replay.device is None:
+            return None
+        return lambda: replay.sample_on_device(n)
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while the buffer's thread adds to the replay."""
+        return self._lock
 
     def update_priorities(self, keys: np.ndarray, td_errors: np.ndarray) -> None:
         with self._lock:

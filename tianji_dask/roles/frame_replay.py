@@ -26,9 +26,13 @@ transition, 7.2 GB for a million.
 
 With ``device`` (a torch device, the learner's), the frame ring is a tensor there: each chunk's
 new frames are copied to it once, and a sample's stacks are gathered there by index, so a batch's
-observations never exist on the host; the bookkeeping (ids, positions, actions, returns) stays
-in numpy, a few bytes per transition. ``get`` then returns ``obs``/``next_obs`` as tensors on the
-device, which the learner's batch mover passes through.
+observations never exist on the host. The bookkeeping (ids, positions, actions, returns) stays
+in numpy, a few bytes per transition; ``get`` and ``sample`` return ``obs``/``next_obs`` as
+tensors on the device, which the learner's batch mover passes through. The transitions' ring
+positions, actions, returns and discounts are also mirrored there (:class:`_DeviceTransitions`),
+so that :meth:`FrameReplay.sample_on_device` draws a whole batch with device operations only:
+no host work and no wait for the device, which lets a learner replay sampling and update as one
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -156,6 +160,7 @@ class FrameReplay:
             raise ValueError(f"frame_capacity must be >= {2 * stack}, got {self.frame_capacity}")
         self.device = device
         self._frames = _frame_ring((self.frame_capacity, *self.frame_shape), device)
+        self._mirror = None if device is None else _DeviceTransitions(capacity, stack, device)
         self._obs = np.zeros((capacity, stack), np.int32)  # ring positions of the frames
         self._next = np.zeros((capacity, stack), np.int32)
         self._oldest = np.zeros(capacity, np.int64)  # count of the oldest frame referred to
@@ -187,7 +192,8 @@ class FrameReplay:
     @property
     def nbytes(self) -> int:
         arrays = (self._obs, self._next, self._oldest, self._actions, self._rewards, self._discounts)
-        return sum(a.nbytes for a in arrays) + self._frames.nbytes
+        mirror = 0 if self._mirror is None else self._mirror.nbytes
+        return sum(a.nbytes for a in arrays) + self._frames.nbytes + mirror
 
     # --- adding ---------------------------------------------------------------------------
     def _stream_rows(self, streams: np.ndarray, create: bool) -> np.ndarray:
@@ -286,6 +292,8 @@ class FrameReplay:
         self._discounts[idx] = batch["discounts"][keep]
         self._pos = int((self._pos + m) % self.capacity)
         self._size = min(self._size + m, self.capacity)
+        if self._mirror is not None:
+            self._mirror.write(idx, self, newest=(self._pos - 1) % self.capacity)
         return idx, keep
 
     # --- reading --------------------------------------------------------------------------
@@ -326,6 +334,81 @@ class FrameReplay:
             bad = ~self.valid(idx)
         return self.get(idx)
 
+    def sample_on_device(self, n: int) -> dict:
+        """``n`` uniformly drawn transitions as tensors on the replay's device (``obs``,
+        ``next_obs``, ``actions``, ``rewards``, ``discounts``, and their ring ``indices``), drawn by device operations only,
+        with torch's generator of that device: nothing waits for the device, so the draw can be
+        part of a CUDA graph. A draw whose oldest frame was overwritten is drawn again, up to
+        :data:`DEVICE_REDRAWS` times, then replaced by the newest transition (the invalid ones
+        are the oldest few, a tiny fraction of the ring). Needs ``device`` and a non-empty replay."""
+        if self._mirror is None:
+            raise ValueError("sample_on_device needs a replay built with a device")
+        if self._size == 0:
+            raise ValueError("cannot sample from an empty replay memory")
+        assert isinstance(self._frames, _DeviceFrames)
+        return self._mirror.sample(n, self._frames.tensor, self.frame_shape)
+
+
+#: Times :meth:`FrameReplay.sample_on_device` draws again for a transition that lost a frame.
+DEVICE_REDRAWS = 3
+
+
+class _DeviceTransitions:
+    """The transition ring's fields on a torch device, plus device scalars of the replay's size,
+    its newest transition and the oldest frame count still stored, which a captured CUDA graph
+    reads at replay time. Written by :meth:`FrameReplay.add`, in the device's stream order."""
+
+    def __init__(self, capacity: int, stack: int, device: str):
+        import torch
+
+        self.torch = torch
+        dev = self.device = torch.device(device)
+        self.positions = torch.zeros((capacity, 2 * stack), dtype=torch.int64, device=dev)  # obs, next
+        self.oldest = torch.zeros(capacity, dtype=torch.int64, device=dev)
+        self.actions = torch.zeros(capacity, dtype=torch.int64, device=dev)
+        self.rewards = torch.zeros(capacity, dtype=torch.float32, device=dev)
+        self.discounts = torch.zeros(capacity, dtype=torch.float32, device=dev)
+        # size, newest index, oldest frame count kept: one tensor, written by one copy
+        self.scalars = torch.zeros(3, dtype=torch.int64, device=dev)
+        self.stack = stack
+        fields = (self.positions, self.oldest, self.actions, self.rewards, self.discounts, self.scalars)
+        self.nbytes = sum(f.numel() * f.element_size() for f in fields)
+
+    def write(self, idx: np.ndarray, replay: FrameReplay, newest: int) -> None:
+        rows = to_device(idx.astype(np.int64), self.device)
+        self.positions[rows] = to_device(
+            np.concatenate([replay._obs[idx], replay._next[idx]], axis=1), self.device
+        ).long()
+        self.oldest[rows] = to_device(replay._oldest[idx], self.device)
+        self.actions[rows] = to_device(replay._actions[idx], self.device)
+        self.rewards[rows] = to_device(replay._rewards[idx], self.device)
+        self.discounts[rows] = to_device(replay._discounts[idx], self.device)
+        kept = replay.frames_written - replay.frame_capacity
+        self.scalars.copy_(to_device(np.array([len(replay), newest, kept], np.int64), self.device))
+
+    def sample(self, n: int, frames, frame_shape: tuple[int, ...]) -> dict:
+        t = self.torch
+        size, newest, kept = self.scalars[0], self.scalars[1], self.scalars[2]
+
+        def draw():
+            # float64: n uniform ints below size (up to 2**53) with no visible bias
+            return (t.rand(n, dtype=t.float64, device=self.device) * size).long().clamp_(max=size - 1)
+
+        idx = draw()
+        for _ in range(DEVICE_REDRAWS):
+            idx = t.where(self.oldest[idx] >= kept, idx, draw())
+        idx = t.where(self.oldest[idx] >= kept, idx, newest)
+        k = self.stack
+        stacks = frames[self.positions[idx]].view(n, 2, k, *frame_shape)
+        return {
+            "obs": stacks[:, 0],
+            "next_obs": stacks[:, 1],
+            "actions": self.actions[idx],
+            "rewards": self.rewards[idx],
+            "discounts": self.discounts[idx],
+            "indices": idx,
+        }
+
 
 class _HostFrames:
     """The frame ring as a numpy array."""
@@ -354,12 +437,24 @@ class _DeviceFrames:
         self.nbytes = self.tensor.numel()
 
     def write(self, positions: np.ndarray, frames: np.ndarray) -> None:
-        t = self.torch
-        self.tensor[t.as_tensor(positions, device=self.device)] = t.as_tensor(frames).to(self.device)
+        self.tensor[to_device(positions, self.device)] = to_device(frames, self.device)
 
     def gather(self, positions: np.ndarray):
-        return self.tensor[self.torch.as_tensor(positions, device=self.device)]
+        return self.tensor[to_device(positions, self.device)]
 
 
 def _frame_ring(shape: tuple[int, ...], device: str | None) -> _HostFrames | _DeviceFrames:
     return _HostFrames(shape) if device is None else _DeviceFrames(shape, device)
+
+
+def to_device(array: np.ndarray, device):
+    """``array`` as a tensor on the torch ``device``. To CUDA through page-locked memory from
+    torch's caching host allocator, asynchronously: unlike a copy from pageable memory it does
+    not wait for the work queued on the device (the allocator keeps the staging block until the
+    copy is done)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

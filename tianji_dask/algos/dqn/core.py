@@ -8,6 +8,7 @@ or the Nature CNN for Atari (:mod:`tianji_dask.algos.networks`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
+from tianji_dask.algos.graphed import GraphedStep, InFlight
 from tianji_dask.algos.core import State, component, load_optimizer_state, optimizer_state
 from tianji_dask.algos.networks import DuelingHead, NatureQNetwork
 
@@ -138,8 +140,21 @@ class DQNPolicy:
         return greedy
 
 
+#: Updates a CUDA learner may have queued on the device before it waits for the oldest.
+MAX_UPDATES_IN_FLIGHT = 8
+
+
 class DQNLearner:
-    """Online + target network with Adam; ``update(batch)`` does one gradient step."""
+    """Online + target network with Adam; ``update(batch)`` or ``update_sampled(sample)`` does one
+    gradient step and returns its statistics as a device tensor, without waiting for the device.
+
+    On CUDA, Adam is fused and capturable (its learning rate a device tensor), so that
+    ``update_sampled`` replays the draw from a device replay and the whole update as one CUDA
+    graph (:class:`~tianji_dask.algos.graphed.GraphedStep`); at most
+    :data:`MAX_UPDATES_IN_FLIGHT` updates are queued on the device at a time."""
+
+    #: What the statistics tensor an update returns holds, in order.
+    stat_names = ("loss", "q_mean")
 
     def __init__(
         self, obs_dim: int, n_actions: int, algo: DQNConfig, seed: int, device: str = "cpu", network: str = "mlp"
@@ -152,15 +167,54 @@ class DQNLearner:
         self.target = q_network(obs_dim, n_actions, algo.hidden_sizes, network, algo.dueling).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
-        # fused Adam is a single kernel per step: about 20 % less Python overhead on small nets
-        self.optim = torch.optim.Adam(self.online.parameters(), lr=algo.lr, fused=True)
         self.updates = 0
+        self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT) if self.device.type == "cuda" else None
+        self._sample: Callable[[], dict[str, torch.Tensor]] | None = None
+        self._make_optimizer()
 
-    def update(self, batch: dict[str, np.ndarray], grad_hook=None) -> tuple[float, float]:
-        """One gradient step; ``grad_hook()`` runs between backward and the optimiser step
-        (data-parallel learners average gradients there)."""
-        t = self._to_device(batch)
-        n = len(t["actions"])
+    def _make_optimizer(self) -> None:
+        """Adam, fused (one kernel per step: about 20 % less Python overhead on small nets); on
+        CUDA capturable, with a new graph: a captured step keeps reading the optimiser state it
+        was captured with."""
+        graphed = self.device.type == "cuda"
+        lr = torch.tensor(self.algo.lr, device=self.device) if graphed else self.algo.lr
+        self.optim = torch.optim.Adam(self.online.parameters(), lr=lr, fused=True, capturable=graphed)
+        self._graphed = GraphedStep(self._sampled_step, self._zero_grad) if graphed else None
+
+    def _zero_grad(self) -> None:
+        self.optim.zero_grad(set_to_none=True)
+
+    def update(self, batch: Mapping[str, np.ndarray | torch.Tensor], grad_hook=None) -> torch.Tensor:
+        """One gradient step on ``batch`` (numpy arrays, or tensors on the device);
+        ``grad_hook()`` runs between backward and the optimiser step (data-parallel learners
+        average gradients there). Returns the statistics (:attr:`stat_names`)."""
+        self._zero_grad()
+        stats = self._step(self._to_device(batch), grad_hook)
+        self._stepped()
+        return stats
+
+    def update_sampled(self, sample: Callable[[], dict[str, torch.Tensor]]) -> torch.Tensor:
+        """One gradient step on the batch ``sample()`` draws on the device with device
+        operations only (:meth:`FrameReplay.sample_on_device
+        <tianji_dask.roles.frame_replay.FrameReplay.sample_on_device>`); on CUDA replayed, draw
+        included, as one CUDA graph, so ``sample`` must read the same tensors on every call.
+        The returned statistics belong to the graph: read them before the next update."""
+        self._sample = sample
+        if self._graphed is None:
+            stats = self.update(sample())
+        else:
+            stats = self._graphed({})
+            self._stepped()
+        return stats
+
+    def _sampled_step(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        assert self._sample is not None
+        return self._step(self._sample())
+
+    def _step(self, t: dict[str, torch.Tensor], grad_hook=None) -> torch.Tensor:
+        """Loss, backward, ``grad_hook()``, clipping and Adam's step, with no wait for the device
+        (gradients cleared before)."""
+        n = t["actions"].shape[0]
         both = self.online(torch.cat([t["obs"], t["next_obs"]]))
         q, q_next_online = both[:n], both[n:].detach()
         with torch.no_grad():
@@ -169,16 +223,19 @@ class DQNLearner:
             q, q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"], t.get("weights")
         )
         self._td_errors = td
-        self.optim.zero_grad(set_to_none=True)
         loss.backward()
         if grad_hook is not None:
             grad_hook()
         nn.utils.clip_grad_norm_(self.online.parameters(), self.algo.max_grad_norm, foreach=True)
         self.optim.step()
+        return torch.stack([loss.detach(), q_taken.detach().mean()])
+
+    def _stepped(self) -> None:
         self.updates += 1
         if self.updates % self.algo.target_update_interval == 0:
-            self.target.load_state_dict(self.online.state_dict())
-        return loss.item(), q_taken.detach().mean().item()
+            self.target.load_state_dict(self.online.state_dict())  # in place: graphs keep reading it
+        if self._in_flight is not None:
+            self._in_flight.mark()
 
     def td_errors(self) -> np.ndarray:
         """|TD error| of each transition of the last update's batch (prioritized replay's new
@@ -212,5 +269,6 @@ class DQNLearner:
         its own weights and its sync schedule (the update count)."""
         self.online.load_state_dict(component(state, "online", "DQN"))
         self.target.load_state_dict(component(state, "target", "DQN"))
+        self._make_optimizer()
         load_optimizer_state(self.optim, component(state, "optim_state", "DQN"))
         self.updates = int(component(state, "schedule", "DQN")["updates"])

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
@@ -42,8 +44,11 @@ class DQNLearnerRole(LearnerBase):
 
     def _setup(self) -> None:
         self._received_at_update = -1
-        self._loss_sum = self._q_sum = 0.0
+        self._stat_sum: torch.Tensor | None = None  # the updates' statistics since the last heartbeat
         self._n = 0
+        # a uniform device replay draws batches on the device, and a lone CUDA learner replays
+        # draw and update as one graph; data-parallel ranks average gradients between them
+        self._sample = self.buffer.device_sampler(self.algo.batch_size) if self.grad_hook is None else None
 
     def publish(self) -> None:
         self._publish_version(self.learner_core.updates)
@@ -83,14 +88,18 @@ class DQNLearnerRole(LearnerBase):
         algo = self.algo
         t = time.perf_counter()
         self._received_at_update = self.buffer.received
-        batch = self.buffer.sample(algo.batch_size)
-        keys = batch.pop("keys", None)  # prioritized replay: where the batch came from
-        loss, q = self.learner_core.update(batch, self.grad_hook)
-        if keys is not None:
-            self.buffer.update_priorities(keys, self.learner_core.td_errors())
+        if self._sample is not None:
+            with self.buffer.lock:  # the buffer's thread writes the replay's device tensors
+                stats = self.learner_core.update_sampled(self._sample)
+        else:
+            batch = self.buffer.sample(algo.batch_size)
+            keys = batch.pop("keys", None)  # prioritized replay: where the batch came from
+            stats = self.learner_core.update(batch, self.grad_hook)
+            if keys is not None:
+                self.buffer.update_priorities(keys, self.learner_core.td_errors())
         self.counters.train_s += time.perf_counter() - t
-        self._loss_sum += loss
-        self._q_sum += q
+        # summed on the device: read once a heartbeat, not once an update
+        self._stat_sum = stats.clone() if self._stat_sum is None else self._stat_sum.add_(stats)
         self._n += 1
         self.counters.updates += 1
         self.counters.samples += algo.batch_size
@@ -109,8 +118,9 @@ class DQNLearnerRole(LearnerBase):
 
     def heartbeat(self) -> dict:
         c = self.counters
-        c.loss = self._loss_sum / self._n if self._n else math.nan
-        c.q_mean = self._q_sum / self._n if self._n else math.nan
-        self._loss_sum = self._q_sum = 0.0
+        c.loss = c.q_mean = math.nan
+        if self._stat_sum is not None:
+            c.loss, c.q_mean = (self._stat_sum / self._n).tolist()
+        self._stat_sum = None
         self._n = 0
         return Heartbeat("learner", self.id, c).message()

@@ -1,21 +1,26 @@
-"""PPO on Pong: tianji-dask against the single-process alternative, side by side on one machine.
+"""Pong: tianji-dask against the single-process alternative, side by side on one machine.
 
-    python benchmarks/ppo_vs_single.py --seeds 5 6 7 --max-seconds 300 --out benchmarks/results/ppo_vs_single
-    python benchmarks/ppo_vs_single.py --seeds 5 --set topology.actors=2      # --set goes to tianji-dask
+    python benchmarks/vs_single.py --seeds 5 6 7 --max-seconds 300 --out benchmarks/results/ppo_vs_single
+    python benchmarks/vs_single.py --config configs/pong_dqn.yaml --seeds 1 --max-seconds 900 \
+        --single-max-seconds 1200 --out benchmarks/results/dqn_vs_single
+    python benchmarks/vs_single.py --seeds 5 --set topology.actors=2      # --set goes to tianji-dask
 
 Per seed, both systems train to a 100-episode mean return of ``--target`` (18) or for
-``--max-seconds``, one after the other, the order alternating from seed to seed so both see the
-same machine conditions: ``benchmarks/peers/ppo_pong_single.py`` (one synchronous process, the
-ale-py vector env on all cores, inference and training on the GPU; its clock starts just
-before its env and network are built) and ``benchmarks/time_to_target.py`` on ``--config``
-(its clock starts just before the LocalCluster is built). Before them, the raw rate of the
-emulator: ale-py's vector env stepping random actions on all cores for ``--ale-seconds``.
+``--max-seconds`` (the single process for ``--single-max-seconds``, by default the same), one
+after the other, the order alternating from seed to seed so both see the same machine
+conditions: the single process (PPO: ``benchmarks/peers/ppo_pong_single.py``; DQN:
+``benchmarks/dqn_pong_single.py`` with the config's hyperparameters and as many envs as the
+config's actors have; one synchronous process, the ale-py vector env on all cores, inference and
+training on the GPU; its clock starts just before its env and network are built) and
+``benchmarks/time_to_target.py`` on ``--config`` (its clock starts just before the LocalCluster
+is built). Before them, the raw rate of the emulator: ale-py's vector env stepping random
+actions on all cores for ``--ale-seconds``.
 
 Writes into ``--out``, after every run (a stopped benchmark keeps what it measured):
-``ppo_vs_single.json`` (every run, the raw ALE rate, the medians and their ratios; a run that
-missed the target counts as longer than ``--max-seconds``, which can make a median a lower
+``vs_single.json`` (every run, the raw ALE rate, the medians and their ratios; a run that
+missed the target counts as longer than its time limit, which can make a median a lower
 bound and a ratio an upper bound, flagged ``*_at_least`` / ``*_at_most``),
-``ppo_vs_single.nc`` (dims ``system`` x ``seed``) and ``return.png`` (the 100-episode mean
+``vs_single.nc`` (dims ``system`` x ``seed``) and ``return.png`` (the 100-episode mean
 return against wall time and against env steps, both systems, every seed). Run it detached on
 the GPU machine and poll ``<out>/bench.log`` (docs/benchmarks.md).
 """
@@ -34,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
+
+from tianji_dask.config import load_config
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -56,10 +63,42 @@ def raw_ale_rate(seconds: float, envs: int, threads: int) -> float:
     return rate
 
 
+def single_command(args) -> tuple[list[str], int, str]:
+    """The single-process script and its arguments but the seed (PPO's peer as it is; the DQN
+    script with the hyperparameters of ``--config`` and its actors' envs), its envs, and the
+    config's algorithm."""
+    limits = ["--target", str(args.target), "--max-seconds", str(args.single_max_seconds or args.max_seconds)]
+    cfg = load_config(ROOT / args.config, args.overrides, check_env=False, check_device=False)
+    if cfg.algo.name == "ppo":
+        envs = args.envs or 64
+        script = [str(HERE / "peers" / "ppo_pong_single.py"), "--envs", str(envs)]
+        return [*script, "--threads", str(args.threads), *limits], envs, "ppo"
+    algo = cfg.algo
+    if algo.exploration != "linear" or algo.replay != "uniform":
+        raise SystemExit(f"--config {args.config}: the single DQN script has only uniform replay and a decaying epsilon")
+    envs = args.envs or cfg.topology.actors * cfg.env.num_envs
+    hyper = {
+        "--envs": envs,
+        "--gamma": algo.gamma,
+        "--n-step": algo.n_step,
+        "--lr": algo.lr,
+        "--batch-size": algo.batch_size,
+        "--buffer-size": algo.buffer_size,
+        "--learning-starts": algo.learning_starts,
+        "--train-freq": algo.train_freq,
+        "--gradient-steps": algo.gradient_steps,
+        "--target-update-interval": algo.target_update_interval,
+        "--initial-eps": algo.exploration_initial_eps,
+        "--final-eps": algo.exploration_final_eps,
+        "--exploration-steps": algo.exploration_steps,
+        "--max-grad-norm": algo.max_grad_norm,
+    }
+    flags = [str(x) for kv in hyper.items() for x in kv]
+    return [str(HERE / "dqn_pong_single.py"), *flags, "--threads", str(args.threads), *limits], envs, "dqn"
+
+
 def run_single(seed: int, args, log: Path) -> dict:
-    cmd = [sys.executable, "-u", str(HERE / "peers" / "ppo_pong_single.py"), "--seed", str(seed)]
-    cmd += ["--target", str(args.target), "--max-seconds", str(args.max_seconds), "--envs", str(args.envs)]
-    cmd += ["--threads", str(args.threads)]
+    cmd = [sys.executable, "-u", *args.single, "--seed", str(seed)]
     with log.open("w") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT).returncode
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
@@ -140,7 +179,8 @@ def medians(rows: list[dict], system: str, max_seconds: float) -> dict:
 
 
 def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
-    summary: dict = {s: medians(rows, s, meta["max_seconds"]) for s in SYSTEMS}
+    limits = {"tianji": meta["max_seconds"], "single": meta["single_max_seconds"]}
+    summary: dict = {s: medians(rows, s, limits[s]) for s in SYSTEMS}
     a, b = summary["tianji"], summary["single"]
     for key, flag, name in (
         ("median_time_to_target_s", "median_time_to_target_at_least", "time_to_target"),
@@ -150,7 +190,7 @@ def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
             # a censored single-process median makes the ratio an upper bound ("at most")
             summary[f"ratio_{name}"] = a[key] / b[key]
             summary[f"ratio_{name}_at_most"] = b[flag] and not a[flag]
-    (out / "ppo_vs_single.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
+    (out / "vs_single.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
 
     def grid(key):
         g = np.full((len(SYSTEMS), len(seeds)), np.nan)
@@ -165,12 +205,12 @@ def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
         coords={"system": list(SYSTEMS), "seed": seeds},
         attrs={k: json.dumps(v) if not isinstance(v, (int, float, str)) else v for k, v in meta.items()},
     )
-    ds.to_netcdf(out / "ppo_vs_single.nc", engine="h5netcdf")
-    plot(out / "return.png", rows, meta.get("target", 18.0))
+    ds.to_netcdf(out / "vs_single.nc", engine="h5netcdf")
+    plot(out / "return.png", rows, meta.get("target", 18.0), meta["algo"])
     return summary
 
 
-def plot(path: Path, rows: list[dict], target: float) -> None:
+def plot(path: Path, rows: list[dict], target: float, algo: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,7 +229,7 @@ def plot(path: Path, rows: list[dict], target: float) -> None:
         ax.axhline(target, color="grey", lw=0.8, ls="--")
         ax.set(xlabel=xlabel, ylabel="100-episode mean return", ylim=(-21, 21))
     axes[0].legend(fontsize=7)
-    fig.suptitle("PPO Pong: tianji-dask (blue) and the single-process script (orange)")
+    fig.suptitle(f"{algo.upper()} Pong: tianji-dask (blue) and the single-process script (orange)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -202,13 +242,17 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], help="for tianji-dask only")
     p.add_argument("--target", type=float, default=18.0)
     p.add_argument("--max-seconds", type=float, default=300.0)
-    p.add_argument("--envs", type=int, default=64, help="the single-process script's envs")
+    p.add_argument("--single-max-seconds", type=float, help="the single process's limit (default --max-seconds)")
+    p.add_argument(
+        "--envs", type=int, help="the single-process script's envs (PPO: 64; DQN: the config's actors x envs)"
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="its env threads (and the raw ALE rate's)")
     p.add_argument("--ale-seconds", type=float, default=10.0)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/ppo_vs_single"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/vs_single"))
     args = p.parse_args(argv)
     if not (ROOT / args.config).is_file():
         p.error(f"--config {args.config}: no such file under {ROOT}")
+    args.single, envs, algo = single_command(args)  # a bad config stops here, before any run
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -217,8 +261,11 @@ def main(argv=None) -> int:
         "overrides": args.overrides,
         "target": args.target,
         "max_seconds": args.max_seconds,
+        "single_max_seconds": args.single_max_seconds or args.max_seconds,
+        "algo": algo,
+        "single_command": args.single,
     }
-    meta["raw_ale_env_steps_per_s"] = raw_ale_rate(args.ale_seconds, args.envs, args.threads)
+    meta["raw_ale_env_steps_per_s"] = raw_ale_rate(args.ale_seconds, envs, args.threads)
     print(f"raw ALE: {meta['raw_ale_env_steps_per_s']:,.0f} env steps/s on {args.threads} threads", flush=True)
     rows: list[dict] = []
     for i, seed in enumerate(args.seeds):
