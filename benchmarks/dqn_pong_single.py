@@ -183,9 +183,10 @@ def main():
         if now - last_print >= 10:
             last_print = now
             curve.append((round(now, 1), env_steps, round(mean, 2)))
+            so_far = f" ({len(finished)} episodes, mean {np.mean(finished):.1f})" if 0 < len(finished) < 100 else ""
             print(
                 f"{now:7.1f}s steps {env_steps:,} ({env_steps / now:,.0f}/s) updates {updates:,} "
-                f"eps {eps:.3f} return(100) {mean:.1f} sample {t_sample:.0f}s train {t_train:.0f}s",
+                f"eps {eps:.3f} return(100) {mean:.1f}{so_far} sample {t_sample:.0f}s train {t_train:.0f}s",
                 flush=True,
             )
         if len(finished) == 100 and mean >= a.target:

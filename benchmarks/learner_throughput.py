@@ -39,7 +39,7 @@ import tianji_dask
 from tianji_dask.config import load_config
 from tianji_dask.profiling import measure_learner
 cfg = load_config(sys.argv[2], sys.argv[5:])
-r = measure_learner(cfg.model_dump_json(), int(sys.argv[3]), None, float(sys.argv[4]))
+r = measure_learner(cfg.model_dump_json(), int(sys.argv[3]), None, float(sys.argv[4]), cfg.learner.device)
 print("RESULT " + json.dumps({**r, "package": tianji_dask.__file__}))
 """
 
