@@ -10,7 +10,6 @@ shared Nature CNN of cleanrl's ``ppo_atari.py`` instead of the MLPs
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,32 +28,17 @@ from tianji_dask.algos.core import (
 )
 from tianji_dask.algos.graphed import GraphedStep, Inputs
 from tianji_dask.algos.networks import AtariActorCritic
+from tianji_dask.algos.ppo.mlp import tanh_mlp
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import PPOConfig
 
 
-def _layer(i: int, o: int, std: float = math.sqrt(2)) -> nn.Linear:
-    layer = nn.Linear(i, o)
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, 0.0)
-    return layer
-
-
-def _tanh_mlp(i: int, o: int, hidden: list[int], out_std: float) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [_layer(i, h), nn.Tanh()]
-        i = h
-    layers.append(_layer(i, o, out_std))
-    return nn.Sequential(*layers)
-
-
 class ActorCritic(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int, hidden: list[int]):
         super().__init__()
-        self.actor = _tanh_mlp(obs_dim, n_actions, hidden, 0.01)
-        self.critic = _tanh_mlp(obs_dim, 1, hidden, 1.0)
+        self.actor = tanh_mlp(obs_dim, n_actions, hidden, 0.01)
+        self.critic = tanh_mlp(obs_dim, 1, hidden, 1.0)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
