@@ -21,7 +21,7 @@ class EnvSpaces(NamedTuple):
     """The spaces of the configured env, as :func:`check_env` found them."""
 
     observation_space: Any  # gymnasium.spaces.Box
-    action_space: Any  # gymnasium.spaces.Discrete
+    action_space: Any  # gymnasium.spaces.Discrete, or Box where the algorithm acts in one
 
 
 def check_env(config: ExperimentConfig) -> EnvSpaces:
@@ -29,11 +29,14 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
 
     Raises :class:`ConfigError` when the id is unknown (with close matches from the gymnasium
     registry, or for ``env.kind: atari`` from ale-py's games: :func:`check_atari_game`), the env
-    fails to build (e.g. a missing optional dependency), or its spaces are not a ``Discrete``
-    action space and a ``Box`` observation space.
+    fails to build (e.g. a missing optional dependency), its observation space is not a ``Box``,
+    or the algorithm cannot act in its action space (the spec's ``action_space_problem``: DQN
+    needs ``Discrete`` actions, PPO takes ``Discrete`` or a one-dimensional ``Box``).
     """
     import gymnasium
     from gymnasium import spaces
+
+    from tianji_dask.algos.registry import spec_for
 
     env_id = config.env.id
     if config.env.frame_stacks:  # Atari preprocessed: uint8 (4, 84, 84) frame stacks, the game's actions
@@ -61,11 +64,9 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     finally:
         env.close()
     problems = []
-    if not isinstance(action_space, spaces.Discrete):
-        problems.append(
-            f"env.id={env_id!r}: action space is {action_space}, but DQN needs a Discrete "
-            f"action space (e.g. CartPole-v1, Acrobot-v1, MountainCar-v0)"
-        )
+    action_problem = spec_for(config).action_space_problem(config, action_space)
+    if action_problem is not None:
+        problems.append(action_problem)
     if not isinstance(observation_space, spaces.Box):
         problems.append(
             f"env.id={env_id!r}: observation space is {observation_space}, but a Box observation space is needed"
