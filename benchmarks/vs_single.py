@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,9 @@ def single_command(args) -> tuple[list[str], int, str]:
         return [*script, "--threads", str(args.threads), *limits], envs, "ppo"
     algo = cfg.algo
     if algo.exploration != "linear" or algo.replay != "uniform":
-        raise SystemExit(f"--config {args.config}: the single DQN script has only uniform replay and a decaying epsilon")
+        raise SystemExit(
+            f"--config {args.config}: the single DQN script has only uniform replay and a decaying epsilon"
+        )
     envs = args.envs or cfg.topology.actors * cfg.env.num_envs
     hyper = {
         "--envs": envs,
@@ -178,30 +181,65 @@ def medians(rows: list[dict], system: str, max_seconds: float) -> dict:
     }
 
 
-def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
-    limits = {"tianji": meta["max_seconds"], "single": meta["single_max_seconds"]}
-    summary: dict = {s: medians(rows, s, limits[s]) for s in SYSTEMS}
-    a, b = summary["tianji"], summary["single"]
+def compare(rows: list[dict], systems: tuple[str, str], limits: Mapping[str, float]) -> dict:
+    """Each system's :func:`medians` (``limits``: each system's time limit, for runs that missed
+    the target), and the ratios of the first system's median time and env steps to target to
+    the second's. A censored median makes a ratio a bound: the second system's an upper one
+    (``*_at_most``), the first's a lower one (``*_at_least``)."""
+    summary: dict = {s: medians(rows, s, limits[s]) for s in systems}
+    a, b = (summary[s] for s in systems)
     for key, flag, name in (
         ("median_time_to_target_s", "median_time_to_target_at_least", "time_to_target"),
         ("median_env_steps_to_target", "median_env_steps_to_target_at_least", "env_steps_to_target"),
     ):
         if a.get("runs") and b.get("runs"):
-            # a censored single-process median makes the ratio an upper bound ("at most")
             summary[f"ratio_{name}"] = a[key] / b[key]
             summary[f"ratio_{name}_at_most"] = b[flag] and not a[flag]
+            summary[f"ratio_{name}_at_least"] = a[flag] and not b[flag]
+    return summary
+
+
+def system_seed_grid(rows: list[dict], systems: tuple[str, ...], seeds: list[int], key: str) -> np.ndarray:
+    """``key`` of each run as a (system, seed) array, NaN where a run lacks it."""
+    g = np.full((len(systems), len(seeds)), np.nan)
+    for r in rows:
+        if key in r:
+            g[systems.index(r["system"]), seeds.index(r["seed"])] = r[key]
+    return g
+
+
+def alternate(
+    seeds: list[int], systems: tuple[str, str], run: Callable[[str, int], dict], save: Callable[[list[dict]], dict]
+) -> dict:
+    """Per seed, ``run(system, seed)`` for both systems one after the other, the order alternating
+    from seed to seed so both see the same machine conditions; each run's row gets the load
+    average after it, is printed, and ``save(rows)`` (which returns the summary) runs after every
+    run, so a stopped benchmark keeps what it measured. Returns the last summary."""
+    rows: list[dict] = []
+    summary: dict = {}
+    for i, seed in enumerate(seeds):
+        for system in systems if i % 2 == 0 else systems[::-1]:
+            t0 = time.time()
+            r = run(system, seed)
+            r["load_avg_1m"] = os.getloadavg()[0]
+            rows.append(r)
+            print(
+                f"{system:>6} seed {seed}: time to target {r.get('time_to_target_s', math.nan):6.1f} s, "
+                f"env steps {r.get('env_steps_to_target', math.nan):>11,.0f}, "
+                f"{r.get('env_steps_per_s', math.nan):7,.0f} env steps/s, run {time.time() - t0:5.0f} s "
+                f"{r.get('error') or ''}",
+                flush=True,
+            )
+            summary = save(rows)
+    return summary
+
+
+def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
+    summary = compare(rows, SYSTEMS, {"tianji": meta["max_seconds"], "single": meta["single_max_seconds"]})
     (out / "vs_single.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
-
-    def grid(key):
-        g = np.full((len(SYSTEMS), len(seeds)), np.nan)
-        for r in rows:
-            if key in r:
-                g[SYSTEMS.index(r["system"]), seeds.index(r["seed"])] = r[key]
-        return g
-
     units = {"time_to_target_s": "s", "env_steps_to_target": "1", "env_steps_per_s": "1/s"}
     ds = xr.Dataset(
-        {k: (("system", "seed"), grid(k), {"units": u}) for k, u in units.items()},
+        {k: (("system", "seed"), system_seed_grid(rows, SYSTEMS, seeds, k), {"units": u}) for k, u in units.items()},
         coords={"system": list(SYSTEMS), "seed": seeds},
         attrs={k: json.dumps(v) if not isinstance(v, (int, float, str)) else v for k, v in meta.items()},
     )
@@ -267,25 +305,13 @@ def main(argv=None) -> int:
     }
     meta["raw_ale_env_steps_per_s"] = raw_ale_rate(args.ale_seconds, envs, args.threads)
     print(f"raw ALE: {meta['raw_ale_env_steps_per_s']:,.0f} env steps/s on {args.threads} threads", flush=True)
-    rows: list[dict] = []
-    for i, seed in enumerate(args.seeds):
-        order = SYSTEMS if i % 2 == 0 else SYSTEMS[::-1]
-        for system in order:
-            t0 = time.time()
-            if system == "single":
-                r = run_single(seed, args, args.out / f"single-seed{seed}.log")
-            else:
-                r = run_tianji(seed, args, args.out / f"tianji-seed{seed}", args.out / f"tianji-seed{seed}.log")
-            r["load_avg_1m"] = os.getloadavg()[0]
-            rows.append(r)
-            print(
-                f"{system:>6} seed {seed}: time to target {r.get('time_to_target_s', math.nan):6.1f} s, "
-                f"env steps {r.get('env_steps_to_target', math.nan):>11,.0f}, "
-                f"{r.get('env_steps_per_s', math.nan):7,.0f} env steps/s, run {time.time() - t0:5.0f} s "
-                f"{r.get('error', '')}",
-                flush=True,
-            )
-            summary = write(args.out, rows, meta, args.seeds)
+
+    def run(system: str, seed: int) -> dict:
+        if system == "single":
+            return run_single(seed, args, args.out / f"single-seed{seed}.log")
+        return run_tianji(seed, args, args.out / f"tianji-seed{seed}", args.out / f"tianji-seed{seed}.log")
+
+    summary = alternate(args.seeds, SYSTEMS, run, lambda rows: write(args.out, rows, meta, args.seeds))
     print(json.dumps(summary, indent=2), flush=True)
     return 0
 

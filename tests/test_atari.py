@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import CONFIG
+from gymnasium.spaces import Discrete
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy
@@ -480,7 +481,7 @@ def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks(
         # each step's new frame once, plus the first stacks and the stacks of new episodes
         assert len(r["frames"]) <= T * num_envs + 4 * num_envs + 5 * actor.tracker.count
     # the learner's batch of several rollouts: frames concatenated, positions shifted to match
-    learner = PPOLearnerRole(cfg, buffer=None, publisher=None, obs_dim=4 * 84 * 84, n_actions=6, seed=0)
+    learner = PPOLearnerRole(cfg, buffer=None, publisher=None, obs_dim=4 * 84 * 84, action_space=Discrete(6), seed=0)
 
     class Held:
         def __init__(self, data):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gymnasium.spaces import Discrete
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.learner import DQNLearnerRole
@@ -140,7 +141,7 @@ DQN_LEARNER_CASES = [
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("received, samples, paused", DQN_LEARNER_CASES)
 def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
-    learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(received), LocalTopic(), 4, 2, seed=0)
+    learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(received), LocalTopic(), 4, Discrete(2), seed=0)
     assert learner.balance
     learner.counters.samples = samples
     assert learner.ahead_of_actors() is paused
@@ -154,10 +155,10 @@ def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
 @pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
 def test_dqn_learner_never_pauses_without_controller(how):
     if how == "balance=False":
-        learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(2000), LocalTopic(), 4, 2, seed=0, balance=False)
+        learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(2000), LocalTopic(), 4, Discrete(2), seed=0, balance=False)
     else:
         cfg = load_config(DQN, ["algo.ratio_tolerance=null"])
-        learner = DQNLearnerRole(cfg, _StubReplay(2000), LocalTopic(), 4, 2, seed=0)
+        learner = DQNLearnerRole(cfg, _StubReplay(2000), LocalTopic(), 4, Discrete(2), seed=0)
     assert learner.balance is False
     learner.counters.samples = 10**9  # ratio ~10^6, far above any band
     assert all(learner.step() for _ in range(3))

@@ -367,10 +367,17 @@ def test_unknown_env_version_suggests_existing_one():
     assert "CartPole-v1" in error_text(["env.id=CartPole-v9"], env=True)
 
 
-def test_continuous_action_env_is_rejected():
+def test_dqn_refuses_continuous_actions_and_points_to_ppo():
     message = error_text(["env.id=Pendulum-v1"], env=True)
     assert "env.id='Pendulum-v1'" in message
-    assert "action space is Box(" in message and "needs a Discrete action space" in message
+    assert "action space is Box(" in message and "DQN needs a Discrete action space" in message
+    assert "algo.name=ppo" in message and "configs/pendulum_ppo.yaml" in message
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "MountainCarContinuous-v0", "CartPole-v1"])
+def test_ppo_acts_in_discrete_and_box_action_spaces(env_id):
+    config = load_config("configs/pendulum_ppo.yaml", [f"env.id={env_id}"])
+    assert check_env(config).action_space.shape == (() if env_id == "CartPole-v1" else (1,))
 
 
 def test_yaml_syntax_error_names_line(tmp_path):

@@ -10,6 +10,7 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
+from gymnasium.spaces import Discrete
 
 from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.algos.ppo.buffer import RolloutBufferRole
@@ -414,7 +415,7 @@ def test_learner_lr_schedule_follows_training_not_production(reuse):
     a = cfg.algo
     per_iteration = a.rollout_steps * cfg.env.num_envs / reuse  # 256 or 32 env steps
     buf, inbox = _buffer(f"algo.sample_reuse={reuse}", f"algo.max_policy_lag={reuse}")
-    learner = PPOLearnerRole(cfg, buf, LocalTopic(), 4, 2, seed=0)
+    learner = PPOLearnerRole(cfg, buf, LocalTopic(), 4, Discrete(2), seed=0)
     lrs = []
     for i in range(6):
         inbox.push(_full_rollout(learner.version, a.rollout_steps, cfg.env.num_envs, seed=i))
@@ -434,13 +435,13 @@ def test_a_restored_learner_role_continues_the_lr_schedule():
     cfg = load_config(PPO_CONFIG, check_env=False)
     a = cfg.algo
     buf, inbox = _buffer()
-    trained = PPOLearnerRole(cfg, buf, LocalTopic(), 4, 2, seed=0)
+    trained = PPOLearnerRole(cfg, buf, LocalTopic(), 4, Discrete(2), seed=0)
     for i in range(3):
         inbox.push(_full_rollout(trained.version, a.rollout_steps, cfg.env.num_envs, seed=i))
         buf.ingest()
         assert trained.step()
     buf2, inbox2 = _buffer()
-    restored = PPOLearnerRole(cfg, buf2, LocalTopic(), 4, 2, seed=1)
+    restored = PPOLearnerRole(cfg, buf2, LocalTopic(), 4, Discrete(2), seed=1)
     restored.restore(trained.learner_core.state())
     for learner, b, box in ((trained, buf, inbox), (restored, buf2, inbox2)):
         box.push(_full_rollout(learner.version, a.rollout_steps, cfg.env.num_envs, seed=9))

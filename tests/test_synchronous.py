@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from gymnasium.spaces import Discrete
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.learner import DQNLearnerRole
@@ -24,7 +25,7 @@ def run_pair(mode: str, updates: int = 150):
     stop = threading.Event()
     actor = DQNActorRole(cfg, 0, 1, queue, topic.subscribe(), should_stop=stop.is_set)
     buffer = ReplayBufferRole(queue, cfg.algo.buffer_size, actor.obs_shape, actor.obs_dtype, seed=2)
-    learner = DQNLearnerRole(cfg, buffer, topic, 4, 2, seed=3)
+    learner = DQNLearnerRole(cfg, buffer, topic, 4, Discrete(2), seed=3)
     learner.publish()
     actor.wait_for_params(5)
 

@@ -42,6 +42,13 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorE
     return env
 
 
+def action_count(space: gym.Space) -> int:
+    """The number of actions of a ``Discrete`` action space (one Q-value or logit each)."""
+    if not isinstance(space, gym.spaces.Discrete):
+        raise TypeError(f"a Discrete action space was expected, got {space}")
+    return int(space.n)
+
+
 class EpisodeTracker:
     """Accumulates per-env returns and lengths; hands out finished episodes.
 

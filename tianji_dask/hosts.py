@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+import gymnasium as gym
 import numpy as np
 import psutil
 from distributed import Actor, get_worker
@@ -296,7 +297,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         seed: int,
         subscribers: list,
         obs_dim: int,
-        n_actions: int,
+        action_space: gym.Space,
         buffer: Actor,
         *,
         rank: int = 0,
@@ -317,7 +318,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
                 f"({buffer.key}): {self.worker.address} does not hold it"
             )
         self.buffer = buffer_host.role
-        self._args = (seed, obs_dim, n_actions)
+        self._args = (seed, obs_dim, action_space)
         self._subscribers = [tuple(s) for s in subscribers]
         self.rank, self.world_size = rank, world_size
         self.address_host = get_address_host(self.worker.address)
@@ -345,7 +346,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         return self._store_address
 
     def _make_role(self) -> LearnerLoopRole:
-        seed, obs_dim, n_actions = self._args
+        seed, obs_dim, action_space = self._args
         self.publisher = TopicPublisher(list(self._subscribers), **self._comm_kwargs()) if self.rank == 0 else None
         average_gradients = None
         if self.world_size > 1:
@@ -369,7 +370,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             self.buffer,
             self.publisher,
             obs_dim,
-            n_actions,
+            action_space,
             seed,
             learner_id=self.id,
             world_size=self.world_size,

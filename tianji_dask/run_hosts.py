@@ -60,7 +60,7 @@ class RunHosts:
         obs = spaces.observation_space
         self._obs_shape = tuple(obs.shape)
         self._obs_dim = int(math.prod(obs.shape))
-        self._n_actions = int(spaces.action_space.n)
+        self._action_space = spaces.action_space
         self._on_event = on_event
         self._hurry = hurry
         self.handles: dict[Key, Any] = {}
@@ -170,7 +170,7 @@ class RunHosts:
                 incarnation_seed(lp.learner_seed, self.incarnations[key]),
                 list(lp.subscribers),
                 self._obs_dim,
-                self._n_actions,
+                self._action_space,
                 self.handles[("buffer", lp.id)],
                 rank=lp.rank,
                 world_size=t.learners,

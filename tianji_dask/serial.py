@@ -40,12 +40,11 @@ class SerialRun:
             cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(), balance=False, n_actors=1
         )
         obs_dim = int(np.prod(self.actor.obs_shape))
-        n_actions = int(self.actor.env.single_action_space.n)
         self.buffer = self.spec.make_buffer_role(
             cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer
         )
         self.learner = self.spec.learner_role()(
-            cfg, self.buffer, self.topic, obs_dim, n_actions, seeds.learner, balance=False
+            cfg, self.buffer, self.topic, obs_dim, self.actor.action_space, seeds.learner, balance=False
         )
 
     def heartbeats(self) -> list[dict]:

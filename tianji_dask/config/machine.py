@@ -1,6 +1,7 @@
 """Checks of an experiment config against this machine, made before any work starts.
 
-:func:`check_env` finds an Atari game among ale-py's ROMs and builds the env once;
+:func:`check_env` finds an Atari game among ale-py's ROMs, or the ``mujoco`` package a MuJoCo env
+needs, and builds the env once;
 :func:`check_device` looks for the CUDA device. They are slower than the schema's checks or
 depend on where they run, so they are not validators: a config saved in a run directory must
 validate on a machine without ale-py or a GPU.
@@ -21,19 +22,23 @@ class EnvSpaces(NamedTuple):
     """The spaces of the configured env, as :func:`check_env` found them."""
 
     observation_space: Any  # gymnasium.spaces.Box
-    action_space: Any  # gymnasium.spaces.Discrete
+    action_space: Any  # gymnasium.spaces.Discrete, or Box where the algorithm acts in one
 
 
 def check_env(config: ExperimentConfig) -> EnvSpaces:
     """Build ``config.env.id`` once with ``gymnasium.make``, close it, and return its spaces.
 
     Raises :class:`ConfigError` when the id is unknown (with close matches from the gymnasium
-    registry, or for ``env.kind: atari`` from ale-py's games: :func:`check_atari_game`), the env
-    fails to build (e.g. a missing optional dependency), or its spaces are not a ``Discrete``
-    action space and a ``Box`` observation space.
+    registry, or for ``env.kind: atari`` from ale-py's games: :func:`check_atari_game`), a
+    MuJoCo env is asked for without the ``mujoco`` package (:func:`check_mujoco`), the env fails
+    to build (e.g. another missing optional dependency), its observation space is not a ``Box``,
+    or the algorithm cannot act in its action space (the spec's ``action_space_problem``: DQN
+    needs ``Discrete`` actions, PPO takes ``Discrete`` or a one-dimensional ``Box``).
     """
     import gymnasium
     from gymnasium import spaces
+
+    from tianji_dask.algos.registry import spec_for
 
     env_id = config.env.id
     if config.env.frame_stacks:  # Atari preprocessed: uint8 (4, 84, 84) frame stacks, the game's actions
@@ -46,6 +51,7 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
             raise ConfigError(
                 f"env.id={env_id!r} (env.kind=atari, env.atari_backend={config.env.atari_backend!r}): {exc}"
             ) from exc
+    check_mujoco(env_id)
     try:
         env = gymnasium.make(env_id)
     except gymnasium.error.UnregisteredEnv as exc:
@@ -61,11 +67,9 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     finally:
         env.close()
     problems = []
-    if not isinstance(action_space, spaces.Discrete):
-        problems.append(
-            f"env.id={env_id!r}: action space is {action_space}, but DQN needs a Discrete "
-            f"action space (e.g. CartPole-v1, Acrobot-v1, MountainCar-v0)"
-        )
+    action_problem = spec_for(config).action_space_problem(config, action_space)
+    if action_problem is not None:
+        problems.append(action_problem)
     if not isinstance(observation_space, spaces.Box):
         problems.append(
             f"env.id={env_id!r}: observation space is {observation_space}, but a Box observation space is needed"
@@ -73,6 +77,29 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     if problems:
         raise ConfigError(problems)
     return EnvSpaces(observation_space, action_space)
+
+
+#: The extra that installs MuJoCo for gymnasium's MuJoCo envs (pyproject.toml).
+MUJOCO_INSTALL = "pip install 'tianji-dask[mujoco]'"
+
+
+def check_mujoco(env_id: str) -> None:
+    """Raise :class:`ConfigError` with the install command when ``env_id`` is one of gymnasium's
+    MuJoCo envs (``HalfCheetah-v5``, ``Hopper-v5``, ...) and the ``mujoco`` package does not
+    import; other ids pass (an unknown one is :func:`check_env`'s to report)."""
+    import gymnasium
+
+    spec = gymnasium.envs.registry.get(env_id)
+    entry_point = spec.entry_point if spec is not None else None
+    if not (isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.mujoco")):
+        return
+    try:
+        import mujoco  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"env.id={env_id!r} is a MuJoCo env, and the mujoco package is not installed ({exc}); "
+            f"install the optional extra: {MUJOCO_INSTALL} (gymnasium[mujoco])"
+        ) from None
 
 
 def check_atari_game(env: EnvConfig) -> None:

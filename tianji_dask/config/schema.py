@@ -45,7 +45,8 @@ class EnvConfig(_Section):
 
     id: str = Field(
         min_length=1,
-        description="gymnasium id (Discrete actions, Box observations), e.g. CartPole-v1; "
+        description="gymnasium id (Box observations; Discrete actions, or for PPO a 1-D Box: Gaussian "
+        "policy), e.g. CartPole-v1, Pendulum-v1; "
         "'module:Id' imports the module first; with kind=atari an ALE/<Game>-v5 id, e.g. ALE/Pong-v5",
     )
     num_envs: int = Field(8, ge=1, description="envs per actor, stepped as one vector env")

@@ -1,7 +1,8 @@
 """What every actor role shares: probing for parameter versions, the one wait for the first
 version, the synchronous ablation's wait, heartbeats and closing the envs.
 
-A subclass sets ``policy`` (with ``load(version, params)``) in ``_setup``; the base owns
+A subclass sets ``policy`` (with ``load(version, params)``) in ``_setup``, for the env's
+``action_space`` (``Discrete``, or ``Box`` where the algorithm acts in one); the base owns
 ``params`` (anything with ``probe()``), ``sender``, ``tracker``, ``env``, ``id`` and ``counters``
 (an :class:`~tianji_dask.heartbeats.ActorCounters`, or the subclass's ``counters_class``);
 ``_on_new_version()`` is its hook.
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import (
     EpisodeTracker,
     identity_training_signals,
@@ -74,12 +74,13 @@ class ActorBase(ABC):
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
         self.env = make_env_groups(cfg.env, seed)
-        obs_space, action_space = self.env.single_observation_space, self.env.single_action_space
-        assert obs_space.shape is not None and isinstance(action_space, gym.spaces.Discrete), (obs_space, action_space)
+        obs_space = self.env.single_observation_space
+        assert obs_space.shape is not None, obs_space
+        # the config check (check_env) admitted it for this algorithm
+        self.action_space: gym.Space = self.env.single_action_space
         self.obs_shape: tuple[int, ...] = obs_space.shape
         self.obs_dtype = observation_dtype(cfg.env)  # uint8 frames for Atari, else float32
         self.obs_dim = int(np.prod(self.obs_shape))
-        self.n_actions = int(action_space.n)
         self.tracker = EpisodeTracker(self.num_envs)  # the env's own rewards and episodes
         # what the learner trains on: Atari clips rewards and ends an episode at each lost life
         self.training_signals = identity_training_signals
@@ -111,17 +112,6 @@ class ActorBase(ABC):
 
     def _on_new_version(self) -> None:  # noqa: B027 - optional hook, empty by default
         pass
-
-    def _make_policy(self, policy_class: Callable[..., Any], seed: int) -> Any:
-        """The subclass's policy for this actor's env, on ``actor.device``."""
-        return policy_class(
-            self.obs_dim,
-            self.n_actions,
-            self.algo.hidden_sizes,
-            seed,
-            network=network_kind(self.cfg),
-            device=self.cfg.actor.device,
-        )
 
     def wait_for_params(self, timeout: float, stop=lambda: False) -> None:
         """Block until the first parameter version arrives (the only time an actor waits)."""

@@ -336,9 +336,9 @@ class FrameReplay:
 
     def sample_on_device(self, n: int) -> dict:
         """``n`` uniformly drawn transitions as tensors on the replay's device (``obs``,
-        ``next_obs``, ``actions``, ``rewards``, ``discounts``, and their ring ``indices``), drawn by device operations only,
-        with torch's generator of that device: nothing waits for the device, so the draw can be
-        part of a CUDA graph. A draw whose oldest frame was overwritten is drawn again, up to
+        ``next_obs``, ``actions``, ``rewards``, ``discounts``, and their ring ``indices``), drawn
+        by device operations only, with torch's generator of that device: nothing waits for the
+        device, so the draw can be part of a CUDA graph. A draw whose oldest frame was overwritten is drawn again, up to
         :data:`DEVICE_REDRAWS` times, then replaced by the newest transition (the invalid ones
         are the oldest few, a tiny fraction of the ring). Needs ``device`` and a non-empty replay."""
         if self._mirror is None:

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -37,7 +38,7 @@ class LearnerBase(ABC):
         buffer,
         publisher,
         obs_dim: int,
-        n_actions: int,
+        action_space: gym.Space,
         seed: int,
         *,
         balance: bool = True,
@@ -45,7 +46,8 @@ class LearnerBase(ABC):
         average_gradients: AverageGradients | None = None,
         world_size: int = 1,
     ):
-        """``buffer``: the co-located buffer role it trains from; ``publisher``: only rank 0 of a
+        """``action_space``: the env's (one env's), from which the algorithm sizes its policy;
+        ``buffer``: the co-located buffer role it trains from; ``publisher``: only rank 0 of a
         data-parallel group has one; ``average_gradients(parameters)``: called between backward
         and the optimiser step in a data-parallel group (all ranks average). The serial runner
         passes ``balance=False`` (no controller, no synchronous waits)."""
@@ -57,14 +59,14 @@ class LearnerBase(ABC):
         self.world_size = world_size
         self.synchronous = cfg.topology.mode == "synchronous" and balance
         self.balance = balance and cfg.algo.ratio_tolerance is not None and not self.synchronous
-        self.learner_core = self._make_learner_core(obs_dim, n_actions, seed)
+        self.learner_core = self._make_learner_core(obs_dim, action_space, seed)
         params = list(self.learner_core.module.parameters())
         self.grad_hook = (lambda: average_gradients(params)) if average_gradients is not None else None
         self.counters = self.counters_class()
         self._setup()
 
     @abstractmethod
-    def _make_learner_core(self, obs_dim: int, n_actions: int, seed: int) -> LearnerCore: ...
+    def _make_learner_core(self, obs_dim: int, action_space: gym.Space, seed: int) -> LearnerCore: ...
 
     def _setup(self) -> None:  # noqa: B027 - optional hook, empty by default
         """The subclass's own state, once the learner core and counters exist."""

@@ -8,7 +8,6 @@ thread and in the serial runner.
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,7 +16,8 @@ import numpy as np
 
 from tianji_dask.algos.dqn.core import DQNPolicy, ape_x_epsilons, epsilon_at
 from tianji_dask.algos.dqn.priorities import ActorPriorities
-from tianji_dask.envs import next_observations
+from tianji_dask.algos.networks import network_kind
+from tianji_dask.envs import action_count, next_observations
 from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
 from tianji_dask.roles.frame_replay import FrameStreams
@@ -51,7 +51,15 @@ class DQNActorRole(ActorBase):
 
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
-        self.policy = self._make_policy(functools.partial(DQNPolicy, dueling=self.algo.dueling), seed)
+        self.policy = DQNPolicy(
+            self.obs_dim,
+            action_count(self.action_space),
+            self.algo.hidden_sizes,
+            seed,
+            network=network_kind(cfg),
+            device=cfg.actor.device,
+            dueling=self.algo.dueling,
+        )
         self.obs = self.reset_env(seed)
         self.frames = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks

@@ -17,8 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
-from tianji_dask.algos.graphed import GraphedStep, InFlight
 from tianji_dask.algos.core import State, component, load_optimizer_state, optimizer_state
+from tianji_dask.algos.graphed import GraphedStep, InFlight
 from tianji_dask.algos.networks import DuelingHead, NatureQNetwork
 
 if TYPE_CHECKING:

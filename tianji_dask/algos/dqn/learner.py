@@ -12,10 +12,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import gymnasium as gym
 import torch
 
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.networks import network_kind
+from tianji_dask.envs import action_count
 from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
 
@@ -38,8 +40,9 @@ class DQNLearnerRole(LearnerBase):
     counters_class = DQNLearnerCounters
     counters: DQNLearnerCounters
 
-    def _make_learner_core(self, obs_dim: int, n_actions: int, seed: int) -> DQNLearner:
+    def _make_learner_core(self, obs_dim: int, action_space: gym.Space, seed: int) -> DQNLearner:
         cfg = self.cfg
+        n_actions = action_count(action_space)
         return DQNLearner(obs_dim, n_actions, self.algo, seed, cfg.learner.device, network=network_kind(cfg))
 
     def _setup(self) -> None:

@@ -9,6 +9,12 @@ stacks of its first step and then each step's new frame, as
 :class:`~tianji_dask.roles.frame_replay.FrameStreams` emits them) and its observations as
 positions into them (``obs_frames``, ``(T, N, 4)`` int32): a quarter of the bytes of the
 stacks. The learner rebuilds the stacks (``frames[obs_frames]``) on its device.
+
+``Box`` action spaces (:mod:`tianji_dask.algos.ppo.gaussian`): the rollout carries the actions
+as sampled (``(T, N, action_dim)`` float32; the env gets them clipped to its bounds), the
+observations and rewards as normalised with the statistics of the rollout's parameter version,
+and the moments of the raw observations and discounted returns it saw (``obs_moments``,
+``return_moments``), which the learner folds into its statistics.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tianji_dask.algos.ppo.core import PPOPolicy
+from tianji_dask.algos.ppo.core import acting_policy
 from tianji_dask.roles.actor_base import ActorBase
 from tianji_dask.roles.frame_replay import FrameStreams
 
@@ -33,8 +39,10 @@ class PPOActorRole(ActorBase):
 
     def _setup(self, seed: int) -> None:
         cfg = self.cfg
-        self.policy = self._make_policy(PPOPolicy, seed)
-        self.obs = self.reset_env(seed)  # uint8 frame stacks for Atari (rollouts move as uint8)
+        self.policy = acting_policy(cfg, self.action_space, self.obs_dim, seed)
+        # uint8 frame stacks for Atari (rollouts move as uint8); the policy's view of them in obs
+        self.raw_obs = self.reset_env(seed)
+        self.obs = self.policy.normalize(self.raw_obs)
         self.T = self.algo.rollout_steps
         self.learner_consumed = 0
         algo, topo = self.algo, cfg.topology
@@ -57,7 +65,7 @@ class PPOActorRole(ActorBase):
             obs = {"obs_ids": np.empty((T, N, self.obs_shape[0]), np.int64)}
         self._r: dict[str, np.ndarray] = {
             **obs,
-            "actions": np.empty((T, N), np.int64),
+            "actions": np.empty((T, N, *self.policy.action_shape), self.policy.action_dtype),
             "logp": np.empty((T, N), np.float32),
             "values": np.empty((T, N), np.float32),
             "rewards": np.empty((T, N), np.float32),
@@ -80,6 +88,8 @@ class PPOActorRole(ActorBase):
 
     def _on_new_version(self) -> None:
         self._rollouts_this_version = 0
+        # versions change between rollouts only: the whole next rollout sees this one's normalisation
+        self.obs = self.policy.normalize(self.raw_obs)
 
     def step(self) -> bool:
         if self._t == 0:  # between rollouts: newest parameters, and the controller's say
@@ -95,8 +105,8 @@ class PPOActorRole(ActorBase):
         else:
             r["obs_ids"][t] = self.frames.ids
         # each group of envs steps while the policy acts for the next group (env.step_groups)
-        (actions, logp, values), (next_obs, rewards, terminated, truncated, infos) = self.env.step_with(
-            lambda g, obs: self.policy.act(obs), self.obs
+        (_, actions, logp, values), (next_obs, rewards, terminated, truncated, infos) = self.env.step_with(
+            self._choose, self.obs
         )
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
         if self.frames is not None:
@@ -104,21 +114,28 @@ class PPOActorRole(ActorBase):
         self.tracker.update(rewards, terminated | truncated, time.time())  # the env's own rewards
         # Atari trains on clipped rewards and ends an episode at each lost life
         rewards, terminated, dones = self.training_signals(rewards, terminated, truncated, infos)
-        rewards = rewards.astype(np.float32)
+        rewards = self.policy.training_rewards(rewards.astype(np.float32), terminated)
         only_truncated = truncated & ~terminated
         if only_truncated.any():  # a time limit is not a terminal state: bootstrap from the final obs
             final: np.ndarray = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(
                 self.obs_dtype
             )
-            rewards[only_truncated] += self.algo.gamma * self.policy.value(final)
+            rewards[only_truncated] += self.algo.gamma * self.policy.value(self.policy.normalize(final))
         r["actions"][t], r["logp"][t], r["values"][t] = actions, logp, values
         r["rewards"][t], r["dones"][t] = rewards, dones
-        self.obs = next_obs
+        self.raw_obs = next_obs
+        self.obs = self.policy.observe(next_obs)
         self._t += 1
         self.counters.env_steps += self.num_envs
         if self._t == self.T:
             self.flush()
         return True
+
+    def _choose(self, group: int, obs: np.ndarray | None) -> tuple[np.ndarray, ...]:
+        """(what the env gets, the actions the rollout keeps, their log-probs, values)."""
+        assert obs is not None  # step() passes the observations
+        actions, logp, values = self.policy.act(obs)
+        return self.policy.env_actions(actions), actions, logp, values
 
     def _frame_positions(self, obs_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(this rollout's frames, each observation's frames as positions into them)."""
@@ -141,6 +158,7 @@ class PPOActorRole(ActorBase):
         if self.frames is not None:
             r["frames"], r["obs_frames"] = self._frame_positions(r.pop("obs_ids"))
         r["last_values"] = self.policy.value(self.obs)
+        r.update(self.policy.rollout_statistics())
         r["version"] = np.array(self.policy.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
         nbytes = sum(v.nbytes for v in r.values())

@@ -43,7 +43,7 @@ class RolloutBufferRole(BufferBase):
             return sum(r.transitions for r in self._held)
 
     def _add(self, payload: dict) -> int:
-        r = Rollout(payload, int(payload["version"]), float(payload["created"]), int(payload["actions"].size))
+        r = Rollout(payload, int(payload["version"]), float(payload["created"]), int(payload["rewards"].size))
         with self._lock:
             self._held.append(r)
             while len(self._held) > self.capacity_rollouts:  # oldest first out

@@ -5,14 +5,17 @@ init, GAE(lambda), advantage normalisation per minibatch, clipped surrogate, val
 loss, entropy bonus, global gradient clipping, minibatch epochs. Actors keep a copy
 of the whole network (they need values for GAE); the learner owns Adam. Atari runs use the
 shared Nature CNN of cleanrl's ``ppo_atari.py`` instead of the MLPs
-(:mod:`tianji_dask.algos.networks`).
+(:mod:`tianji_dask.algos.networks`). The env's action space chooses the policy
+(:func:`network_for`, :func:`acting_policy`): categorical over a ``Discrete`` space, the diagonal
+Gaussian of :mod:`tianji_dask.algos.ppo.gaussian` over a ``Box``; the loss and the update are the
+same for both.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -28,33 +31,22 @@ from tianji_dask.algos.core import (
     restore_generator,
 )
 from tianji_dask.algos.graphed import GraphedStep, Inputs
-from tianji_dask.algos.networks import AtariActorCritic
+from tianji_dask.algos.networks import AtariActorCritic, network_kind
+from tianji_dask.algos.ppo.gaussian import GaussianActorCritic, GaussianPolicy
+from tianji_dask.algos.ppo.mlp import tanh_mlp
+from tianji_dask.algos.ppo.normalization import Moments, RunningMoments
+from tianji_dask.config.schema import PPOConfig
+from tianji_dask.envs import action_count
 
 if TYPE_CHECKING:
-    from tianji_dask.config.schema import PPOConfig
-
-
-def _layer(i: int, o: int, std: float = math.sqrt(2)) -> nn.Linear:
-    layer = nn.Linear(i, o)
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, 0.0)
-    return layer
-
-
-def _tanh_mlp(i: int, o: int, hidden: list[int], out_std: float) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [_layer(i, h), nn.Tanh()]
-        i = h
-    layers.append(_layer(i, o, out_std))
-    return nn.Sequential(*layers)
+    from tianji_dask.config.schema import ExperimentConfig
 
 
 class ActorCritic(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int, hidden: list[int]):
         super().__init__()
-        self.actor = _tanh_mlp(obs_dim, n_actions, hidden, 0.01)
-        self.critic = _tanh_mlp(obs_dim, 1, hidden, 1.0)
+        self.actor = tanh_mlp(obs_dim, n_actions, hidden, 0.01)
+        self.critic = tanh_mlp(obs_dim, 1, hidden, 1.0)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
@@ -69,17 +61,31 @@ class ActorCritic(nn.Module):
         return dist.log_prob(actions), dist.entropy(), self.value(obs)
 
 
-ActorCriticNet = ActorCritic | AtariActorCritic  # value(obs), heads(obs), evaluate(obs, actions)
+# value(obs), heads(obs), evaluate(obs, actions)
+ActorCriticNet = ActorCritic | AtariActorCritic | GaussianActorCritic
 
 
 def actor_critic(obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp") -> ActorCriticNet:
-    """Separate tanh MLPs over flat observations, or the shared Nature CNN over uint8 frame
-    stacks (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``)."""
+    """Separate tanh MLPs over flat observations, the shared Nature CNN over uint8 frame
+    stacks (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``), or the diagonal
+    Gaussian policy of a ``Box`` action space (``network="gaussian_mlp"``, ``n_actions`` its
+    dimensions)."""
     if network == "nature_cnn":
         return AtariActorCritic(n_actions)
+    if network == "gaussian_mlp":
+        return GaussianActorCritic(obs_dim, n_actions, hidden)
     if network != "mlp":
-        raise ValueError(f"unknown network {network!r}; expected 'mlp' or 'nature_cnn'")
+        raise ValueError(f"unknown network {network!r}; expected 'mlp', 'nature_cnn' or 'gaussian_mlp'")
     return ActorCritic(obs_dim, n_actions, hidden)
+
+
+def network_for(cfg: ExperimentConfig, action_space: gym.Space) -> tuple[str, int]:
+    """(network, its action outputs) for the env's action space: the diagonal Gaussian MLP, one
+    mean per dimension, for a ``Box``; else the config's network (:func:`network_kind`), one
+    logit per action of the ``Discrete`` space."""
+    if isinstance(action_space, gym.spaces.Box):
+        return "gaussian_mlp", int(np.prod(action_space.shape))
+    return network_kind(cfg), action_count(action_space)
 
 
 def sample_categorical(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -135,6 +141,47 @@ class PPOPolicy:
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return self.net.value(torch.from_numpy(obs).to(self.device)).cpu().numpy()
+
+    # A categorical policy sends the env its actions as they are and trains on observations and
+    # rewards as the env (or Atari's training signals) gives them.
+    action_shape: tuple[int, ...] = ()
+    action_dtype = np.int64
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        return actions
+
+    def normalize(self, raw_obs: np.ndarray) -> np.ndarray:
+        return raw_obs
+
+    def observe(self, raw_obs: np.ndarray) -> np.ndarray:
+        return raw_obs
+
+    def training_rewards(self, rewards: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+        return rewards
+
+    def rollout_statistics(self) -> dict[str, np.ndarray]:
+        return {}
+
+
+ActingPolicy = PPOPolicy | GaussianPolicy
+
+
+def acting_policy(cfg: ExperimentConfig, action_space: gym.Space, obs_dim: int, seed: int) -> ActingPolicy:
+    """The policy an actor acts with, chosen by the env's action space (:func:`network_for`)."""
+    algo = cfg.algo_as(PPOConfig)
+    if isinstance(action_space, gym.spaces.Box):
+        return GaussianPolicy(
+            obs_dim,
+            action_space.low,
+            action_space.high,
+            algo.hidden_sizes,
+            seed,
+            algo.gamma,
+            cfg.env.num_envs,
+            device=cfg.actor.device,
+        )
+    network, outputs = network_for(cfg, action_space)
+    return PPOPolicy(obs_dim, outputs, algo.hidden_sizes, seed, network=network, device=cfg.actor.device)
 
 
 def gae(
@@ -224,6 +271,8 @@ class PPOLearner:
         self.rng = np.random.default_rng(seed)
         self.updates = 0
         self._stat_names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss")
+        # running statistics the network carries, by name (the Gaussian policy's; none otherwise)
+        self._statistics = {n: m for n, m in self.net.named_modules() if isinstance(m, RunningMoments)}
         self._make_optimizer()
 
     def _make_optimizer(self) -> None:
@@ -342,6 +391,14 @@ class PPOLearner:
             idx = torch.arange(start, min(start + chunk, n), device=actions.device)
             out[idx] = self.net.evaluate(observations(idx), actions[idx])[0]
         return out
+
+    def merge_statistics(self, rollout: dict[str, np.ndarray]) -> None:
+        """Fold a rollout's moments (the fields named as the network's running statistics,
+        :meth:`GaussianPolicy.rollout_statistics`) into the network's; they are published with
+        the next parameters. A network without running statistics takes nothing."""
+        for name, running in self._statistics.items():
+            if name in rollout:
+                running.merge(Moments.unpack(rollout[name], tuple(running.mean.shape)))
 
     def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import gymnasium as gym
 import numpy as np
 
-from tianji_dask.algos.networks import network_kind
-from tianji_dask.algos.ppo.core import PPOLearner, gae
+from tianji_dask.algos.ppo.core import PPOLearner, gae, network_for
 from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
 
@@ -47,9 +47,10 @@ class PPOLearnerRole(LearnerBase):
     counters_class = PPOLearnerCounters
     counters: PPOLearnerCounters
 
-    def _make_learner_core(self, obs_dim: int, n_actions: int, seed: int) -> PPOLearner:
+    def _make_learner_core(self, obs_dim: int, action_space: gym.Space, seed: int) -> PPOLearner:
         cfg = self.cfg
-        return PPOLearner(obs_dim, n_actions, self.algo, seed, cfg.learner.device, network=network_kind(cfg))
+        network, outputs = network_for(cfg, action_space)
+        return PPOLearner(obs_dim, outputs, self.algo, seed, cfg.learner.device, network=network)
 
     def _setup(self) -> None:
         # env steps one iteration stands for in the serial algorithm (a rollout per reuse)
@@ -103,7 +104,8 @@ class PPOLearnerRole(LearnerBase):
             else:
                 obs = d["obs"]
                 parts["obs"].append(obs.reshape(-1, *obs.shape[2:]))
-            parts["actions"].append(d["actions"].reshape(-1))
+            actions = d["actions"]  # (T, N), or (T, N, action_dim) for a Box action space
+            parts["actions"].append(actions.reshape(-1, *actions.shape[2:]))
             parts["logp"].append(d["logp"].reshape(-1))
             parts["advantages"].append(adv.reshape(-1))
             parts["returns"].append(ret.reshape(-1))
@@ -119,6 +121,9 @@ class PPOLearnerRole(LearnerBase):
         now = time.time()
         self._lags += [self.version - r.version for r in rollouts]
         self._ages += [now - r.created for r in rollouts]
+        for r in rollouts:
+            if r.uses == 1:  # a rollout's statistics count once, however often it is trained on
+                self.learner_core.merge_statistics(r.data)
         batch = self.batch_from(rollouts)
         # the lr schedule follows what the learner trained on, as in the serial algorithm, not what
         # the actors produced: with actors faster than the learner most rollouts are dropped
