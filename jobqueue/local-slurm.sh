@@ -22,6 +22,11 @@
 # Other settings: LOCAL_SLURM_TIMEOUT (seconds to wait for the node to become idle, default 60);
 # LOCAL_SLURM_GPUS (default 2): GPUs the node declares, by count only (no device is bound), so
 # that jobs with --gres=gpu:N are scheduled as on a GPU cluster; 0 declares none.
+# LOCAL_SLURM_NETNS (default none): names of network namespaces, as jobqueue/netns-nodes.sh makes
+# them ("tjn-1 tjn-2"): then `start` makes one Slurm node per namespace, named after it, at its
+# address, each with a slurmd of its own running inside it (so its jobs do too), and slurmctld
+# listens in the root namespace on the address that reaches them; every node declares this
+# machine's CPUs and memory. `stop` and `status` find the slurmds `start` ran without it.
 set -euo pipefail
 
 PROG="local-slurm.sh"
@@ -66,7 +71,15 @@ PIDS="$STATE/pids"                       # what `start` recorded: "PID STARTTIME
 MUNGE_KEY_DIR="$STATE/munge/key"         # 0700: the key
 MUNGE_RUN_DIR="$STATE/munge/run"         # 0755: the socket (munged wants o+x on its directory)
 MUNGE_SOCKET="$MUNGE_RUN_DIR/munge.socket"
-DAEMONS=(munged slurmctld slurmd)        # start order; stop goes the other way
+LOCAL_SLURM_NETNS="${LOCAL_SLURM_NETNS:-}"
+read -r -a NETNS_NODES <<< "${LOCAL_SLURM_NETNS//,/ }"
+SLURMDS=(slurmd)                         # the slurmd records: slurmd, or slurmd@NAMESPACE per node
+if [ ${#NETNS_NODES[@]} -gt 0 ]; then
+    SLURMDS=()
+    for ns in "${NETNS_NODES[@]}"; do SLURMDS+=("slurmd@$ns"); done
+fi
+DAEMONS=(munged slurmctld "${SLURMDS[@]}")   # start order; stop goes the other way
+CTLD_PORT=6819                           # slurmctld's with nodes in namespaces (6817 otherwise)
 export SLURM_CONF="$CONF"
 
 # ---------------------------------------------------------------------------- processes
@@ -82,14 +95,15 @@ proc_starttime() {
     printf '%s\n' "${20}"
 }
 
-# recorded_pid NAME: the PID start recorded for NAME, if that process still runs as NAME.
+# recorded_pid NAME: the PID start recorded for NAME, if that process still runs as NAME (a
+# record slurmd@NAMESPACE is a slurmd).
 recorded_pid() {
     local name="$1" pid start comm
     [ -r "$PIDS/$name" ] || return 1
     read -r pid start < "$PIDS/$name" || return 1
     [[ "$pid" =~ ^[0-9]+$ ]] || return 1
     comm="$(cat "/proc/$pid/comm" 2>/dev/null)" || return 1
-    [ "$comm" = "$name" ] || return 1
+    [ "$comm" = "${name%@*}" ] || return 1
     [ "$(proc_starttime "$pid" 2>/dev/null)" = "$start" ] || return 1
     printf '%s\n' "$pid"
 }
@@ -160,9 +174,32 @@ stray_stepds() {
     done
 }
 
-node_state() { sinfo -h -N -o '%T' 2>/dev/null | head -n1; }
+# the nodes' states, one word when they agree (idle), else the distinct states joined by commas
+node_state() { { sinfo -h -N -o '%T' 2>/dev/null || true; } | sort -u | paste -sd, -; }
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_busy() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+# the slurmd records a start left (whatever LOCAL_SLURM_NETNS is now)
+recorded_slurmds() {
+    local f
+    for f in "$PIDS"/slurmd "$PIDS"/slurmd@*; do [ -e "$f" ] && basename "$f"; done
+    return 0
+}
+
+# netns_address NAMESPACE: its first global IPv4 address
+netns_address() {
+    ip netns exec "$1" ip -4 -o addr show scope global 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}'
+}
+
+# ctld_address: where slurmctld listens: 127.0.0.1, or with nodes in namespaces the root
+# namespace's address on the way to the first one
+ctld_address() {
+    if [ ${#NETNS_NODES[@]} -eq 0 ]; then echo 127.0.0.1; return; fi
+    local addr
+    addr="$(netns_address "${NETNS_NODES[0]}")"
+    [ -n "$addr" ] || die "network namespace ${NETNS_NODES[0]} has no IPv4 address (make the nodes with jobqueue/netns-nodes.sh up N)"
+    ip -4 route get "$addr" | awk '{for (i = 1; i < NF; i++) if ($i == "src") {print $(i + 1); exit}}'
+}
 
 # ---------------------------------------------------------------------------- install
 install_packages() {
@@ -198,7 +235,7 @@ install_packages() {
 
 # ---------------------------------------------------------------------------- slurm.conf
 write_conf() {
-    local host="$1" hw addr loopback=0
+    local host="$1" ctld="$2" hw addr loopback=0
     # CPUs, sockets, cores, threads and RealMemory as slurmd itself sees them.
     hw="$(SLURM_CONF=/dev/null slurmd -C 2>/dev/null | head -n1)" || true
     [[ "$hw" == NodeName=* ]] || die "slurmd -C gave no node line (got: '$hw')"
@@ -206,11 +243,13 @@ write_conf() {
     # Slurm binds to what gethostname() resolves to; loopback-only flags work only when that is 127.x.
     addr="$(getent ahostsv4 "$host" 2>/dev/null | awk 'NR==1 {print $1}')" || true
     [[ "$addr" == 127.* ]] && loopback=1
-    local tmp="$CONF.tmp"
+    local tmp="$CONF.tmp" node_suffix=""
+    # several slurmds share this filesystem: each its own spool, pid and log file (%n: its node)
+    [ ${#NETNS_NODES[@]} -eq 0 ] || node_suffix="-%n"
     cat > "$tmp" <<EOF
 # Written by jobqueue/local-slurm.sh; rewritten on every cold start. Single node, no database.
 ClusterName=$CLUSTER_NAME
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($ctld)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -220,11 +259,11 @@ MpiDefault=none
 SwitchType=switch/none
 MailProg=/bin/true
 StateSaveLocation=$STATE/spool/ctld
-SlurmdSpoolDir=$STATE/spool/d
+SlurmdSpoolDir=$STATE/spool/d$node_suffix
 SlurmctldPidFile=$STATE/run/slurmctld.pid
-SlurmdPidFile=$STATE/run/slurmd.pid
+SlurmdPidFile=$STATE/run/slurmd$node_suffix.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
+SlurmdLogFile=$LOG/slurmd$node_suffix.log
 SlurmctldDebug=info
 SlurmdDebug=info
 # no cgroups: Slurm does not enforce --mem or the CPU count
@@ -246,7 +285,12 @@ ReturnToService=2
 KillWait=5
 InactiveLimit=0
 EOF
-    if [ "$loopback" -eq 1 ]; then
+    if [ ${#NETNS_NODES[@]} -gt 0 ]; then
+        # slurmctld listens on every address (NoCtldInAddrAny binds to what the hostname resolves
+        # to, not to the bridge), on a port of its own so that a single-node Slurm can run beside
+        # it; each slurmd listens in a network stack of its own
+        echo "SlurmctldPort=$CTLD_PORT" >> "$tmp"
+    elif [ "$loopback" -eq 1 ]; then
         echo "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" >> "$tmp"
     else
         echo "# $host resolves to '${addr:-nothing}', not 127.x: the daemons listen on all addresses" >> "$tmp"
@@ -261,12 +305,28 @@ EOF
         gres="Gres=gpu:$GPUS"
         local k
         for k in $(seq 0 $((GPUS - 1))); do : > "$STATE/fake-gpu$k"; done
-        printf "AutoDetect=off\nNodeName=%s Name=gpu File=%s/fake-gpu[0-%d]\n" "$host" "$STATE" $((GPUS - 1)) > "$STATE/gres.conf"
+        echo "AutoDetect=off" > "$STATE/gres.conf"
     fi
-    cat >> "$tmp" <<EOF
-NodeName=$host NodeAddr=127.0.0.1 $hw $gres State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
-EOF
+    local names=() node node_addr
+    if [ ${#NETNS_NODES[@]} -eq 0 ]; then
+        echo "NodeName=$host NodeAddr=127.0.0.1 $hw $gres State=UNKNOWN" >> "$tmp"
+        names=("$host")
+    else
+        for node in "${NETNS_NODES[@]}"; do
+            node_addr="$(netns_address "$node")"
+            [ -n "$node_addr" ] || die "network namespace $node has no IPv4 address (is it one of jobqueue/netns-nodes.sh's?)"
+            echo "NodeName=$node NodeAddr=$node_addr $hw $gres State=UNKNOWN" >> "$tmp"
+            names+=("$node")
+        done
+    fi
+    if [ "$GPUS" -gt 0 ]; then
+        for node in "${names[@]}"; do
+            printf "NodeName=%s Name=gpu File=%s/fake-gpu[0-%d]\n" "$node" "$STATE" $((GPUS - 1)) >> "$STATE/gres.conf"
+        done
+    fi
+    local joined
+    joined="$(IFS=,; echo "${names[*]}")"
+    echo "PartitionName=debug Nodes=$joined Default=YES MaxTime=INFINITE State=UP" >> "$tmp"
     chmod 0644 "$tmp"
     mv -f "$tmp" "$CONF"
 }
@@ -284,14 +344,14 @@ launch() {
         comm="$(cat "/proc/$pid/comm" 2>/dev/null)" || comm=""
         start="$(proc_starttime "$pid")" || start=""
         [ -n "$start" ] || break
-        [ "$comm" != "$name" ] || break
+        [ "$comm" != "${name%@*}" ] || break
         [ "$(now_ms)" -lt "$deadline" ] || break
         sleep 0.02
     done
     if [ -z "$start" ]; then
         fail_start "$name exited right after start"
-    elif [ "$comm" != "$name" ]; then
-        fail_start "pid $pid of $name runs '$comm', not $name"
+    elif [ "$comm" != "${name%@*}" ]; then
+        fail_start "pid $pid of $name runs '$comm', not ${name%@*}"
     fi
     echo "$pid $start" > "$PIDS/$name"
 }
@@ -301,13 +361,15 @@ fail_start() {
     local d f
     for d in "${DAEMONS[@]}"; do   # the daemon's log, or its stdout/stderr when it wrote none
         f="$LOG/$d.log"
+        [[ "$d" != slurmd@* ]] || f="$LOG/slurmd-${d#slurmd@}.log"
         [ -s "$f" ] || f="$LOG/$d.stdout.log"
         [ -s "$f" ] || continue
         say "---- last lines of $f"
         tail -n 12 "$f" >&2
     done
-    say "logs: $LOG/{munged,slurmctld,slurmd}.log and $LOG/*.stdout.log; stopping what was started"
-    stop_daemons slurmd slurmctld munged
+    say "logs: $LOG/{munged,slurmctld,slurmd*}.log and $LOG/*.stdout.log; stopping what was started"
+    # shellcheck disable=SC2046
+    stop_daemons $(recorded_slurmds) slurmctld munged
     exit 1
 }
 
@@ -318,7 +380,7 @@ cmd_start() {
     if [ "$all" -eq 1 ]; then
         local st; st="$(node_state)"
         if [[ "$st" =~ ^(idle|mixed|allocated|completing)$ ]]; then
-            say "already running ($STATE); node $st"
+            say "already running ($STATE); nodes $st"
             return 0
         fi
         say "daemons run but the node is '${st:-not answering}': restarting"
@@ -326,16 +388,20 @@ cmd_start() {
     for d in "${DAEMONS[@]}"; do
         if running "$d"; then
             say "some daemons run, others do not: stopping the rest for a cold start"
-            stop_daemons slurmd slurmctld munged
+            # shellcheck disable=SC2046
+            stop_daemons $(recorded_slurmds) slurmctld munged
             break
         fi
     done
 
     mkdir -p "$LOG"
     install_packages
-    local p
-    for p in 6817 6818; do
-        port_busy "$p" && die "port $p on 127.0.0.1 is in use: is another Slurm running? (stop it first)"
+    local p ctld ports=(6817 6818)
+    ctld="$(ctld_address)"
+    [ -n "$ctld" ] || die "no address of this machine reaches ${NETNS_NODES[0]}"
+    [ ${#NETNS_NODES[@]} -eq 0 ] || ports=("$CTLD_PORT")   # the slurmds listen in their namespaces
+    for p in "${ports[@]}"; do
+        port_busy "$ctld" "$p" && die "port $p on $ctld is in use: is another Slurm running? (stop it first)"
     done
 
     mkdir -p "$STATE"
@@ -347,6 +413,11 @@ cmd_start() {
     rm -rf "$STATE/spool"
     mkdir -p "$STATE/spool/ctld" "$STATE/spool/d"
     chmod 0755 "$STATE/spool" "$STATE/spool/ctld" "$STATE/spool/d"
+    for p in "${NETNS_NODES[@]+"${NETNS_NODES[@]}"}"; do
+        ip netns exec "$p" true 2>/dev/null || die "LOCAL_SLURM_NETNS names $p, which is no network namespace (jobqueue/netns-nodes.sh up N makes them)"
+        mkdir -p "$STATE/spool/d-$p"
+        chmod 0755 "$STATE/spool/d-$p"
+    done
     rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock" "$STATE"/run/*.pid
 
     # batch scripts are executed from the spool, so the filesystem must allow exec
@@ -363,7 +434,7 @@ cmd_start() {
 
     host="$(hostname -s)"
     [ -n "$host" ] || die "hostname -s is empty"
-    write_conf "$host"
+    write_conf "$host" "$ctld"
 
     launch munged munged -F --key-file="$MUNGE_KEY_DIR/munge.key" --socket="$MUNGE_SOCKET" \
         --pid-file="$STATE/run/munged.pid" --log-file="$LOG/munged.log" \
@@ -376,7 +447,15 @@ cmd_start() {
     done
 
     launch slurmctld slurmctld -D -i -f "$CONF"
-    launch slurmd slurmd -D -N "$host" -f "$CONF"
+    if [ ${#NETNS_NODES[@]} -eq 0 ]; then
+        launch slurmd slurmd -D -N "$host" -f "$CONF"
+    else
+        for p in "${NETNS_NODES[@]}"; do
+            # nsenter, not ip netns exec: that mounts a sysfs of the namespace over /sys, which hides
+            # /sys/fs/cgroup from slurmd
+            launch "slurmd@$p" nsenter --net="/var/run/netns/$p" slurmd -D -N "$p" -f "$CONF"
+        done
+    fi
 
     deadline=$(( $(now_ms) + TIMEOUT * 1000 ))
     local state=""
@@ -385,7 +464,7 @@ cmd_start() {
         [ "$state" = idle ] && break
         for d in "${DAEMONS[@]}"; do running "$d" || fail_start "$d exited"; done
         [ "$(now_ms)" -lt "$deadline" ] \
-            || fail_start "node $host not idle after ${TIMEOUT} s (sinfo says '${state:-nothing}')"
+            || fail_start "nodes not idle after ${TIMEOUT} s (sinfo says '${state:-nothing}')"
         sleep 0.1
     done
 
@@ -399,20 +478,28 @@ cmd_start() {
         fi
     fi
     local t1; t1="$(now_ms)"
-    say "started in $(( (t1 - t0) / 1000 )).$(printf '%03d' $(( (t1 - t0) % 1000 ))) s: node $host idle ($STATE)"
+    say "started in $(( (t1 - t0) / 1000 )).$(printf '%03d' $(( (t1 - t0) % 1000 ))) s: $(sinfo -h -N -o %N | paste -sd' ' -) idle ($STATE)"
     say "use it with: eval \"\$($0 env $STATE)\""
 }
 
 # ---------------------------------------------------------------------------- stop
+# the daemons a start left, slurmds included whatever LOCAL_SLURM_NETNS is now
+started_daemons() {
+    local slurmds
+    slurmds="$(recorded_slurmds)"
+    # shellcheck disable=SC2086
+    printf '%s\n' munged slurmctld ${slurmds:-"${SLURMDS[@]}"}
+}
+
 cmd_stop() {
     local any=0 d ids pids p
-    for d in "${DAEMONS[@]}"; do running "$d" && any=1; done
+    for d in $(started_daemons); do running "$d" && any=1; done
     if [ "$any" -eq 0 ]; then
         rm -f "$PIDS"/* 2>/dev/null || true
         say "not running ($STATE)"
         return 0
     fi
-    if running slurmctld && running slurmd && running munged; then
+    if running slurmctld && running munged; then
         ids="$(squeue -h -o '%A' 2>/dev/null || true)"
         if [ -n "$ids" ]; then
             say "cancelling jobs: $(echo $ids)"
@@ -425,7 +512,8 @@ cmd_stop() {
             [ -z "$(squeue -h -o '%A' 2>/dev/null || true)" ] || say "warning: jobs still listed after 30 s"
         fi
     fi
-    stop_daemons slurmd slurmctld
+    # shellcheck disable=SC2046
+    stop_daemons $(recorded_slurmds) slurmctld
     stop_daemons munged
     pids="$(stray_stepds)"
     if [ -n "$pids" ]; then
@@ -442,11 +530,11 @@ cmd_stop() {
 # ---------------------------------------------------------------------------- status, env
 cmd_status() {
     local d pid all=1
-    for d in "${DAEMONS[@]}"; do
+    for d in $(started_daemons); do
         if pid="$(recorded_pid "$d")"; then
-            printf '%-10s running (pid %s)\n' "$d:" "$pid"
+            printf '%-16s running (pid %s)\n' "$d:" "$pid"
         else
-            printf '%-10s not running\n' "$d:"
+            printf '%-16s not running\n' "$d:"
             all=0
         fi
     done

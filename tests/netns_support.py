@@ -14,9 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobqueue"))
 
-from netns_nodes import NetnsError, Nodes, address, link_bytes
+from netns_nodes import PREFIX, NetnsError, Nodes, address, link_bytes
 
-__all__ = ["Nodes", "address", "link_bytes", "nodes_up", "require_netns"]
+__all__ = ["PREFIX", "Nodes", "address", "link_bytes", "nodes_up", "require_netns"]
 
 
 def _unavailable(reason: str):

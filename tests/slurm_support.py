@@ -143,12 +143,11 @@ def six_core_plan(cfg):
     return plan
 
 
-def two_core_plan(cfg):
-    """The planner's answer for a 2-core node (the local Slurm's) on a profile where one actor
-    outruns the learner: a learner job and an actors job of one core each."""
-    from tianji_dask.planner import Profile, Resources, make_plan
+def two_core_profile():
+    """A profile where one actor outruns a one-thread learner."""
+    from tianji_dask.planner import Profile
 
-    prof = Profile(
+    return Profile(
         actors=(1, 2),
         actor_env_steps_per_s=(20_000.0, 40_000.0),
         threads=(1,),
@@ -156,4 +155,11 @@ def two_core_plan(cfg):
         learner_samples_per_s=((50_000.0,),),
         replay_bytes_per_transition=48.0,
     )
-    return make_plan(cfg, prof, Resources(cores=2))
+
+
+def two_core_plan(cfg):
+    """The planner's answer for a 2-core node (the local Slurm's) on :func:`two_core_profile`: a
+    learner job and an actors job of one core each."""
+    from tianji_dask.planner import Resources, make_plan
+
+    return make_plan(cfg, two_core_profile(), Resources(cores=2))

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -194,3 +195,76 @@ def test_a_plans_gpu_jobs_are_scheduled_by_slurm_and_never_straddle_nodes(slurm_
     too_many = test_only(script.replace("--gres=gpu:1", "--gres=gpu:3"))
     assert too_many.returncode != 0, too_many.stderr
     assert squeue_ids() == []  # --test-only submits nothing
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(360)
+def test_a_multi_node_plan_runs_one_job_a_group_on_slurm_nodes_in_network_namespaces(
+    slurm_conf, jobqueue_defaults, tmp_path, monkeypatch
+):
+    """A second local Slurm whose two nodes are network namespaces (LOCAL_SLURM_NETNS: a slurmd
+    in each, so its jobs run behind a veth link): a plan for two such nodes makes one job a
+    group; Slurm runs them on the two nodes; every worker of a job listens on the address of the
+    node Slurm ran that job on (a group never straddles two nodes); a DQN run of the two groups
+    on those workers finishes, its traffic on both nodes' links."""
+    from conftest import CONFIG, SHORT
+    from distributed import Client
+    from netns_support import PREFIX, address, link_bytes, nodes_up
+    from slurm_support import two_core_profile
+
+    from tianji_dask.config import load_config
+    from tianji_dask.driver import train
+    from tianji_dask.planner import Resources, make_plan
+    from tianji_dask.slurm import planned_processes
+    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+
+    nodes = nodes_up(2, tmp_path)
+    names = {f"{PREFIX}-{k}": address(k) for k in (1, 2)}
+    # munged wants every directory above its socket open to all: pytest's tmp_path is not
+    state = Path(tempfile.mkdtemp(prefix="tianji-slurm-nodes-"))
+    state.chmod(0o755)
+    env = {**os.environ, "LOCAL_SLURM_NETNS": " ".join(names)}
+    cluster = None
+    try:
+        r = subprocess.run(
+            ["bash", str(SCRIPT), "start", str(state)], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        monkeypatch.setenv("SLURM_CONF", str(state / "slurm.conf"))
+        sinfo = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=15)
+        assert sorted(sinfo.stdout.split("\n")[:-1]) == [f"{n} idle" for n in sorted(names)], sinfo.stdout
+        cpus = node_cpus()
+        overrides = [*SHORT, "stop.max_env_steps=3000", "stop.max_seconds=120"]
+        cfg = load_config(CONFIG, overrides)
+        plan = make_plan(cfg, two_core_profile(), Resources(cores=2 * cpus, nodes=2, cores_per_node=cpus))
+        assert [(j.kind, j.group, j.node) for j in plan.jobs] == [("group", 0, 0), ("group", 1, 1)]
+        cfg = plan.apply(cfg)
+        cluster = PlannedSLURMCluster(
+            plan,
+            run_tag="mn",
+            walltime="00:10:00",
+            log_directory=str(tmp_path / "logs"),
+            local_directory=str(tmp_path / "scratch"),
+            death_timeout=30,
+            scheduler_options={"host": address(0), "dashboard_address": f"{address(0)}:0"},
+        )
+        with Client(cluster) as client:
+            client.wait_for_workers(planned_processes(plan), timeout=120)
+            squeue = subprocess.run(["squeue", "-h", "-o", "%j %N"], capture_output=True, text=True, timeout=15)
+            placed = dict(line.split() for line in squeue.stdout.splitlines())
+            assert sorted(placed) == ["tianji-mn-g0-group", "tianji-mn-g1-group"]
+            assert sorted(placed.values()) == sorted(names), placed  # one group a node
+            for w in scheduler_workers(client).values():
+                job = w["name"].rsplit("-", 1)[0]
+                assert w["host"] == names[placed[job]], (w["name"], w["host"], placed)
+            before = {k: sum(link_bytes(k)) for k in (1, 2)}
+            run = train(cfg, client, out=tmp_path / "run")
+            result = run.wait()
+            assert result.ok, result.error
+            assert all(sum(link_bytes(k)) > before[k] for k in (1, 2))
+    finally:
+        if cluster is not None:
+            cluster.close()
+        subprocess.run(["bash", str(SCRIPT), "stop", str(state)], env=env, capture_output=True, timeout=120)
+        nodes.stop()
+        shutil.rmtree(state, ignore_errors=True)

@@ -79,7 +79,12 @@ def test_groups_never_straddle_nodes():
         Resources(cores=32, nodes=2, cores_per_node=16),
     )
     assert (plan.groups, plan.actors, plan.learner_threads) == (2, 2, 14)
-    assert [j.node for j in plan.jobs] == [0, 0, 1, 1]
+    # on several nodes a group is one job (learner + actors): Slurm places jobs, never half a group
+    assert [(j.kind, j.group, j.node, j.cores, j.processes, j.gpus) for j in plan.jobs] == [
+        ("group", 0, 0, 16, 3, 0),
+        ("group", 1, 1, 16, 3, 0),
+    ]
+    assert plan.jobs[1].resources == {"tianji_learner": 1, "tianji_actor": 1, "tianji_group_1": 1}
 
 
 def test_a_larger_batch_keeps_the_serial_replay_ratio_and_staleness():

@@ -548,8 +548,11 @@ def _build(
     jobs: list[Job] = []
     for g in range(G):
         node = g // groups_per_node
-        if shape.actor_device != "cpu":  # the actor shares the learner's GPU: one job holds both
-            jobs.append(Job("group", g, shape.cores, 1 + shape.actors, learner_mem + actors_mem, node, gpus=1))
+        # one job holds the group where its actor shares the learner's GPU, and on several nodes,
+        # where a group's jobs could otherwise land on two nodes: a batch system places jobs, not groups
+        if shape.actor_device != "cpu" or resources.nodes > 1:
+            group_gpus = int(shape.actor_device != "cpu" or shape.learner_device != "cpu")
+            jobs.append(Job("group", g, shape.cores, 1 + shape.actors, learner_mem + actors_mem, node, group_gpus))
             continue
         learner_gpus = int(shape.learner_device != "cpu")
         jobs.append(Job("learner", g, shape.learner_cores, 1, learner_mem, node, gpus=learner_gpus))

@@ -6,7 +6,8 @@ Each group of the plan becomes two batch jobs: a learner job (one process per le
 ``learner_threads`` cores each, or one core and ``--gres=gpu:1`` for a learner on the GPU; it also
 hosts the group's buffer, so its memory includes the replay memory) and an actors job (one
 single-core process per actor). A group whose actor infers on the learner's GPU is one job
-(learner and actor processes, ``--gres=gpu:1``). Their workers carry Dask resources
+(learner and actor processes, ``--gres=gpu:1``), and so is every group of a plan for several
+nodes: Slurm places jobs, and two jobs of one group could land on two nodes. Their workers carry Dask resources
 (``tianji_learner`` and/or ``tianji_actor``, and ``tianji_group_<g>``) by which the run
 places its hosts. Site settings (queue, account, interface, walltime, prologue, log directory)
 come from the user's dask-jobqueue configuration (``jobqueue.yaml``: see jobqueue/jobqueue.yaml),
