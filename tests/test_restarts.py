@@ -58,7 +58,11 @@ def _run_with_a_kill(h, tmp_path, pick, *overrides):
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_a_killed_actor_worker_is_recreated_and_the_run_reaches_its_target(h, tmp_path):
-    result, ds, lost = _run_with_a_kill(h, tmp_path, lambda plan: plan.actors[1].worker, "topology.actors=2")
+    # a target far enough past the kill (at 6,000 env steps) that the new actor starts and produces
+    # before the run ends: at 150 a quick run could end a few seconds after the kill
+    result, ds, lost = _run_with_a_kill(
+        h, tmp_path, lambda plan: plan.actors[1].worker, "topology.actors=2", "stop.target_return=250"
+    )
     assert "actor 1 on" in lost
     last = ds.isel(time=-1)
     assert int(last.actor_restarts) == 1 and int(last.learner_restarts) == int(last.buffer_restarts) == 0
