@@ -30,14 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import xarray as xr
-from vs_single import alternate, compare, run_tianji, system_seed_grid
+from vs_single import alternate, compare, run_meta, run_tianji, system_seed_grid
 
 from tianji_dask.results import provenance_attrs
 
@@ -118,12 +116,7 @@ def main(argv=None) -> int:
     tianji_args = argparse.Namespace(**vars(args))
     tianji_args.overrides = [f"stop.max_env_steps={args.max_env_steps}", *args.overrides]
     meta = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": f"{os.cpu_count()} cores",
-        "config": args.config,
-        "overrides": args.overrides,
-        "target": args.target,
-        "max_seconds": args.max_seconds,
+        **run_meta(args),
         "max_env_steps": args.max_env_steps,
         "sb3_python": str(args.sb3_python),
         **provenance_attrs(),

@@ -234,6 +234,19 @@ def alternate(
     return summary
 
 
+def run_meta(args) -> dict:
+    """What every race records of itself: when, the machine's cores, the tianji-dask config and
+    its overrides, the target and the time limit."""
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{os.cpu_count()} cores",
+        "config": args.config,
+        "overrides": args.overrides,
+        "target": args.target,
+        "max_seconds": args.max_seconds,
+    }
+
+
 def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
     summary = compare(rows, SYSTEMS, {"tianji": meta["max_seconds"], "single": meta["single_max_seconds"]})
     (out / "vs_single.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
@@ -293,12 +306,7 @@ def main(argv=None) -> int:
     args.single, envs, algo = single_command(args)  # a bad config stops here, before any run
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": f"{os.cpu_count()} cores",
-        "config": args.config,
-        "overrides": args.overrides,
-        "target": args.target,
-        "max_seconds": args.max_seconds,
+        **run_meta(args),
         "single_max_seconds": args.single_max_seconds or args.max_seconds,
         "algo": algo,
         "single_command": args.single,
