@@ -191,14 +191,28 @@ def _on_driver_signals(handler) -> None:
         signal.signal(sig, handler)
 
 
-def _stop_at_once(run, progress, signum: int) -> None:
-    """A second signal while the run stops: no more waiting for the hosts, a few seconds for the
-    final checkpoint; the results are still written and the workers still ended."""
-    _on_driver_signals(signal.SIG_IGN)  # a third changes nothing more
-    progress.event(
-        f"{signal.Signals(signum).name} again: no more waiting for the hosts, a few seconds for the final checkpoint..."
-    )
-    run.stop("stopped", now=True)
+class _SecondSignalStopsAtOnce:
+    """The driver's SIGINT/SIGTERM handler while a run is on: the first raises KeyboardInterrupt
+    (the run stops cleanly and writes its results); a second, whenever it comes after the first
+    (even before the first's message is out), stops waiting for the hosts and gives the final
+    checkpoint a few seconds; the results are still written and the workers still ended. Later
+    ones change nothing. Deciding in the handler itself leaves no moment where a quick second
+    signal would find the first's handler and abandon the run."""
+
+    def __init__(self, run, progress) -> None:
+        self.run, self.progress = run, progress
+        self.signals = 0
+
+    def __call__(self, signum: int, frame) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            raise KeyboardInterrupt(signum)
+        if self.signals == 2:
+            self.progress.event(
+                f"{signal.Signals(signum).name} again: no more waiting for the hosts, "
+                "a few seconds for the final checkpoint..."
+            )
+            self.run.stop("stopped", now=True)
 
 
 def cmd_train(args) -> int:
@@ -293,16 +307,16 @@ def cmd_train(args) -> int:
     except (RunDirExists, ConfigError) as exc:
         progress.close()
         return _bad_input(str(exc))
-    progress.event(f"run directory: {run.run_dir}")
+    _on_driver_signals(_SecondSignalStopsAtOnce(run, progress))
     interrupted = None
     try:
+        progress.event(f"run directory: {run.run_dir}")
         result = run.wait()
     except KeyboardInterrupt as exc:
         interrupted = exc.args[0] if exc.args else signal.SIGINT
         progress.event(
             f"{signal.Signals(interrupted).name}: stopping all hosts and writing results (again to stop at once)..."
         )
-        _on_driver_signals(lambda signum, frame: _stop_at_once(run, progress, signum))
         run.stop("stopped")
         result = run.wait()
     finally:
