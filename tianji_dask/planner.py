@@ -240,6 +240,7 @@ class Plan:
     actor_device: str | None = None  # where the actors' inference runs
     env_threads: int | None = None  # threads stepping one actor's envs (envs that step on threads)
     gpus_used: int = 0
+    lr: float | None = None  # DQN: the config's lr scaled with the batch; None: the config's lr stays
 
     def overrides(self) -> dict[str, object]:
         """The config fields the plan sets (dotted names, as ``--set`` takes them)."""
@@ -263,6 +264,8 @@ class Plan:
                     "algo.train_freq": self.train_freq,
                 }
             )
+            if self.lr is not None:
+                out["algo.lr"] = self.lr
         return out
 
     def apply(self, cfg: ExperimentConfig):
@@ -288,6 +291,10 @@ class Plan:
         d = dict(d)
         jobs = [Job(**{k: v for k, v in j.items() if k != "resources"}) for j in d.pop("jobs", [])]
         return cls(**d, jobs=jobs)
+
+
+def _int_or_none(x: float | None) -> int | None:
+    return None if x is None else int(x)
 
 
 def _learner_memory(cfg: ExperimentConfig, profile: Profile, buffer_size: int | None) -> int:
@@ -371,7 +378,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
     refused_memory: list[str] = []
     for b in (b for b in profile.batch_sizes if b >= 1):
         scaled = spec.scaled_for_batch(cfg, b)
-        train_freq, buffer_size = scaled.get("train_freq"), scaled.get("buffer_size")
+        train_freq, buffer_size = _int_or_none(scaled.get("train_freq")), _int_or_none(scaled.get("buffer_size"))
         learner_mem = _learner_memory(cfg, profile, buffer_size)
         for G in range(1, M // 2 + 1):
             m = min(M // G, m_max)
@@ -405,6 +412,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
                             groups_per_node=groups_per_node,
                             train_freq=train_freq,
                             buffer_size=buffer_size,
+                            lr=scaled.get("lr"),
                             learner_mem=learner_mem,
                         ),
                     )
@@ -497,6 +505,7 @@ def _build(
     groups_per_node: int,
     train_freq,
     buffer_size,
+    lr: float | None,
     learner_mem: int,
 ) -> Plan:
     spec = spec_for(cfg)
@@ -541,9 +550,14 @@ def _build(
     config_batch = spec.samples_per_update(cfg)
     if b != config_batch:
         changed = " and ".join(
-            f"{k} {getattr(cfg.algo, k):,} -> {v:,}" for k, v in spec.scaled_for_batch(cfg, b).items()
+            f"{k} {getattr(cfg.algo, k):,} -> {v:,}"
+            for k, v in spec.scaled_for_batch(cfg, b).items()
+            if k in ("train_freq", "buffer_size")
         )
         why.append(f"batch {config_batch} -> {b}: {changed} keep R and P = B/N_s of serial training")
+        algo = cfg.algo.model_dump()
+        if lr is not None and lr != algo["lr"]:
+            why.append(f"lr {algo['lr']:g} -> {lr:g} for batch {b} (algo.lr_batch_scaling: {algo['lr_batch_scaling']})")
     actors_mem = shape.actors * ACTOR_PROCESS_BYTES
     jobs: list[Job] = []
     for g in range(G):
@@ -566,6 +580,7 @@ def _build(
         batch_size=b,
         buffer_size=buffer_size,
         train_freq=train_freq,
+        lr=lr if b != config_batch else None,
         cores_total=resources.cores,
         cores_used=G * shape.cores,
         replay_ratio=R,

@@ -81,8 +81,9 @@ class AlgorithmSpec(Protocol):
         (returning the samples it consumed), and the replay's bytes per transition."""
         ...
 
-    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, int]:
-        """Config fields changed with the batch so that the serial replay ratio stays, by name."""
+    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, float]:
+        """``algo`` fields changed with the batch so that the serial replay ratio stays (and the
+        learning rate follows), by name."""
         ...
 
     def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:

@@ -120,6 +120,11 @@ class DQNConfig(_Section):
     n_step: int = Field(3, ge=1, le=20, description="n-step returns computed by the actors (1 = plain one-step DQN)")
     lr: float = Field(0.001, gt=0, description="optimizer learning rate")
     batch_size: int = Field(64, ge=1, description="transitions per update")
+    lr_batch_scaling: Literal["sqrt", "linear", "none"] = Field(
+        "sqrt",
+        description="how a plan that changes batch_size from B to B' changes lr: times sqrt(B'/B) "
+        "(the usual rule for Adam), times B'/B, or not at all",
+    )
     buffer_size: int = Field(100_000, ge=1, description="replay capacity in transitions")
     learning_starts: int = Field(1000, ge=0, description="transitions in replay memory before updates start")
     train_freq: int = Field(64, ge=1, description="serial reference: env steps (transitions) between training rounds")

@@ -105,13 +105,17 @@ class DQNSpec:
 
         return work, run.buffer.replay.nbytes / run.buffer.replay.capacity
 
-    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, int]:
-        """train_freq and buffer_size scaled with the batch: R and P = B/N_s stay the serial ones."""
+    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, float]:
+        """train_freq and buffer_size scaled with the batch, so that R and P = B/N_s stay the
+        serial ones; lr by ``algo.lr_batch_scaling`` (a batch k times larger averages k times
+        as many gradients a step, taken k times less often)."""
         algo = cfg.algo_as(DQNConfig)
         k = batch / algo.batch_size
+        lr_factor = {"sqrt": k**0.5, "linear": k, "none": 1.0}[algo.lr_batch_scaling]
         return {
             "train_freq": max(1, round(algo.train_freq * k)),
             "buffer_size": max(batch, round(algo.buffer_size * k)),
+            "lr": float(f"{algo.lr * lr_factor:.6g}"),
         }
 
     def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:

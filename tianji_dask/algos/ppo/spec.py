@@ -87,7 +87,7 @@ class PPOSpec:
 
         return work, 0.0
 
-    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, int]:
+    def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, float]:
         return {}
 
     def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
