@@ -96,6 +96,8 @@ def test_a_larger_batch_keeps_the_serial_replay_ratio_and_staleness():
     planned = plan.apply(cfg)
     assert planned.algo.target_replay_ratio == cfg.algo.target_replay_ratio
     assert planned.algo.batch_size / planned.algo.buffer_size == cfg.algo.batch_size / cfg.algo.buffer_size
+    # the target network synced every half as many (twice as large) updates: the same samples
+    assert planned.algo.target_update_interval * 2 == cfg.algo.target_update_interval
     # Adam's usual rule by default: lr times sqrt(128 / 64), said in the explanation
     assert planned.algo.lr == pytest.approx(cfg.algo.lr * 2**0.5, rel=1e-5)
     assert any(f"lr {cfg.algo.lr:g} -> {planned.algo.lr:g} for batch 128" in line for line in plan.explanation)
@@ -113,7 +115,7 @@ def test_a_plan_that_keeps_the_batch_keeps_the_learning_rate():
     cfg = dqn(**{"algo.lr": 3e-4})
     plan = make_plan(cfg, profile(10_000, lambda t, b: 8_000, batch_sizes=(64, 128)), Resources(cores=2))
     assert plan.batch_size == 64 and plan.lr is None
-    assert "algo.lr" not in plan.overrides()
+    assert "algo.lr" not in plan.overrides() and "algo.target_update_interval" not in plan.overrides()
     assert plan.apply(cfg).algo.lr == 3e-4
 
 

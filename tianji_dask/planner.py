@@ -240,7 +240,10 @@ class Plan:
     actor_device: str | None = None  # where the actors' inference runs
     env_threads: int | None = None  # threads stepping one actor's envs (envs that step on threads)
     gpus_used: int = 0
-    lr: float | None = None  # DQN: the config's lr scaled with the batch; None: the config's lr stays
+    # DQN, where the batch differs from the config's: lr and the target sync interval (in
+    # updates) that go with it; None: the config's stay
+    lr: float | None = None
+    target_update_interval: int | None = None
 
     def overrides(self) -> dict[str, object]:
         """The config fields the plan sets (dotted names, as ``--set`` takes them)."""
@@ -266,6 +269,8 @@ class Plan:
             )
             if self.lr is not None:
                 out["algo.lr"] = self.lr
+            if self.target_update_interval is not None:
+                out["algo.target_update_interval"] = self.target_update_interval
         return out
 
     def apply(self, cfg: ExperimentConfig):
@@ -413,6 +418,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
                             train_freq=train_freq,
                             buffer_size=buffer_size,
                             lr=scaled.get("lr"),
+                            target_update_interval=_int_or_none(scaled.get("target_update_interval")),
                             learner_mem=learner_mem,
                         ),
                     )
@@ -506,6 +512,7 @@ def _build(
     train_freq,
     buffer_size,
     lr: float | None,
+    target_update_interval: int | None,
     learner_mem: int,
 ) -> Plan:
     spec = spec_for(cfg)
@@ -552,9 +559,12 @@ def _build(
         changed = " and ".join(
             f"{k} {getattr(cfg.algo, k):,} -> {v:,}"
             for k, v in spec.scaled_for_batch(cfg, b).items()
-            if k in ("train_freq", "buffer_size")
+            if k in ("train_freq", "buffer_size", "target_update_interval")
         )
-        why.append(f"batch {config_batch} -> {b}: {changed} keep R and P = B/N_s of serial training")
+        why.append(
+            f"batch {config_batch} -> {b}: {changed} keep R, P = B/N_s and the target network's "
+            "age in samples of serial training"
+        )
         algo = cfg.algo.model_dump()
         if lr is not None and lr != algo["lr"]:
             why.append(f"lr {algo['lr']:g} -> {lr:g} for batch {b} (algo.lr_batch_scaling: {algo['lr_batch_scaling']})")
@@ -581,6 +591,7 @@ def _build(
         buffer_size=buffer_size,
         train_freq=train_freq,
         lr=lr if b != config_batch else None,
+        target_update_interval=target_update_interval if b != config_batch else None,
         cores_total=resources.cores,
         cores_used=G * shape.cores,
         replay_ratio=R,

@@ -107,14 +107,16 @@ class DQNSpec:
 
     def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, float]:
         """train_freq and buffer_size scaled with the batch, so that R and P = B/N_s stay the
-        serial ones; lr by ``algo.lr_batch_scaling`` (a batch k times larger averages k times
-        as many gradients a step, taken k times less often)."""
+        serial ones; the target network synced after as many samples (so as many env steps) as
+        before; lr by ``algo.lr_batch_scaling`` (a batch k times larger averages k times as many
+        gradients a step, taken k times less often)."""
         algo = cfg.algo_as(DQNConfig)
         k = batch / algo.batch_size
         lr_factor = {"sqrt": k**0.5, "linear": k, "none": 1.0}[algo.lr_batch_scaling]
         return {
             "train_freq": max(1, round(algo.train_freq * k)),
             "buffer_size": max(batch, round(algo.buffer_size * k)),
+            "target_update_interval": max(1, round(algo.target_update_interval / k)),
             "lr": float(f"{algo.lr * lr_factor:.6g}"),
         }
 
