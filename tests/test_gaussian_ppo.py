@@ -20,7 +20,7 @@ from tianji_dask.algos.ppo.learner import PPOLearnerRole
 from tianji_dask.algos.ppo.normalization import VARIANCE_EPS, Moments, RolloutNormalizer
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.checkpoint import load_checkpoint, save_checkpoint
-from tianji_dask.config import load_config
+from tianji_dask.config import ConfigError, load_config
 from tianji_dask.config.schema import PPOConfig
 from tianji_dask.envs import make_vector_env
 
@@ -66,6 +66,103 @@ def test_network_evaluates_the_log_prob_of_the_given_actions_with_its_log_std():
     torch.testing.assert_close(logp, ref.log_prob(actions).sum(-1))
     torch.testing.assert_close(entropy, ref.entropy().sum(-1))
     assert value.shape == (5,)
+
+
+# ------------------------------------------------------------------ gSDE
+def _sde_net(log_stds: list[float]) -> GaussianActorCritic:
+    """One observation, two features fixed at (0.6, -0.8) (zero input weights, biases atanh of
+    them), mean = z0 + z1 = -0.2, the given log-stds per feature for the one action."""
+    net = GaussianActorCritic(1, 1, [2], sde=True)
+    with torch.no_grad():
+        hidden, out = net.actor_mean[0], net.actor_mean[-1]
+        hidden.weight.zero_()
+        hidden.bias.copy_(torch.atanh(torch.tensor([0.6, -0.8])))
+        out.weight.copy_(torch.tensor([[1.0, 1.0]]))
+        out.bias.zero_()
+        net.actor_logstd.copy_(torch.tensor(log_stds).reshape(2, 1))
+    return net
+
+
+def test_gsde_log_prob_and_entropy_on_a_hand_computed_case():
+    # variance = z^2 @ std^2 + 1e-6 = 0.36 * 1 + 0.64 * 4 + 1e-6 = 2.920001
+    net = _sde_net([0.0, math.log(2.0)])
+    var = 2.920001
+    logp, entropy, _ = net.evaluate(torch.zeros(1, 1), torch.tensor([[1.5]]))
+    # log N(1.5; -0.2, var) = -1/2 * 1.7^2 / var - 1/2 log var - 1/2 log(2 pi)
+    want = -0.5 * 1.7**2 / var - 0.5 * math.log(var) - 0.5 * math.log(2 * math.pi)
+    assert logp.item() == pytest.approx(want, abs=1e-6)
+    assert entropy.item() == pytest.approx(0.5 + 0.5 * math.log(2 * math.pi) + 0.5 * math.log(var), abs=1e-6)
+    # the std's gradient reaches the log-stds, not the features (detached, as stable-baselines3's)
+    logp.sum().backward()
+    assert net.actor_logstd.grad is not None and net.actor_logstd.grad.abs().sum() > 0
+    assert net.actor_mean[0].bias.grad is not None  # through the mean
+    mean_only = net.actor_mean[0].bias.grad.clone()
+    net.zero_grad()
+    (-0.5 * (1.5 - net.policy(torch.zeros(1, 1))[0]) ** 2 / var).sum().backward()
+    torch.testing.assert_close(net.actor_mean[0].bias.grad, mean_only)
+
+
+def test_gsde_noise_is_the_features_times_each_envs_matrix_drawn_every_sample_freq_steps():
+    net = _sde_net([math.log(0.5), math.log(3.0)])
+    policy = GaussianPolicy(1, np.array([-2.0]), np.array([2.0]), [2], 0, 0.9, 3, sde_sample_freq=2)
+    policy.load(0, {k: v.numpy() for k, v in net.state_dict().items()})
+    obs = np.zeros((3, 1), np.float32)
+    features = torch.tensor([0.6, -0.8])
+
+    def step(t):
+        policy.exploration_step(t)
+        return policy.act(obs)
+
+    a0, logp0, _ = step(0)
+    assert policy._exploration is not None and policy._exploration.shape == (3, 2, 1)
+    np.testing.assert_allclose(a0[:, 0], -0.2 + (features @ policy._exploration).numpy()[:, 0], atol=1e-6)
+    assert len(set(np.round(a0[:, 0], 6))) == 3  # a matrix of its own for each env
+    a1, _, _ = step(1)
+    np.testing.assert_array_equal(a1, a0)  # same observation, same matrices: same action
+    a2, _, _ = step(2)
+    assert not np.allclose(a2, a0)  # drawn again at step 2
+    # the rows of one env group are those envs' matrices
+    part, _, _ = policy.act(obs[1:3], envs=slice(1, 3))
+    np.testing.assert_array_equal(part, a2[1:3])
+    # log-probs are those of the state-dependent Gaussian
+    logp_net, _, _ = net.evaluate(torch.zeros(3, 1), torch.from_numpy(a0))
+    np.testing.assert_allclose(logp0, logp_net.detach().numpy(), atol=1e-6)
+    once = GaussianPolicy(1, np.array([-2.0]), np.array([2.0]), [2], 0, 0.9, 3, sde_sample_freq=-1)
+    once.exploration_step(0)
+    first = once._exploration.clone()
+    for t in range(1, 9):
+        once.exploration_step(t)
+    torch.testing.assert_close(once._exploration, first)  # -1: once a rollout
+
+
+def test_gsde_actions_spread_as_the_state_dependent_std_says():
+    # 20,000 envs, one matrix each: the actions at one state are N(-0.2, 0.36 * 0.25 + 0.64 * 9)
+    net = _sde_net([math.log(0.5), math.log(3.0)])
+    n = 20_000
+    policy = GaussianPolicy(1, np.array([-2.0]), np.array([2.0]), [2], 3, 0.9, n, sde_sample_freq=4)
+    policy.load(0, {k: v.numpy() for k, v in net.state_dict().items()})
+    policy.exploration_step(0)
+    actions, _, _ = policy.act(np.zeros((n, 1), np.float32))
+    assert actions.mean() == pytest.approx(-0.2, abs=0.05)
+    assert actions.std() == pytest.approx(math.sqrt(0.36 * 0.25 + 0.64 * 9), rel=0.02)
+
+
+def test_gsde_config_is_checked():
+    with pytest.raises(ConfigError, match=r"algo.sde_sample_freq=0.*-1 for one draw a rollout"):
+        load_config(PENDULUM, ["algo.sde_sample_freq=0"], check_env=False)
+    with pytest.raises(ConfigError, match=r"algo.use_sde \(gSDE\) explores continuous \(Box\) actions"):
+        load_config("configs/cartpole_ppo.yaml", ["algo.use_sde=true"])
+
+
+@pytest.mark.timeout(30)
+def test_a_gsde_actor_and_learner_agree_on_the_log_probs_of_a_pendulum_rollout():
+    learner, actor, _, (r,) = _learner_and_rollouts("algo.use_sde=true")
+    assert actor.policy.net.sde and actor.policy.sde_sample_freq == 4
+    with torch.no_grad():
+        logp, _, _ = learner.learner_core.net.evaluate(
+            torch.from_numpy(r["obs"].reshape(-1, 3)), torch.from_numpy(r["actions"].reshape(-1, 1))
+        )
+    np.testing.assert_allclose(r["logp"], logp.numpy().reshape(16, 2), atol=1e-5)
 
 
 def test_the_action_space_chooses_the_policy():
@@ -128,7 +225,10 @@ def test_normalizer_uses_the_loaded_statistics_and_reports_the_rollouts_own():
 
 # ------------------------------------------------------------------ the actor
 def _pendulum_cfg(*extra):
-    return load_config(PENDULUM, ["env.num_envs=2", "algo.rollout_steps=16", "algo.minibatches=4", *extra])
+    """The config's Pendulum with the state-independent log-std (gSDE has tests of its own)."""
+    return load_config(
+        PENDULUM, ["env.num_envs=2", "algo.rollout_steps=16", "algo.minibatches=4", "algo.use_sde=false", *extra]
+    )
 
 
 def _gaussian_params(seed: int, log_std: float, obs: Moments, returns: Moments) -> tuple[GaussianActorCritic, dict]:

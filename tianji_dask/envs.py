@@ -309,7 +309,8 @@ class EnvGroups:
         self.single_action_space = envs[0].single_action_space
         self._split = hasattr(envs[0], "send") and hasattr(envs[0], "recv") and len(envs) > 1
 
-    def _slice(self, g: int) -> slice:
+    def envs_of(self, g: int) -> slice:
+        """The positions of group ``g``'s envs among all of them."""
         return slice(g * self.group_size, (g + 1) * self.group_size)
 
     def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -321,7 +322,7 @@ class EnvGroups:
         return np.concatenate([p[0] for p in parts]), merge_infos([p[1] for p in parts], [self.group_size] * len(parts))
 
     def step(self, actions: np.ndarray) -> StepResult:
-        return self.step_with(lambda g, obs: (actions[self._slice(g)],), None)[1]
+        return self.step_with(lambda g, obs: (actions[self.envs_of(g)],), None)[1]
 
     def step_with(
         self, choose: Callable[[int, np.ndarray | None], Choice], obs: np.ndarray | None
@@ -335,7 +336,7 @@ class EnvGroups:
         choices: list[Choice] = []
         results: list[StepResult] = []
         for g, env in enumerate(self.envs):
-            choice = choose(g, None if obs is None else obs[self._slice(g)])
+            choice = choose(g, None if obs is None else obs[self.envs_of(g)])
             choices.append(choice)
             if self._split:
                 cast(SendRecv, env).send(choice[0])

@@ -274,6 +274,33 @@ class PPOConfig(_Section):
     behaviour_weight_max: float = Field(
         2.0, gt=0, description="with staleness_correction 'decoupled': the largest weight a sample gets"
     )
+    use_sde: bool = Field(
+        False,
+        description="Box actions: explore with generalized state-dependent exploration (gSDE, Raffin "
+        "et al. 2022; stable-baselines3's use_sde): the noise is the policy's last hidden features "
+        "times a random matrix drawn every sde_sample_freq steps, with a learned std per feature and "
+        "action dimension; false: a state-independent log-std per action dimension",
+    )
+    sde_sample_freq: int = Field(
+        -1,
+        ge=-1,
+        description="with use_sde: env steps between draws of the exploration matrices (one per env); "
+        "-1 = once a rollout",
+    )
+    log_std_init: float = Field(
+        0.0,
+        description="Box actions: the initial log-std (per action dimension; with use_sde per "
+        "feature and action dimension)",
+    )
+
+    @model_validator(mode="after")
+    def _check_sde_sample_freq(self) -> PPOConfig:
+        if self.sde_sample_freq == 0:
+            raise problem(
+                "algo.sde_sample_freq=0: give the env steps between draws of the exploration "
+                "matrices (1 or more), or -1 for one draw a rollout"
+            )
+        return self
 
     @property
     def target_replay_ratio(self) -> float:

@@ -100,6 +100,7 @@ class PPOActorRole(ActorBase):
                 self.counters.throttled_s += time.perf_counter() - t
                 return False
         r, t = self._r, self._t
+        self.policy.exploration_step(t)
         if self.frames is None:
             r["obs"][t] = self.obs
         else:
@@ -134,7 +135,7 @@ class PPOActorRole(ActorBase):
     def _choose(self, group: int, obs: np.ndarray | None) -> tuple[np.ndarray, ...]:
         """(what the env gets, the actions the rollout keeps, their log-probs, values)."""
         assert obs is not None  # step() passes the observations
-        actions, logp, values = self.policy.act(obs)
+        actions, logp, values = self.policy.act(obs, self.env.envs_of(group))
         return self.policy.env_actions(actions), actions, logp, values
 
     def _frame_positions(self, obs_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

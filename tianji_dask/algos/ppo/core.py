@@ -65,15 +65,23 @@ class ActorCritic(nn.Module):
 ActorCriticNet = ActorCritic | AtariActorCritic | GaussianActorCritic
 
 
-def actor_critic(obs_dim: int, n_actions: int, hidden: list[int], network: str = "mlp") -> ActorCriticNet:
+def actor_critic(
+    obs_dim: int,
+    n_actions: int,
+    hidden: list[int],
+    network: str = "mlp",
+    *,
+    sde: bool = False,
+    log_std_init: float = 0.0,
+) -> ActorCriticNet:
     """Separate tanh MLPs over flat observations, the shared Nature CNN over uint8 frame
     stacks (``network="nature_cnn"``, which ignores ``obs_dim`` and ``hidden``), or the diagonal
     Gaussian policy of a ``Box`` action space (``network="gaussian_mlp"``, ``n_actions`` its
-    dimensions)."""
+    dimensions; ``sde`` and ``log_std_init`` are its)."""
     if network == "nature_cnn":
         return AtariActorCritic(n_actions)
     if network == "gaussian_mlp":
-        return GaussianActorCritic(obs_dim, n_actions, hidden)
+        return GaussianActorCritic(obs_dim, n_actions, hidden, sde=sde, log_std_init=log_std_init)
     if network != "mlp":
         raise ValueError(f"unknown network {network!r}; expected 'mlp', 'nature_cnn' or 'gaussian_mlp'")
     return ActorCritic(obs_dim, n_actions, hidden)
@@ -130,7 +138,10 @@ class PPOPolicy:
             logp = torch.log_softmax(logits, dim=-1).gather(1, actions.unsqueeze(1)).squeeze(1)
             return torch.stack((actions.to(logp.dtype), logp, values))
 
-    def act(self, obs: np.ndarray):
+    def exploration_step(self, t: int) -> None:
+        """The categorical policy draws afresh at every step."""
+
+    def act(self, obs: np.ndarray, envs: slice = slice(None)):
         inputs = {
             "obs": torch.from_numpy(obs).to(self.device),
             "uniforms": torch.rand(len(obs), generator=self.generator).to(self.device),
@@ -179,6 +190,8 @@ def acting_policy(cfg: ExperimentConfig, action_space: gym.Space, obs_dim: int, 
             algo.gamma,
             cfg.env.num_envs,
             device=cfg.actor.device,
+            sde_sample_freq=algo.sde_sample_freq if algo.use_sde else None,
+            log_std_init=algo.log_std_init,
         )
     network, outputs = network_for(cfg, action_space)
     return PPOPolicy(obs_dim, outputs, algo.hidden_sizes, seed, network=network, device=cfg.actor.device)
@@ -267,7 +280,9 @@ class PPOLearner:
         self.algo = algo
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
-        self.net = actor_critic(obs_dim, n_actions, algo.hidden_sizes, network).to(self.device)
+        self.net = actor_critic(
+            obs_dim, n_actions, algo.hidden_sizes, network, sde=algo.use_sde, log_std_init=algo.log_std_init
+        ).to(self.device)
         self.rng = np.random.default_rng(seed)
         self.updates = 0
         self._stat_names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss")

@@ -28,6 +28,11 @@ class PPOSpec:
         from gymnasium import spaces
 
         if isinstance(action_space, spaces.Discrete):
+            if cfg.algo_as(PPOConfig).use_sde:
+                return (
+                    f"env.id={cfg.env.id!r}: action space is {action_space}, but algo.use_sde (gSDE) "
+                    "explores continuous (Box) actions; drop algo.use_sde for this env"
+                )
             return None
         if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
             return None
