@@ -223,12 +223,36 @@ def test_normalizer_uses_the_loaded_statistics_and_reports_the_rollouts_own():
     assert Moments.unpack(norm.take()["obs_moments"], (2,)).count == 0  # take starts the next rollout
 
 
+def test_a_normalizer_switched_off_passes_observations_and_rewards_through_unclipped():
+    norm = RolloutNormalizer(num_envs=2, obs_shape=(2,), gamma=0.5, observations=False, rewards=False)
+    norm.load(Moments(10.0, np.array([1.0, 2.0]), np.array([4.0, 9.0])), Moments(10.0, np.array(0.0), np.array(4.0)))
+    raw = np.array([[3.0, 2.0], [1.0, 500.0]])
+    seen = norm.observe(raw)
+    assert seen.dtype == np.float32
+    np.testing.assert_array_equal(seen, raw)
+    np.testing.assert_array_equal(norm.rewards(np.array([-16.5, 40.0]), np.array([False, False])), [-16.5, 40.0])
+    stats = norm.take()  # the moments are gathered all the same
+    assert Moments.unpack(stats["obs_moments"], (2,)).count == 2
+    assert Moments.unpack(stats["return_moments"], ()).count == 2
+
+
+def test_the_pendulum_config_trains_on_the_envs_own_observations_and_rewards():
+    _, actor, _, (r,) = _learner_and_rollouts("algo.normalize_observations=false", "algo.normalize_rewards=false")
+    twin = make_vector_env("Pendulum-v1", 2, 5)
+    raw, _ = twin.reset(seed=5)
+    for t in range(16):
+        np.testing.assert_allclose(r["obs"][t], raw, rtol=1e-6)
+        raw, reward, *_ = twin.step(np.clip(r["actions"][t], -2.0, 2.0))
+        np.testing.assert_allclose(r["rewards"][t], reward, rtol=1e-6)
+    assert load_config(PENDULUM, check_env=False).algo.normalize_rewards is False
+
+
 # ------------------------------------------------------------------ the actor
 def _pendulum_cfg(*extra):
-    """The config's Pendulum with the state-independent log-std (gSDE has tests of its own)."""
-    return load_config(
-        PENDULUM, ["env.num_envs=2", "algo.rollout_steps=16", "algo.minibatches=4", "algo.use_sde=false", *extra]
-    )
+    """The config's Pendulum with cleanrl's normalisation and the state-independent log-std
+    (gSDE and the env's own observations and rewards have tests of their own)."""
+    cleanrl = ["algo.use_sde=false", "algo.normalize_observations=true", "algo.normalize_rewards=true"]
+    return load_config(PENDULUM, ["env.num_envs=2", "algo.rollout_steps=16", "algo.minibatches=4", *cleanrl, *extra])
 
 
 def _gaussian_params(seed: int, log_std: float, obs: Moments, returns: Moments) -> tuple[GaussianActorCritic, dict]:

@@ -274,6 +274,16 @@ class PPOConfig(_Section):
     behaviour_weight_max: float = Field(
         2.0, gt=0, description="with staleness_correction 'decoupled': the largest weight a sample gets"
     )
+    normalize_observations: bool = Field(
+        True,
+        description="Box actions: the policy sees observations normalised with running statistics "
+        "and clipped to +-10 (cleanrl's NormalizeObservation); false: as the env gives them",
+    )
+    normalize_rewards: bool = Field(
+        True,
+        description="Box actions: train on rewards scaled by the running std of the discounted return "
+        "and clipped to +-10 (cleanrl's NormalizeReward); false: as the env gives them",
+    )
     use_sde: bool = Field(
         False,
         description="Box actions: explore with generalized state-dependent exploration (gSDE, Raffin "

@@ -192,6 +192,8 @@ def acting_policy(cfg: ExperimentConfig, action_space: gym.Space, obs_dim: int, 
             device=cfg.actor.device,
             sde_sample_freq=algo.sde_sample_freq if algo.use_sde else None,
             log_std_init=algo.log_std_init,
+            normalize_observations=algo.normalize_observations,
+            normalize_rewards=algo.normalize_rewards,
         )
     network, outputs = network_for(cfg, action_space)
     return PPOPolicy(obs_dim, outputs, algo.hidden_sizes, seed, network=network, device=cfg.actor.device)

@@ -115,6 +115,8 @@ class GaussianPolicy:
         *,
         sde_sample_freq: int | None = None,
         log_std_init: float = 0.0,
+        normalize_observations: bool = True,
+        normalize_rewards: bool = True,
     ):
         self.device = torch.device(device)
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
@@ -123,7 +125,9 @@ class GaussianPolicy:
         self.net = GaussianActorCritic(obs_dim, int(self.low.size), hidden, sde=sde, log_std_init=log_std_init)
         self.net.to(self.device).requires_grad_(False)
         self.generator = torch.Generator().manual_seed(seed)
-        self.normalizer = RolloutNormalizer(num_envs, (obs_dim,), gamma)
+        self.normalizer = RolloutNormalizer(
+            num_envs, (obs_dim,), gamma, observations=normalize_observations, rewards=normalize_rewards
+        )
         self.version = -1
         self.num_envs = num_envs
         self.sde_sample_freq = sde_sample_freq

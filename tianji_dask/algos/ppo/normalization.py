@@ -112,10 +112,21 @@ class RolloutNormalizer:
     ``observe(raw_obs)`` (normalised observations, recorded) and ``rewards(rewards,
     terminated)`` (scaled rewards, returns recorded); ``normalize(raw_obs)`` normalises without
     recording (a truncated episode's final observation, or the current one again under a new
-    version); ``take()`` at the end of a rollout returns its moments and starts the next."""
+    version); ``take()`` at the end of a rollout returns its moments and starts the next.
+    ``observations=False`` / ``rewards=False`` pass those through as the env gives them
+    (unclipped; the moments are still gathered)."""
 
-    def __init__(self, num_envs: int, obs_shape: tuple[int, ...], gamma: float):
+    def __init__(
+        self,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        gamma: float,
+        *,
+        observations: bool = True,
+        rewards: bool = True,
+    ):
         self.gamma = gamma
+        self.normalizes_observations, self.scales_rewards = observations, rewards
         self.obs_shape = obs_shape
         self.discounted = np.zeros(num_envs, dtype=np.float64)  # each env's G, across rollouts
         self._seen_obs: list[np.ndarray] = []
@@ -128,6 +139,8 @@ class RolloutNormalizer:
         self._reward_scale = 1.0 / float(np.sqrt(float(returns.var) + VARIANCE_EPS))
 
     def normalize(self, raw: np.ndarray) -> np.ndarray:
+        if not self.normalizes_observations:
+            return np.asarray(raw, dtype=np.float32)
         return np.clip((raw - self._obs_mean) * self._obs_scale, -CLIP, CLIP).astype(np.float32)
 
     def observe(self, raw: np.ndarray) -> np.ndarray:
@@ -137,6 +150,8 @@ class RolloutNormalizer:
     def rewards(self, rewards: np.ndarray, terminated: np.ndarray) -> np.ndarray:
         self.discounted = self.discounted * self.gamma * (1.0 - terminated) + rewards
         self._seen_returns.append(self.discounted.copy())
+        if not self.scales_rewards:
+            return np.asarray(rewards, dtype=np.float32)
         return np.clip(rewards * self._reward_scale, -CLIP, CLIP).astype(np.float32)
 
     def take(self) -> dict[str, np.ndarray]:
