@@ -457,9 +457,9 @@ def test_ppo_rollouts_carry_each_frame_once_and_rebuild_exactly_the_envs_stacks(
     pieces = []  # what each act call saw: one group's observations
     act = actor.policy.act
 
-    def recording_act(obs):
+    def recording_act(obs, envs=slice(None)):
         pieces.append(obs.copy())
-        return act(obs)
+        return act(obs, envs)
 
     actor.policy.act = recording_act
     try:

@@ -1,6 +1,8 @@
 """Data-parallel learners: two real processes, a real gloo process group bootstrapped the way
 the driver does it (rank 0's store on a port the OS picks), real learners. Each rank trains on
-different data; after every single update the parameters must be bit-identical."""
+different data; after every single update the parameters must be bit-identical, and every rank
+sees the same agreement. With two GPUs the same runs over NCCL, each rank on the GPU
+:func:`~tianji_dask.devices.device_of_slot` gives it."""
 
 import faulthandler
 import glob
@@ -29,9 +31,12 @@ def _native_threads() -> list[str]:
     return sorted(n for n in names if n.startswith(("gloo", "pt_gloo", "pt_tcpstore")))
 
 
-def _rank_main(rank, world, port_q, out_q, algo):
+def _rank_main(rank, world, port_q, out_q, algo, backend):
     faulthandler.enable(all_threads=True)  # a rank that crashes leaves its threads' stacks in stderr
     from tianji_dask.dataparallel import DataParallel, open_store
+    from tianji_dask.devices import device_of_slot
+
+    device = device_of_slot("cuda", rank, torch.cuda.device_count()) if backend == "nccl" else "cpu"
 
     torch.set_num_threads(1)
     cfg = load_config(f"configs/cartpole_{algo}.yaml", check_env=False).algo
@@ -43,19 +48,21 @@ def _rank_main(rank, world, port_q, out_q, algo):
         port = store.port
     else:
         port = port_q.get(timeout=30)
-    dp = DataParallel(rank, world, "127.0.0.1", port, timeout_s=30, store=store)
+    dp = DataParallel(rank, world, "127.0.0.1", port, backend=backend, device=device, timeout_s=30, store=store)
     rng = np.random.default_rng(100 + rank)  # every rank sees different data
     if algo == "dqn":
         from tianji_dask.algos.dqn.core import DQNLearner
 
-        learner = DQNLearner(4, 2, cfg, seed=7)  # same seed: same initial parameters
+        learner = DQNLearner(4, 2, cfg, seed=7, device=device)  # same seed: same initial parameters
     else:
         from tianji_dask.algos.ppo.core import PPOLearner
 
-        learner = PPOLearner(4, 2, cfg, seed=7)
+        learner = PPOLearner(4, 2, cfg, seed=7, device=device)
     params = list(learner.module.parameters())
-    sums = []
-    for _ in range(STEPS):
+    sums, agreements = [], []
+    for step in range(STEPS):
+        # rank 1 cannot update on odd steps, rank 0 always has new parameters, rank 1 stops last
+        agreements.append(dp.agree(rank == 0 or step % 2 == 0, rank == 1 and step == STEPS - 1, True))
         n = 64
         if algo == "dqn":
             batch = {
@@ -83,24 +90,37 @@ def _rank_main(rank, world, port_q, out_q, algo):
     before = torch.cat([p.detach().reshape(-1) for p in params]).clone()
     dp.close()
     del store  # the test's own reference to rank 0's store: the last one after close()
-    out_q.put((rank, sums, before.numpy(), _native_threads()))
+    out_q.put((rank, sums, before.cpu().numpy(), _native_threads(), agreements, device))
+
+
+BACKENDS = [
+    "gloo",
+    pytest.param(
+        "nccl",
+        marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL ranks need a GPU each: 2 GPUs"),
+    ),
+]
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", ["dqn", "ppo"])
-def test_parameters_identical_across_learners_after_every_step(algo):
+def test_parameters_identical_across_learners_after_every_step(algo, backend):
     ctx = mp.get_context("spawn")
     port_q, out_q = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port_q, out_q, algo)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port_q, out_q, algo, backend)) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict((r, (s, b, t)) for r, s, b, t in (out_q.get(timeout=100) for _ in procs))
+    results = {r: rest for r, *rest in (out_q.get(timeout=100) for _ in procs)}
     for p in procs:
         p.join(30)
     assert [p.exitcode for p in procs] == [0, 0], "exit codes of rank 0 and rank 1"
     for rank in (0, 1):
-        sums, _, threads = results[rank]
+        sums, _, threads, agreements, device = results[rank]
         assert len(sums) == STEPS and all(sums), f"rank {rank}: parameters differed after some step: {sums}"
         # threads left running after close() race the interpreter's exit and can abort it
         assert threads == [], f"rank {rank}: torch.distributed threads still running after close(): {threads}"
+        want = [(step % 2 == 0, step == STEPS - 1, True) for step in range(STEPS)]
+        assert agreements == want, f"rank {rank}: {agreements}"
+        assert device == ("cpu" if backend == "gloo" else f"cuda:{rank}")
     np.testing.assert_array_equal(results[0][1], results[1][1])

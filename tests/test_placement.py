@@ -7,7 +7,9 @@ import random
 
 import pytest
 
+from tianji_dask.config import load_config
 from tianji_dask.config.schema import TopologyConfig
+from tianji_dask.devices import device_of_slot, on_slot_gpu
 from tianji_dask.placement import PlacementError, place
 from tianji_dask.seeding import group_seeds, role_seeds
 
@@ -131,3 +133,24 @@ def test_placement_is_a_function_of_its_inputs():
     shuffled = dict(reversed(list(workers.items())))
     assert place(workers, topo, RUN, 5) == place(shuffled, topo, RUN, 5)
     assert place(workers, topo, RUN, 5) != place(workers, topo, RUN, 6)
+
+
+def test_on_a_worker_with_several_gpus_each_learner_takes_its_own_and_its_actors_share_it():
+    # 2 groups x 2 data-parallel learners on 4 GPUs: learner (and buffer) g*L + j on GPU g*L + j;
+    # actor i of group g feeds buffer g*L + i % L and runs its inference on that learner's GPU
+    p = place(untagged(12), TopologyConfig(groups=2, learners=2, actors=4), RUN, root_seed=0)
+    assert [device_of_slot("cuda", lp.id, 4) for lp in p.learners] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert [device_of_slot("cuda", ap.buffer, 4) for ap in p.actors] == [
+        *("cuda:0", "cuda:1", "cuda:0", "cuda:1"),
+        *("cuda:2", "cuda:3", "cuda:2", "cuda:3"),
+    ]
+    # more learners than GPUs wrap around; one GPU (or a Slurm job's one) is everyone's
+    assert [device_of_slot("cuda", s, 3) for s in range(5)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:0", "cuda:1"]
+    assert {device_of_slot("cuda", s, n) for s in range(5) for n in (0, 1)} == {"cuda"}
+    # an explicit index and the CPU stay as the config says
+    assert device_of_slot("cuda:2", 1, 4) == "cuda:2" and device_of_slot("cpu", 3, 4) == "cpu"
+
+
+def test_a_cpu_config_is_left_as_it_is():
+    cfg = load_config("configs/cartpole_dqn.yaml", check_env=False)
+    assert on_slot_gpu(cfg, 3) is cfg

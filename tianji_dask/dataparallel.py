@@ -52,23 +52,30 @@ class DataParallel:
         port: int,
         *,
         backend: str = "gloo",
+        device: str = "cpu",
         timeout_s: float = 60.0,
         store=None,
     ):
+        """``backend="nccl"``: every rank on a GPU of its own (``device``, its learner's), the
+        collectives' tensors there; gloo's on the CPU."""
         self.rank, self.world_size = rank, world_size
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:
             store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
         self._store = store
+        on = torch.device(device if backend == "nccl" else "cpu")
+        if on.type == "cuda":
+            torch.cuda.set_device(on)  # NCCL's communicator binds to the current device
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        self._flags = torch.zeros(3, dtype=torch.int32)
+        self._flags = torch.zeros(3, dtype=torch.int32, device=on)
 
     def agree(self, can_update: bool, stopping: bool, has_new_params: bool) -> tuple[bool, bool, bool]:
         """(everyone can update, someone is stopping, rank 0 broadcasts parameters now)."""
         f = self._flags
-        f[0], f[1], f[2] = int(not can_update), int(stopping), int(has_new_params and self.rank == 0)
+        f.copy_(torch.tensor([not can_update, stopping, has_new_params and self.rank == 0], dtype=torch.int32))
         dist.all_reduce(f, op=dist.ReduceOp.MAX)
-        return not bool(f[0]), bool(f[1]), bool(f[2])
+        cannot, stop, broadcast = f.tolist()  # one read (from the GPU with NCCL)
+        return not cannot, bool(stop), bool(broadcast)
 
     def average_gradients(self, params) -> None:
         grads = [p.grad for p in params if p.grad is not None]

@@ -35,6 +35,7 @@ from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
 from tianji_dask.config import ExperimentConfig
 from tianji_dask.dataparallel import DataParallel, DataParallelUpdates
 from tianji_dask.deployment import deployment_settings
+from tianji_dask.devices import on_slot_gpu
 from tianji_dask.gossip import GossipSync, GroupGossip
 from tianji_dask.heartbeats import COUNTERS, Heartbeat
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
@@ -59,9 +60,15 @@ class _LoopHost(ABC, Generic[R]):
 
     role_name = "?"
 
-    def __init__(self, run_id: str, config_json: str, host_id: int, incarnation: int = 0):
+    def __init__(
+        self, run_id: str, config_json: str, host_id: int, incarnation: int = 0, *, gpu_slot: int | None = None
+    ):
+        """``gpu_slot``: which of the worker's GPUs a ``cuda`` device means
+        (:mod:`tianji_dask.devices`); default ``host_id``, a learner's and its buffer's."""
         self.run_id = run_id
-        self.cfg = ExperimentConfig.model_validate_json(config_json)
+        self.cfg = on_slot_gpu(
+            ExperimentConfig.model_validate_json(config_json), host_id if gpu_slot is None else gpu_slot
+        )
         self.id = host_id
         # 0 for the host the run started with, k for its k-th re-creation after a loss: the
         # recorder then carries the totals of the earlier ones (counters begin again at 0)
@@ -353,13 +360,14 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             if self._store_address is None:
                 raise ValueError(f"learner {self.id}: rank {self.rank} of a data-parallel group needs store_address")
             store_host, store_port = self._store_address
-            backend = "nccl" if self.cfg.learner.device.startswith("cuda") else "gloo"
+            device = self.cfg.learner.device
             dp = DataParallel(
                 self.rank,
                 self.world_size,
                 store_host,
                 store_port,
-                backend=backend,
+                backend="nccl" if device.startswith("cuda") else "gloo",
+                device=device,
                 timeout_s=deployment_settings().timeouts.data_parallel,
                 store=self._store,
             )
@@ -471,12 +479,14 @@ class ActorHost(_LoopHost[ActorLoopRole]):
         incarnation: int = 0,
         prior_env_steps: int = 0,
         balance_from_zero: bool = False,
+        buffer_id: int | None = None,
     ):
         """``prior_env_steps``: env steps of the actor's predecessors, for one re-created after
         its worker was lost: its exploration schedule goes on, and so does its share of the
         production the balance controller weighs against its learner's consumption, unless
-        ``balance_from_zero`` (its learner and buffer were re-created too and count from 0)."""
-        super().__init__(run_id, config_json, host_id, incarnation)
+        ``balance_from_zero`` (its learner and buffer were re-created too and count from 0).
+        ``buffer_id``: the global id of the buffer it feeds, whose learner's GPU it uses."""
+        super().__init__(run_id, config_json, host_id, incarnation, gpu_slot=buffer_id)
         self._prior_env_steps = prior_env_steps
         self._balance_prior = 0 if balance_from_zero else prior_env_steps
         self.params_channel = params_channel

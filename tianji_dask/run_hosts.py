@@ -202,6 +202,7 @@ class RunHosts:
             incarnation=self.incarnations[key],
             prior_env_steps=int(prior(key, "env_steps")),
             balance_from_zero=with_group,
+            buffer_id=ap.buffer,
             worker=ap.worker,
         )
 
