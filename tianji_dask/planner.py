@@ -383,7 +383,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
     refused_memory: list[str] = []
     for b in (b for b in profile.batch_sizes if b >= 1):
         scaled = spec.scaled_for_batch(cfg, b)
-        train_freq, buffer_size = _int_or_none(scaled.get("train_freq")), _int_or_none(scaled.get("buffer_size"))
+        buffer_size = _int_or_none(scaled.get("buffer_size"))
         learner_mem = _learner_memory(cfg, profile, buffer_size)
         for G in range(1, M // 2 + 1):
             m = min(M // G, m_max)
@@ -415,10 +415,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
                             b=b,
                             shape=shape,
                             groups_per_node=groups_per_node,
-                            train_freq=train_freq,
-                            buffer_size=buffer_size,
-                            lr=scaled.get("lr"),
-                            target_update_interval=_int_or_none(scaled.get("target_update_interval")),
+                            scaled=scaled,
                             learner_mem=learner_mem,
                         ),
                     )
@@ -509,12 +506,10 @@ def _build(
     b: int,
     shape: GroupShape,
     groups_per_node: int,
-    train_freq,
-    buffer_size,
-    lr: float | None,
-    target_update_interval: int | None,
+    scaled: dict[str, float],
     learner_mem: int,
 ) -> Plan:
+    """``scaled``: the config's fields for batch ``b`` (``AlgorithmSpec.scaled_for_batch``)."""
     spec = spec_for(cfg)
     prod, cons = shape.production, shape.consumption
     bottleneck = "learner" if cons < prod else "actors"
@@ -558,14 +553,14 @@ def _build(
     if b != config_batch:
         changed = " and ".join(
             f"{k} {getattr(cfg.algo, k):,} -> {v:,}"
-            for k, v in spec.scaled_for_batch(cfg, b).items()
+            for k, v in scaled.items()
             if k in ("train_freq", "buffer_size", "target_update_interval")
         )
         why.append(
             f"batch {config_batch} -> {b}: {changed} keep R, P = B/N_s and the target network's "
             "age in samples of serial training"
         )
-        algo = cfg.algo.model_dump()
+        algo, lr = cfg.algo.model_dump(), scaled.get("lr")
         if lr is not None and lr != algo["lr"]:
             why.append(f"lr {algo['lr']:g} -> {lr:g} for batch {b} (algo.lr_batch_scaling: {algo['lr_batch_scaling']})")
     actors_mem = shape.actors * ACTOR_PROCESS_BYTES
@@ -588,10 +583,10 @@ def _build(
         actors=shape.actors,
         learner_threads=shape.learner_threads,
         batch_size=b,
-        buffer_size=buffer_size,
-        train_freq=train_freq,
-        lr=lr if b != config_batch else None,
-        target_update_interval=target_update_interval if b != config_batch else None,
+        buffer_size=_int_or_none(scaled.get("buffer_size")),
+        train_freq=_int_or_none(scaled.get("train_freq")),
+        lr=scaled.get("lr") if b != config_batch else None,
+        target_update_interval=_int_or_none(scaled.get("target_update_interval")) if b != config_batch else None,
         cores_total=resources.cores,
         cores_used=G * shape.cores,
         replay_ratio=R,
