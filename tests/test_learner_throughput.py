@@ -103,3 +103,37 @@ def test_bad_input_is_refused_with_the_fix(tmp_path, args, message):
     r = bench(*args, "--out", str(tmp_path / "out"), timeout=30)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_learner_kernels_profiles_a_tree_on_the_cpu(tmp_path):
+    """benchmarks/learner_kernels.py, the kernel table's companion script, on the CPU (no kernels
+    there: the totals it reports are the wall time's), importing the tree given by --src."""
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "tianji_dask", other / "tianji_dask", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "learner_kernels.py"),
+            "configs/cartpole_ppo.yaml",
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--iterations",
+            "1",
+            "--src",
+            str(other),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "learner_kernels.json").read_text())
+    assert Path(summary["package"]).is_relative_to(other) and summary["samples_per_s"] > 0
+    assert "aten::" in (out / "learner_kernels.txt").read_text()
