@@ -3,12 +3,17 @@ side: the way to measure a change to the learner's code path against the code be
 
     python benchmarks/learner_throughput.py configs/pong_dqn.yaml configs/pong_ppo.yaml
     python benchmarks/learner_throughput.py configs/pong_dqn.yaml --src . /tmp/old --repeats 3
+    python benchmarks/learner_throughput.py configs/pong_ppo.yaml --variant old /tmp/old \
+        --variant new . --variant new_bf16 . algo.precision=bf16
 
 Each measurement is :func:`tianji_dask.profiling.measure_learner` (the real learner role on a
 buffer filled by a real actor, exploration at its final value, no balance controller) in a fresh
 Python process whose ``tianji_dask`` comes from the given source tree (``--src``, a directory
-holding a ``tianji_dask`` package; default: this checkout). Sources alternate within every
-repeat, so they see the same machine. A DQN learner samples from a replay filled only to its
+holding a ``tianji_dask`` package; default: this checkout). ``--variant NAME DIR [KEY=VALUE ...]``
+(repeatable, instead of ``--src``) names a source tree with overrides of its own on top of
+``--set``'s, so one tree's settings (a key the other tree does not know) can be compared with
+another tree in the same run. Sources alternate within every repeat, so they see the same
+machine. A DQN learner samples from a replay filled only to its
 warm-up size here, so its rate is an upper bound for a full 1M-transition replay. Writes
 ``<out>/learner_throughput.json`` and ``.nc`` (dims config x src x repeat) and prints the median
 per config and source, and each source's ratio to the first.
@@ -82,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="source trees to compare, each a directory holding tianji_dask/ (default: this checkout)",
     )
+    p.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a labelled source tree with its own config overrides (repeatable; replaces --src): "
+        "NAME DIR [KEY=VALUE ...]",
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="length of one measurement (default 10)")
     p.add_argument("--repeats", type=int, default=3, help="measurements per config and source (default 3)")
     p.add_argument("--threads", type=int, default=1, help="learner torch threads (default 1)")
@@ -90,12 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     for c in a.configs:
         if not Path(c).is_file():
             p.error(f"config {c} does not exist; pass a config file such as configs/pong_dqn.yaml")
-    srcs = [Path(s).resolve() for s in a.src]
+    if a.variant:
+        if any(len(v) < 2 or any("=" not in kv for kv in v[2:]) for v in a.variant):
+            p.error("--variant takes NAME DIR and then KEY=VALUE overrides, e.g. --variant new . algo.precision=bf16")
+        names = [v[0] for v in a.variant]
+        srcs = [Path(v[1]).resolve() for v in a.variant]
+        extra = [v[2:] for v in a.variant]
+    else:
+        srcs = [Path(s).resolve() for s in a.src]
+        names = [s.name for s in srcs]
+        extra = [[] for _ in srcs]
     for s in srcs:
         if not (s / "tianji_dask" / "__init__.py").is_file():
             p.error(f"--src {s}: holds no tianji_dask package; pass a directory with tianji_dask/ in it")
-    if len({s.name for s in srcs}) != len(srcs):
-        p.error("--src: the directories' names must differ (they label the results)")
+    if len(set(names)) != len(names):
+        p.error(
+            "--src: the directories' names must differ (they label the results)"
+            if not a.variant
+            else "--variant: the names must differ"
+        )
     if a.seconds <= 0 or a.repeats < 1 or a.threads < 1:
         p.error("--seconds must be positive, --repeats and --threads at least 1")
 
@@ -108,14 +135,12 @@ def main(argv: list[str] | None = None) -> int:
                 order.reverse()  # neither source always goes first
             for j in order:
                 loads[i, j, r] = os.getloadavg()[0]
-                rates[i, j, r] = measure(srcs[j], config, a.overrides, a.threads, a.seconds)
+                rates[i, j, r] = measure(srcs[j], config, [*a.overrides, *extra[j]], a.threads, a.seconds)
                 print(
-                    f"repeat {r} {config} src {srcs[j].name}: {rates[i, j, r]:,.0f} samples/s "
-                    f"(load {loads[i, j, r]:.2f})",
+                    f"repeat {r} {config} src {names[j]}: {rates[i, j, r]:,.0f} samples/s (load {loads[i, j, r]:.2f})",
                     flush=True,
                 )
 
-    names = [s.name for s in srcs]
     ds = xr.Dataset(
         {
             "samples_per_s": (
@@ -132,12 +157,19 @@ def main(argv: list[str] | None = None) -> int:
         coords={"config": list(a.configs), "src": names, "repeat": np.arange(a.repeats)},
         attrs={
             "overrides": json.dumps(a.overrides),
+            "variants": json.dumps({n: {"src": str(s), "overrides": e} for n, s, e in zip(names, srcs, extra)}),
             "seconds": a.seconds,
             "threads": a.threads,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
     )
-    summary = {"overrides": a.overrides, "seconds": a.seconds, "threads": a.threads, "results": {}}
+    summary = {
+        "overrides": a.overrides,
+        "variants": {n: {"src": str(s), "overrides": e} for n, s, e in zip(names, srcs, extra)},
+        "seconds": a.seconds,
+        "threads": a.threads,
+        "results": {},
+    }
     for i, config in enumerate(a.configs):
         med = {n: statistics.median(rates[i, j]) for j, n in enumerate(names)}
         summary["results"][config] = {

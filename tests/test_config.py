@@ -491,3 +491,14 @@ def test_algo_as_gives_the_algorithms_own_section_and_refuses_another():
         dqn.algo_as(PPOConfig)
     ppo = load_config(SHIPPED.with_name("cartpole_ppo.yaml"))
     assert ppo.algo_as(PPOConfig) is ppo.algo
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_a_learner_precision_for_the_nature_cnn_is_refused_for_an_mlp(precision):
+    """``algo.precision`` changes only the Nature CNN trunk: an MLP env is refused with the fix;
+    an Atari config takes it, and fp32 is the default."""
+    message = error_text([f"algo.precision={precision}"], path=Path("configs/cartpole_ppo.yaml"))
+    assert f"algo.precision={precision}" in message and "env.kind=atari or algo.precision=fp32" in message
+    assert load_config("configs/pong_ppo_small.yaml", [f"algo.precision={precision}"]).algo.precision == precision
+    default = load_config("configs/pong_ppo_small.yaml").algo
+    assert (default.precision, default.cuda_graph) == ("fp32", "iteration")

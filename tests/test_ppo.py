@@ -633,14 +633,23 @@ def _atari_batch(n: int, seed: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_ppo_learner_on_cuda_graph_trains_as_the_eager_step(monkeypatch):
-    """The CUDA learner replays its minibatch step as a CUDA graph after two eager warm-up steps;
-    a grad hook (data-parallel learners) keeps every step eager. Same seeds, same batches: the
-    same parameters, optimiser state and stats, bit for bit. cuDNN's default convolution
-    backward is not deterministic (two eager learners drift apart by percents within three
-    batches), so the comparison runs with deterministic cuDNN."""
+@pytest.mark.parametrize("cuda_graph", ["iteration", "minibatch"])
+def test_ppo_learner_on_cuda_graph_trains_as_the_eager_step(monkeypatch, cuda_graph):
+    """The CUDA learner replays its whole iteration as one CUDA graph after one eager iteration
+    (``algo.cuda_graph: iteration``), or its minibatch step as a graph after two eager warm-up
+    steps (``minibatch``); a grad hook (data-parallel learners) keeps every step eager. Same
+    seeds, same batches: the same parameters, optimiser state and stats, bit for bit. cuDNN's
+    default convolution backward is not deterministic (two eager learners drift apart by
+    percents within three batches), so the comparison runs with deterministic cuDNN."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    cfg = PPOConfig(name="ppo", epochs=2, minibatches=4, staleness_correction="decoupled", lr_anneal_steps=10_000)
+    cfg = PPOConfig(
+        name="ppo",
+        epochs=2,
+        minibatches=4,
+        staleness_correction="decoupled",
+        lr_anneal_steps=10_000,
+        cuda_graph=cuda_graph,
+    )
     graphed = PPOLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
     eager = PPOLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
     for s in range(3):  # warm-up, warm-up and capture, replays
@@ -707,3 +716,216 @@ def test_learner_with_decoupled_correction_takes_the_proximal_log_probs_of_the_w
     stats = learner.train(batch)
     # the batch's log-probs are the current policy's (ppo_train_batch), so the weights start at 1
     assert 0.9 < stats["behaviour_weight"] <= 1.0 + 1e-6
+
+
+# ------------------------------------------------------------------ the iteration's fast path
+def _atari_frames_batch(n: int, seed: int, extra_frames: int = 3) -> dict[str, np.ndarray]:
+    """An Atari batch whose ``n`` stacks share ``n + extra_frames`` frames at random positions (a
+    rollout's frame count varies with its episode starts)."""
+    rng = np.random.default_rng(seed)
+    n_frames = n + extra_frames
+    return {
+        "frames": rng.integers(0, 256, (n_frames, 84, 84), dtype=np.uint8),
+        "obs_frames": (rng.integers(0, n_frames - 3, n)[:, None] + np.arange(4)).astype(np.int32),
+        "actions": rng.integers(0, 6, n).astype(np.int64),
+        "logp": np.log(rng.uniform(0.1, 0.3, n)).astype(np.float32),
+        "advantages": rng.normal(size=n).astype(np.float32),
+        "returns": rng.normal(size=n).astype(np.float32),
+    }
+
+
+def _same_learners(a: PPOLearner, b: PPOLearner) -> None:
+    state_a, state_b = a.state(), b.state()
+    for comp in ("net", "optim_state"):
+        for name, value in state_a[comp].items():
+            assert torch.equal(value, state_b[comp][name]), (comp, name)
+    assert a.updates == b.updates
+
+
+def _graph_on_the_cpu(learner: PPOLearner, calls: list) -> None:
+    """Stands in for the iteration's CUDA graph on the CPU: runs the iteration eagerly, as the
+    graph's warm-up does, and records the shapes and dtypes of its inputs (a graph replays only
+    the shapes it was captured with)."""
+
+    def graphed(inputs):
+        calls.append({k: (tuple(v.shape), v.dtype) for k, v in inputs.items()})
+        learner._zero_grad()
+        return learner._iteration(inputs)
+
+    learner._graphed_iteration = graphed  # type: ignore[assignment]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("network", ["mlp", "nature_cnn"])
+@pytest.mark.parametrize("correction", ["none", "decoupled"])
+def test_iteration_path_trains_as_the_minibatch_loop(h, network, correction):
+    """Without a grad hook an iteration is ``_iteration`` (the code a CUDA learner captures as one
+    graph: minibatches gathered on the device from the epochs' permutations); with one, the
+    minibatch loop. On the CPU both run eagerly: the same stats, parameters and Adam state, bit
+    for bit, over iterations of different batch and frame counts."""
+    cfg = _ppo_cfg(epochs=2, minibatches=3, staleness_correction=correction, normalize_advantages=True)
+    kw = {"network": network} if network == "nature_cnn" else {}
+    obs_dim, n_actions = (0, 6) if network == "nature_cnn" else (4, 2)
+    fast = PPOLearner(obs_dim, n_actions, cfg, seed=3, **kw)
+    loop = PPOLearner(obs_dim, n_actions, cfg, seed=3, **kw)
+    hooked = []
+    for s, n in enumerate((48, 50, 48)):
+        batch = (
+            _atari_frames_batch(n, s, extra_frames=3 + 5 * s)
+            if network == "nature_cnn"
+            else h.ppo_train_batch(fast, n, seed=s)
+        )
+        got = fast.train(batch)
+        want = loop.train(batch, grad_hook=lambda: hooked.append(1))
+        assert got == want
+    assert len(hooked) == 3 * 2 * 3
+    _same_learners(fast, loop)
+
+
+@pytest.mark.timeout(60)
+def test_iteration_graph_inputs_keep_their_shapes_as_the_frame_count_varies():
+    """The host's side of the iteration graph, on the CPU (the graph replaced by the iteration run
+    eagerly): each batch's frames go into a buffer with room to spare, so batches of varying
+    frame counts reach the graph with the same shapes (one capture) until one holds more than
+    the buffer; the results equal the minibatch loop's."""
+    cfg = _ppo_cfg(epochs=2, minibatches=2, staleness_correction="decoupled", normalize_advantages=True)
+    fast = PPOLearner(0, 6, cfg, seed=1, network="nature_cnn")
+    loop = PPOLearner(0, 6, cfg, seed=1, network="nature_cnn")
+    calls: list = []
+    _graph_on_the_cpu(fast, calls)
+    for s, extra in enumerate((10, 3, 12, 40)):  # 42 frames make room for 52; 80 more than that
+        batch = _atari_frames_batch(32, s, extra_frames=extra)
+        assert fast.train(batch) == loop.train(batch, grad_hook=lambda: None)
+    assert calls[0] == calls[1] == calls[2] != calls[3]
+    assert calls[0]["frames"] == ((42 + 42 // 4, 84, 84), torch.uint8)
+    assert calls[3]["frames"] == ((72 + 72 // 4, 84, 84), torch.uint8)
+    assert calls[0]["perms"] == ((2, 32), torch.int64)
+    _same_learners(fast, loop)
+
+
+def _minibatch_loss_and_grads(learner: PPOLearner, batch: dict[str, np.ndarray]):
+    t = {k: torch.as_tensor(v) for k, v in batch.items()}
+    obs = t["frames"][t["obs_frames"].long()]
+    learner._zero_grad()
+    loss, stats = ppo_loss(
+        learner.net, obs, t["actions"], t["logp"], t["advantages"], t["returns"], 0.1, 0.5, 0.01, True
+    )
+    loss.backward()
+    with torch.no_grad():
+        features = learner.net.features(obs)
+        logits, values = learner.net.heads(obs)
+    return loss, stats, features, logits, values, {n: p.grad.clone() for n, p in learner.net.named_parameters()}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "precision, features_rtol, grad_cosine, loss_rtol",
+    [
+        # channels-last frames, float32 arithmetic: the same values up to the order of summation
+        ("tf32", 1e-5, 1 - 1e-6, 1e-5),
+        # bfloat16 trunk (8 significant bits): features within 3 %, every gradient tensor's direction
+        # within 0.98 cosine (about 10 % relative error on random frames), the loss within 1 %
+        ("bf16", 3e-2, 0.98, 1e-2),
+    ],
+)
+def test_precision_changes_only_the_trunk_within_tolerance(precision, features_rtol, grad_cosine, loss_rtol):
+    """``algo.precision`` on the CPU (bfloat16 autocast works there): the loss, its stats and every
+    gradient within the stated tolerances of float32's; the heads, the features handed to them,
+    the parameters and their gradients stay float32 and in their usual memory layout."""
+    batch = _atari_frames_batch(64, 5)
+    ref = PPOLearner(0, 6, PPOConfig(name="ppo"), seed=2, network="nature_cnn")
+    other = PPOLearner(0, 6, PPOConfig(name="ppo", precision=precision), seed=2, network="nature_cnn")
+    assert other.net.precision == precision and ref.net.precision == "fp32"
+    loss_a, stats_a, feat_a, logits_a, values_a, grads_a = _minibatch_loss_and_grads(ref, batch)
+    loss_b, stats_b, feat_b, logits_b, values_b, grads_b = _minibatch_loss_and_grads(other, batch)
+    for x in (loss_b, feat_b, logits_b, values_b, *grads_b.values()):
+        assert x.dtype == torch.float32
+    for name, p in other.net.named_parameters():
+        assert p.is_contiguous() and grads_b[name].is_contiguous(), name
+    assert not torch.equal(feat_a, feat_b) or precision == "tf32"  # bf16 really ran
+    scale = feat_a.abs().max()
+    assert float((feat_a - feat_b).abs().max() / scale) < features_rtol
+    assert float(loss_b.detach()) == pytest.approx(float(loss_a.detach()), rel=loss_rtol)
+    for k in ("pg_loss", "v_loss", "entropy"):
+        assert float(stats_b[k]) == pytest.approx(float(stats_a[k]), rel=loss_rtol, abs=1e-5), k
+    for name, g in grads_a.items():
+        cos = float(torch.nn.functional.cosine_similarity(g.flatten(), grads_b[name].flatten(), dim=0))
+        assert cos > grad_cosine, (name, cos)
+
+
+@pytest.mark.timeout(60)
+def test_bf16_learner_trains_an_iteration_close_to_float32():
+    """A whole iteration (8 minibatch steps of Adam) in bfloat16 against float32 from the same
+    start: the stats agree within 2 %, and each parameter tensor's change points the same way as
+    float32's (cosine above 0.97; its norm differs by at most 30 %: Adam's first steps are about
+    lr x sign(gradient), so elements with small gradients flip with bfloat16's rounding; about
+    0.99 and 5-22 % measured on this batch)."""
+    cfg = dict(name="ppo", epochs=2, minibatches=4, staleness_correction="decoupled", lr=2.5e-4)
+    ref = PPOLearner(0, 6, PPOConfig(**cfg), seed=4, network="nature_cnn")
+    bf16 = PPOLearner(0, 6, PPOConfig(**cfg, precision="bf16"), seed=4, network="nature_cnn")
+    start = {k: v.clone() for k, v in ref.net.state_dict().items()}
+    batch = _atari_frames_batch(128, 6)
+    stats_ref, stats_bf16 = ref.train(batch), bf16.train(batch)
+    for k in ("loss", "pg_loss", "v_loss", "entropy", "behaviour_weight"):
+        assert stats_bf16[k] == pytest.approx(stats_ref[k], rel=2e-2, abs=1e-4), k
+    for name, p in ref.net.state_dict().items():
+        moved_ref, moved_bf16 = p - start[name], bf16.net.state_dict()[name] - start[name]
+        cos = float(torch.nn.functional.cosine_similarity(moved_ref.flatten(), moved_bf16.flatten(), dim=0))
+        assert cos > 0.97, (name, cos)
+        assert float((moved_bf16 - moved_ref).norm() / moved_ref.norm()) < 0.3, name
+
+
+def test_precision_other_than_fp32_needs_the_nature_cnn():
+    with pytest.raises(ValueError, match="needs the Nature CNN"):
+        PPOLearner(4, 2, _ppo_cfg(precision="bf16"), seed=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_ppo_learner_on_cuda_iteration_graph_trains_as_the_eager_loop(monkeypatch, precision):
+    """The iteration's CUDA graph against the eager minibatch loop (a grad hook) on the same GPU,
+    at each precision, with deterministic cuDNN: the same stats, parameters and Adam state, bit
+    for bit (the same kernels on the same data, gathered inside the graph instead of from
+    Python), over iterations whose frame counts vary: one eager iteration, a capture, replays,
+    and a second capture when a batch holds more frames than the first graph's buffer."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    # precision tf32 allows TF32 matmuls for the process: restored after the test
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    cfg = PPOConfig(
+        name="ppo",
+        epochs=2,
+        minibatches=4,
+        staleness_correction="decoupled",
+        lr_anneal_steps=10_000,
+        precision=precision,
+    )
+    graphed = PPOLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    eager = PPOLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    for s, extra in enumerate((3, 9, 5, 90, 7)):
+        for learner in (graphed, eager):
+            learner.set_lr_for(1000 * s)
+        batch = _atari_frames_batch(256, s, extra_frames=extra)
+        assert graphed.train(batch) == eager.train(batch, grad_hook=lambda: None), s
+    _same_learners(graphed, eager)
+    assert graphed._graphed_iteration is not None and len(graphed._graphed_iteration._graphs) == 2
+    # the policy the graph trained acts in float32 as the eager learner's does
+    obs = torch.from_numpy(_atari_frames_batch(64, 9)["frames"][:64].reshape(16, 4, 84, 84)).cuda()
+    with torch.no_grad():
+        assert torch.equal(graphed.net.heads(obs)[0], eager.net.heads(obs)[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ppo_learner_on_cuda_restored_captures_a_new_iteration_graph(monkeypatch):
+    """``restore`` builds a new optimiser and graph: a restored learner trains on, bit for bit,
+    as the learner it was saved from (deterministic cuDNN)."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    cfg = PPOConfig(name="ppo", epochs=2, minibatches=4, staleness_correction="decoupled")
+    a = PPOLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    for s in range(3):
+        a.train(_atari_frames_batch(256, s))
+    b = PPOLearner(0, 6, cfg, seed=1, device="cuda", network="nature_cnn")
+    b.restore(a.state())
+    for s in range(3, 6):
+        batch = _atari_frames_batch(256, s)
+        assert a.train(batch) == b.train(batch), s
+    _same_learners(a, b)

@@ -125,6 +125,8 @@ def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds
     work, per_transition = spec.learner_workload(run)
     run.actor.close()
     work()  # first update: optimizer state, lazy allocations
+    if torch.device(cfg.learner.device).type == "cuda":
+        work()  # a PPO learner captures its iteration's CUDA graph in its second iteration
     samples = 0
     t0 = time.perf_counter()
     while (elapsed := time.perf_counter() - t0) < seconds or samples == 0:

@@ -16,7 +16,7 @@ the bytes of float32. Which network a run uses is derived from the config
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn as nn
@@ -117,14 +117,33 @@ class AtariActorCritic(nn.Module):
         self.trunk = nature_trunk(in_channels, init=_orthogonal())
         self.actor = _orthogonal(0.01)(nn.Linear(512, n_actions))
         self.critic = _orthogonal(1.0)(nn.Linear(512, 1))
+        #: How the trunk computes (a PPO learner's ``algo.precision``; actors keep "fp32"):
+        #: "fp32" on frames as they come; "tf32" on channels-last frames (tensor cores take NHWC
+        #: without transposes; the learner allows TF32 matmuls); "bf16" on channels-last frames
+        #: under autocast to bfloat16, its features returned as float32, so the heads, the loss
+        #: and every parameter and gradient stay float32.
+        self.precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The trunk's 512 float32 features of a batch of frame stacks."""
+        if self.precision == "fp32":
+            return self.trunk(_to_float(obs))
+        x = _to_float(obs.contiguous(memory_format=torch.channels_last))  # permuted as uint8: a quarter of the bytes
+        if self.precision == "tf32":
+            return self.trunk(x)
+        # no cast cache: each weight is cast once per forward anyway, and a cache must not
+        # outlive a CUDA graph's capture
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
+            h = self.trunk(x)
+        return h.float()
 
     def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, value) of a batch."""
-        h = self.trunk(_to_float(obs))
+        h = self.features(obs)
         return self.actor(h), self.critic(h).squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.trunk(_to_float(obs))).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
         """(log-prob of ``actions``, entropy, value) under the current parameters."""

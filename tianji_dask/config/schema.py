@@ -302,6 +302,24 @@ class PPOConfig(_Section):
         description="Box actions: the initial log-std (per action dimension; with use_sde per "
         "feature and action dimension)",
     )
+    cuda_graph: Literal["iteration", "minibatch"] = Field(
+        "iteration",
+        description="a learner on CUDA replays 'iteration': the whole iteration (proximal log-probs, "
+        "every epoch's minibatches, gathered on the device by the epochs' permutations uploaded "
+        "with the batch) as one CUDA graph, one launch and one read of the stats; 'minibatch': one "
+        "graph per minibatch step, its inputs gathered and copied in from Python (the path before). "
+        "Same results; a data-parallel learner (a hook between backward and step) runs eagerly "
+        "either way, and a CPU learner runs the iteration's code eagerly",
+    )
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        "fp32",
+        description="how the learner's Nature CNN trunk (convolutions and 512-unit layer, forward "
+        "and backward) computes (env.kind atari only): 'fp32' float32 on frames as they come (on "
+        "CUDA cuDNN's convolutions use TF32 by default); 'tf32' on channels-last frames, and on "
+        "CUDA TF32 matmuls too (torch.backends.cuda.matmul.allow_tf32, for the learner's "
+        "process); 'bf16' on channels-last frames under bfloat16 autocast. The policy and value "
+        "heads, the loss, the gradients and Adam stay float32, and actors infer in float32",
+    )
 
     @model_validator(mode="after")
     def _check_sde_sample_freq(self) -> PPOConfig:
@@ -537,6 +555,12 @@ class ExperimentConfig(_Section):
                 f"stop.max_env_steps={steps} is below algo.learning_starts="
                 f"{self.algo.learning_starts}: the run would stop before the first update; "
                 f"raise max_env_steps or lower learning_starts"
+            )
+        precision = getattr(self.algo, "precision", "fp32")
+        if precision != "fp32" and not self.env.frame_stacks:
+            raise problem(
+                f"algo.precision={precision} applies to the Nature CNN trunk, and "
+                f"env.kind={self.env.kind!r} trains an MLP: set env.kind=atari or algo.precision=fp32"
             )
         if getattr(self.algo, "replay_device", "cpu") == "learner" and not self.env.frame_stacks:
             raise problem(

@@ -290,16 +290,33 @@ class PPOLearner:
         self._stat_names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss")
         # running statistics the network carries, by name (the Gaussian policy's; none otherwise)
         self._statistics = {n: m for n, m in self.net.named_modules() if isinstance(m, RunningMoments)}
+        if algo.precision != "fp32":
+            if not isinstance(self.net, AtariActorCritic):
+                raise ValueError(f"algo.precision={algo.precision} needs the Nature CNN, not network {network!r}")
+            self.net.precision = algo.precision
+            if algo.precision == "tf32" and self.device.type == "cuda":
+                # a process-wide switch, read when a matmul is launched (or captured): the 512-unit
+                # layer's forward and backward (cuDNN's convolutions use TF32 by default already)
+                torch.backends.cuda.matmul.allow_tf32 = True
+        self._frames: torch.Tensor | None = None  # the iteration graph's frames, padded to a capacity
         self._make_optimizer()
 
     def _make_optimizer(self) -> None:
         """Adam, fused (one kernel per step, where the foreach Adam launches one per tensor list
         and op); on CUDA also capturable with its learning rate a device tensor, so that the
-        minibatch step is replayed as one CUDA graph (:class:`GraphedStep`)."""
+        whole iteration (``algo.cuda_graph: iteration``) or each minibatch step (``minibatch``)
+        is replayed as one CUDA graph (:class:`GraphedStep`). The iteration's graph warms up
+        with one eager iteration (its 128 minibatch steps create Adam's state and the libraries'
+        handles), then captures."""
         graphed = self.device.type == "cuda"
         lr = torch.tensor(self.algo.lr, device=self.device) if graphed else self.algo.lr
         self.optim = torch.optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, fused=True, capturable=graphed)
-        self._graphed = GraphedStep(self._minibatch_step, self._zero_grad) if graphed else None
+        self._graphed: GraphedStep | None = None
+        self._graphed_iteration: GraphedStep | None = None
+        if graphed and self.algo.cuda_graph == "iteration":
+            self._graphed_iteration = GraphedStep(self._iteration, self._zero_grad, warmup=1)
+        elif graphed:
+            self._graphed = GraphedStep(self._minibatch_step, self._zero_grad)
 
     def _zero_grad(self) -> None:
         self.optim.zero_grad(set_to_none=True)
@@ -323,47 +340,114 @@ class PPOLearner:
         of obs the batch's ``frames`` once and ``obs_frames``, each observation's frames as
         positions into them (its stacks are rebuilt here, per minibatch, on the device).
         ``grad_hook()`` runs between backward and step (the data-parallel learners average
-        gradients there)."""
+        gradients there).
+
+        The epochs' permutations are drawn first (the same draws, in the same order, as one per
+        epoch) and go to the device with the batch. Without a grad hook the iteration is
+        :meth:`_iteration`: on CUDA replayed as one CUDA graph (``algo.cuda_graph: iteration``),
+        on the CPU run as it is; with one (or ``cuda_graph: minibatch``), the minibatch loop
+        below, each step eager or its own graph. Both give the same results."""
         algo = self.algo
-        t = self._to_device(batch)
-        n = len(t["actions"])
-        if "frames" in t:
-            frames, positions = t["frames"], t["obs_frames"].long()
-
-            def observations(idx: torch.Tensor) -> torch.Tensor:
-                return frames[positions[idx]]
-        else:
-
-            def observations(idx: torch.Tensor) -> torch.Tensor:
-                return t["obs"][idx]
-
+        n = len(batch["actions"])
+        perms = np.stack([self.rng.permutation(n) for _ in range(algo.epochs)])
+        t = self._to_device({**batch, "perms": perms})
+        if grad_hook is None and self._graphed is None:
+            means = self._run_iteration(t)
+            self.updates += algo.epochs * algo.minibatches
+            return dict(zip(self._stat_names, means.tolist()))  # the one wait for the device
+        observations = self._observations(t)
         prox_logp = (
             self._proximal_logp(observations, t["actions"]) if algo.staleness_correction == "decoupled" else None
         )
         step = self._graphed if self._graphed is not None and grad_hook is None else self._eager_step(grad_hook)
         sums: torch.Tensor | None = None  # the minibatches' stats, summed on the device
         count = 0
-        for _ in range(algo.epochs):
-            # one copy to the device per epoch: a copy from pageable memory waits for the device
-            perm = torch.from_numpy(self.rng.permutation(n)).to(self.device)
+        for perm in t["perms"]:
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
             # batches may differ in size, must make the same number of all-reduce calls
             for idx in torch.tensor_split(perm, algo.minibatches):
-                inputs = {
-                    "obs": observations(idx),
-                    "actions": t["actions"][idx],
-                    "logp": t["logp"][idx],
-                    "advantages": t["advantages"][idx],
-                    "returns": t["returns"][idx],
-                }
-                if prox_logp is not None:
-                    inputs["prox_logp"] = prox_logp[idx]
-                stats = step(inputs)
+                stats = step(self._minibatch(t, observations, prox_logp, idx))
                 sums = stats.clone() if sums is None else sums + stats
                 self.updates += 1
                 count += 1
         assert sums is not None  # epochs >= 1 and minibatches >= 1
         return dict(zip(self._stat_names, (sums / count).tolist()))  # the one wait for the device
+
+    @staticmethod
+    def _observations(t: Inputs):
+        """``observations(idx)``: the batch's observations at ``idx`` (an index tensor or a
+        slice), Atari's stacks gathered from ``frames`` by their positions."""
+        if "frames" in t:
+            frames, positions = t["frames"], t["obs_frames"].long()
+
+            def stacked(idx) -> torch.Tensor:
+                return frames[positions[idx]]
+
+            return stacked
+        obs = t["obs"]
+
+        def flat(idx) -> torch.Tensor:
+            return obs[idx]
+
+        return flat
+
+    @staticmethod
+    def _minibatch(t: Inputs, observations, prox_logp: torch.Tensor | None, idx: torch.Tensor) -> Inputs:
+        inputs = {
+            "obs": observations(idx),
+            "actions": t["actions"][idx],
+            "logp": t["logp"][idx],
+            "advantages": t["advantages"][idx],
+            "returns": t["returns"][idx],
+        }
+        if prox_logp is not None:
+            inputs["prox_logp"] = prox_logp[idx]
+        return inputs
+
+    def _run_iteration(self, t: Inputs) -> torch.Tensor:
+        """:meth:`_iteration` on the batch ``t`` (on the device, with ``perms``): replayed from
+        its CUDA graph, or run eagerly on the CPU. A graph keeps the shapes it was captured with,
+        so Atari's frames, whose count varies from batch to batch, are copied into a buffer of a
+        capacity with room to spare (grown, and a new graph captured, only when a batch holds
+        more); the positions never point past a batch's own frames."""
+        if self._graphed_iteration is None:
+            self._zero_grad()
+            return self._iteration(t)
+        inputs = {k: t[k] for k in self._iteration_fields(t)}
+        if "frames" in inputs:
+            frames = inputs["frames"]
+            if self._frames is None or len(self._frames) < len(frames) or self._frames.shape[1:] != frames.shape[1:]:
+                capacity = len(frames) + len(frames) // 4
+                self._frames = torch.zeros((capacity, *frames.shape[1:]), dtype=frames.dtype, device=self.device)
+            self._frames[: len(frames)].copy_(frames)
+            inputs["frames"] = self._frames
+        return self._graphed_iteration(inputs)
+
+    def _iteration_fields(self, t: Inputs) -> tuple[str, ...]:
+        obs: tuple[str, ...] = ("frames", "obs_frames") if "frames" in t else ("obs",)
+        return (*obs, "actions", "logp", "advantages", "returns", "perms")
+
+    def _iteration(self, t: Inputs) -> torch.Tensor:
+        """One training iteration on the batch ``t`` (its fields on the device, ``perms`` the
+        epochs' permutations as rows): the proximal log-probs (decoupled PPO), then each epoch's
+        minibatches, gathered by ``perms`` on the device, each step's gradients cleared before
+        it; returns the mean of the steps' stats. Never waits for the device and never reads a
+        value on the host, so it can be captured as one CUDA graph (``perms`` changes from
+        iteration to iteration as data in the graph's buffer, not as Python values). The same
+        operations in the same order as the minibatch loop of :meth:`train`."""
+        algo = self.algo
+        observations = self._observations(t)
+        prox_logp = (
+            self._proximal_logp(observations, t["actions"]) if algo.staleness_correction == "decoupled" else None
+        )
+        sums: torch.Tensor | None = None
+        for perm in t["perms"]:
+            for idx in torch.tensor_split(perm, algo.minibatches):
+                self._zero_grad()  # in a capture: the next backward allocates (in the graph's pool) and writes
+                stats = self._minibatch_step(self._minibatch(t, observations, prox_logp, idx))
+                sums = stats.clone() if sums is None else sums + stats
+        assert sums is not None  # epochs >= 1 and minibatches >= 1
+        return sums / (algo.epochs * algo.minibatches)
 
     def _eager_step(self, grad_hook=None):
         def step(inputs: Inputs) -> torch.Tensor:
@@ -401,12 +485,13 @@ class PPOLearner:
 
     @torch.no_grad()
     def _proximal_logp(self, observations, actions: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-        """Log-probabilities of the batch's actions under the policy as this iteration starts."""
+        """Log-probabilities of the batch's actions under the policy as this iteration starts,
+        in chunks of ``chunk`` (slices: no index tensors to build)."""
         n = len(actions)
         out = torch.empty(n, device=actions.device)
         for start in range(0, n, chunk):
-            idx = torch.arange(start, min(start + chunk, n), device=actions.device)
-            out[idx] = self.net.evaluate(observations(idx), actions[idx])[0]
+            part = slice(start, min(start + chunk, n))
+            out[part] = self.net.evaluate(observations(part), actions[part])[0]
         return out
 
     def merge_statistics(self, rollout: dict[str, np.ndarray]) -> None:
