@@ -137,3 +137,22 @@ def test_learner_kernels_profiles_a_tree_on_the_cpu(tmp_path):
     summary = json.loads((out / "learner_kernels.json").read_text())
     assert Path(summary["package"]).is_relative_to(other) and summary["samples_per_s"] > 0
     assert "aten::" in (out / "learner_kernels.txt").read_text()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal where no GPU is")
+def test_learner_direct_refuses_a_machine_without_cuda_before_writing_anything(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "learner_direct.py"),
+            "configs/pong_ppo.yaml",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2 and "needs a CUDA device" in done.stderr, done.stderr
+    assert not (tmp_path / "o").exists()

@@ -87,6 +87,21 @@ def test_ppo_restored_learner_makes_bit_identical_updates(h, tmp_path, device):
 
 
 @pytest.mark.timeout(30)
+def test_a_learner_restored_from_a_live_learners_state_shares_no_tensor_with_it(h):
+    """``state()`` hands out the learner's own tensors; a restore in the same process (a
+    snapshot taken and loaded without a disk in between) must copy them, or the two optimisers
+    update one set of moments."""
+    cfg = PPOConfig(name="ppo", hidden_sizes=[16], epochs=2, minibatches=4)
+    original = PPOLearner(4, 2, cfg, seed=0)
+    original.train(h.ppo_train_batch(original, 64, 0))
+    restored = PPOLearner(4, 2, cfg, seed=1)
+    restored.restore(original.state())
+    batch = h.ppo_train_batch(original, 64, 1)
+    assert original.train(batch) == restored.train(batch)
+    assert_same_state(original, restored)
+
+
+@pytest.mark.timeout(30)
 def test_a_checkpoint_of_another_algorithm_is_refused_by_name(tmp_path):
     dqn = DQNLearner(4, 2, DQNConfig(name="dqn", hidden_sizes=[16]), seed=0)
     ppo = PPOLearner(4, 2, PPOConfig(name="ppo", hidden_sizes=[16]), seed=0)

@@ -54,7 +54,8 @@ def load_optimizer_state(optim: torch.optim.Optimizer, flat: dict[str, torch.Ten
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, val in flat.items():
         pid, name = key.split(".", 1)
-        per_param.setdefault(int(pid), {})[name] = val
+        # a copy: the optimiser would otherwise keep and update tensors the caller still holds
+        per_param.setdefault(int(pid), {})[name] = val.clone()
     optim.load_state_dict({"state": per_param, "param_groups": optim.state_dict()["param_groups"]})
 
 
