@@ -225,6 +225,22 @@ def ppo_train_batch(learner, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+# Tests that share this machine's one local Slurm or its network namespaces (fixed names and
+# addresses) run one after another on one xdist worker: ``./dev test`` runs the suite in two
+# processes with ``--dist loadgroup``.
+SYSTEM_GROUP = "system"
+
+
+def _uses_the_system(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slurm") is not None or item.path.name in {"test_netns.py", "test_notebooks.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _uses_the_system(item):
+            item.add_marker(pytest.mark.xdist_group(SYSTEM_GROUP))
+
+
 class _Helpers:
     ROOT = ROOT
     CONFIG = CONFIG
