@@ -52,7 +52,7 @@ def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(tmp_pat
         "--seeds",
         "0",
         "--seconds",
-        "15",  # the cluster's start counts: on a slow machine the first run's learner starts late
+        "120",  # a bound only: each run ends at its env steps, however slowly the cluster starts
         "--variant",
         "relaxed",
         CONFIG,
@@ -67,6 +67,8 @@ def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(tmp_pat
         "synchronous",
         "--set",
         "algo.learning_starts=200",
+        "--set",
+        "stop.max_env_steps=12000",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "out"

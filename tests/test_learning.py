@@ -43,11 +43,11 @@ def test_distributed_ppo_records_staleness(tmp_path):
     import xarray as xr
 
     cfg = load_config(
-        "configs/cartpole_ppo.yaml", ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=20"]
+        "configs/cartpole_ppo.yaml", ["stop.target_return=null", "stop.max_env_steps=60000", "stop.max_seconds=120"]
     )
     result = train(cfg, out=tmp_path / "run").wait()
     assert result.error is None, result.error
-    assert result.status == "max_seconds"
+    assert result.status == "max_env_steps"
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
         ds.load()
     for var, units in (
@@ -62,7 +62,7 @@ def test_distributed_ppo_records_staleness(tmp_path):
     lag_mean, lag_max = ds["policy_lag_mean"].values, ds["policy_lag_max"].values
     age, dropped = ds["sample_age_s"].values, ds["stale_dropped"].values
     trained = ~np.isnan(lag_mean)
-    assert trained.sum() >= 5, trained  # rows in which the learner trained (of ~30 after start-up)
+    assert trained.sum() >= 5, trained  # rows in which the learner trained
     assert np.array_equal(trained, ~np.isnan(lag_max)) and np.array_equal(trained, ~np.isnan(age))
     lag = cfg.algo.max_policy_lag
     assert np.all((lag_mean[trained] >= 0) & (lag_mean[trained] <= lag)), lag_mean

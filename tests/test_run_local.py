@@ -77,7 +77,7 @@ def clean(client) -> bool:
 # ------------------------------------------------------------------ the driver's own cluster
 @pytest.mark.timeout(90)
 def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
-    cfg = short_config(h, "stop.max_seconds=14")  # startup (cluster, imports) counts
+    cfg = short_config(h, "stop.max_env_steps=6000")
     before = children()
     events = []
     t = time.monotonic()
@@ -86,7 +86,7 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
     wall = time.monotonic() - t
     assert result is not None, "the run did not end"
     assert result.error is None, result.error
-    assert result.status == "max_seconds" and result.ok
+    assert result.status == "max_env_steps" and result.ok
     assert result.run_dir == (tmp_path / "run").absolute()
     assert any(e.startswith("dashboard: http://127.0.0.1:") for e in events), events
 
@@ -136,11 +136,11 @@ def test_another_client_opened_while_the_hosts_start_and_closed_leaves_the_run_g
 # ------------------------------------------------------------------ serial reference
 @pytest.mark.timeout(60)
 def test_serial_run_writes_the_same_files(h, tmp_path):
-    cfg = short_config(h, "stop.max_seconds=6")
+    cfg = short_config(h, "stop.max_env_steps=5000")
     before = children()
     result = train(cfg, out=tmp_path / "serial", serial=True).wait(timeout=45)
     assert result is not None and result.error is None, result and result.error
-    assert result.status == "max_seconds"
+    assert result.status == "max_env_steps"
     n = h.check_run_dir(result.run_dir, cfg, mode="serial")
     assert n["updates"] > 0 and n["episodes"] > 0
     assert h.running_at_the_end(n), n["end_rates"]
@@ -157,20 +157,29 @@ def test_results_are_written_while_the_run_goes_on(h, tmp_path):
     """A run that dies (or whose machine is taken back) keeps what ``run.save_interval`` wrote."""
     import xarray as xr
 
-    cfg = short_config(h, "stop.max_seconds=8", "run.save_interval=1")
+    cfg = short_config(h, "stop.max_seconds=120", "run.save_interval=1")
     run = train(cfg, out=tmp_path / "interim", serial=True)
     metrics = run.run_dir / "metrics.nc"
-    deadline = time.monotonic() + 30
-    while not metrics.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metrics.exists() and not run.done, "no interim metrics.nc before the run ended"
-    interim = xr.load_dataset(metrics, engine="h5netcdf")
-    assert (run.run_dir / "episodes.nc").exists()
-    result = run.wait(timeout=45)
+    interims = []
+
+    def interim_with_rows() -> bool:  # the first write may come before the first row
+        if metrics.exists():
+            interims.append(xr.load_dataset(metrics, engine="h5netcdf"))
+        return bool(interims) and interims[-1].sizes["time"] > 0 or run.done
+
+    with h.ending(run):
+        assert h.wait_until(interim_with_rows, timeout=60)
+        assert interims and not run.done, "no interim metrics.nc with rows before the run ended"
+        interim = interims[-1]
+        assert (run.run_dir / "episodes.nc").exists()
+        rows = interim.sizes["time"]
+        assert h.wait_until(lambda: run.recorder.dataset().sizes["time"] > rows + 1, timeout=60)
+        run.stop()
+        result = run.wait(timeout=45)
     assert result is not None and result.error is None, result and result.error
     final = xr.load_dataset(metrics, engine="h5netcdf")
     assert 0 < interim.sizes["time"] < final.sizes["time"]
-    assert interim.attrs["status"] == "running" and final.attrs["status"] == result.status == "max_seconds"
+    assert interim.attrs["status"] == "running" and final.attrs["status"] == result.status == "stopped"
     assert not [p for p in run.run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -198,11 +207,11 @@ def test_the_worker_check_is_not_fooled_by_the_clients_refresh(h, tmp_path, monk
     from tianji_dask import cluster
 
     monkeypatch.setattr(cluster, "WORKER_CHECK_S", 0.01)
-    cfg = short_config(h, "stop.max_seconds=8")
+    cfg = short_config(h, "stop.max_env_steps=6000")
     with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
         result = train(cfg, out=tmp_path / "run").wait(timeout=45)
     assert result is not None and result.error is None, result and result.error
-    assert result.status == "max_seconds"
+    assert result.status == "max_env_steps"
 
 
 @pytest.mark.timeout(60)
@@ -284,10 +293,10 @@ def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_p
     client = given_client
     workers_before = sorted(scheduler_workers(client))
     pids_before = client.run(os.getpid)
-    cfg = short_config(h, "stop.max_seconds=10")
+    cfg = short_config(h, "stop.max_env_steps=6000")
     result = train(cfg, client, out=tmp_path / "given").wait(timeout=75)
     assert result is not None and result.error is None, result and result.error
-    assert result.status == "max_seconds"
+    assert result.status == "max_env_steps"
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert h.running_at_the_end(n), n["end_rates"]
 
@@ -317,11 +326,11 @@ def test_distributed_run_with_a_given_client_leaves_it_usable_and_clean(h, tmp_p
 
 @pytest.mark.timeout(90)
 def test_another_classic_control_env_by_overrides_only(h, tmp_path, given_client):
-    cfg = short_config(h, "env.id=Acrobot-v1", "stop.max_seconds=10")
+    cfg = short_config(h, "env.id=Acrobot-v1", "stop.max_env_steps=6000")
     assert cfg.env.id == "Acrobot-v1"
     result = train(cfg, given_client, out=tmp_path / "acrobot").wait(timeout=75)
     assert result is not None and result.error is None, result and result.error
-    assert result.status == "max_seconds"
+    assert result.status == "max_env_steps"
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert n["obs_dim"] == 6 and n["n_actions"] == 3  # Acrobot's spaces, not CartPole's
     assert h.running_at_the_end(n), n["end_rates"]
@@ -331,8 +340,9 @@ def test_another_classic_control_env_by_overrides_only(h, tmp_path, given_client
 
 
 # ------------------------------------------------------------------ periodic checkpoints
-def checkpoints_while_running(run) -> list[dict]:
-    """Each distinct checkpoint.json seen in the run directory until the run ends."""
+def checkpoints_while_running(run, stop_after: int) -> list[dict]:
+    """Each distinct checkpoint.json seen in the run directory until the run ends; the run is
+    told to stop once ``stop_after`` periodic ones were seen."""
     import json
 
     path = run.run_dir / "checkpoint" / "checkpoint.json"
@@ -344,6 +354,8 @@ def checkpoints_while_running(run) -> list[dict]:
             meta = None
         if meta and (not seen or meta["wall_s"] != seen[-1]["wall_s"]):
             seen.append(meta)
+            if sum(not m["final"] for m in seen) >= stop_after:
+                run.stop()
         time.sleep(0.02)
     return seen
 
@@ -355,10 +367,10 @@ def test_checkpoints_are_written_while_the_run_goes_on(h, tmp_path, given_client
     old; each replaces the last whole, and the one at the end says ``final``."""
     from tianji_dask.checkpoint import load_checkpoint
 
-    cfg = short_config(h, "stop.max_seconds=9", "run.checkpoint_interval=1.5")
+    cfg = short_config(h, "stop.max_seconds=120", "run.checkpoint_interval=1.5")
     client = given_client if mode == "distributed" else None
     run = train(cfg, client, out=tmp_path / mode, serial=(mode == "serial"))
-    seen = checkpoints_while_running(run)
+    seen = checkpoints_while_running(run, stop_after=2)
     result = run.wait(timeout=60)
     assert result is not None and result.error is None, result and result.error
 

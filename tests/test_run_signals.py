@@ -252,7 +252,9 @@ def assert_stopped_cleanly(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("algo,actors", [("dqn", 1), ("dqn", 2), ("ppo", 1), ("ppo", 2)])
+# each algorithm once, one and two actors between them: the stop is the driver's, whatever the
+# hosts are, and the other tests of this module stop DQN with one actor and PPO with two
+@pytest.mark.parametrize("algo,actors", [("dqn", 2), ("ppo", 1)])
 def test_ctrl_c_at_a_terminal_stops_the_run_with_results_and_no_process_left(h, cli_run, algo, actors):
     run, family = started(cli_run, algo, actors, terminal=True)
     t_sig = time.monotonic()
@@ -264,7 +266,7 @@ def test_ctrl_c_at_a_terminal_stops_the_run_with_results_and_no_process_left(h, 
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("algo,actors", [("dqn", 2), ("ppo", 1)])
+@pytest.mark.parametrize("algo,actors", [("ppo", 2)])
 def test_sigterm_to_the_process_group_stops_the_run(h, cli_run, algo, actors):
     run, family = started(cli_run, algo, actors, terminal=False)
     t_sig = time.monotonic()
