@@ -74,7 +74,7 @@ def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
         "--set",
         "stop.target_return=null",
         "--set",
-        "stop.max_seconds=6",
+        "stop.max_env_steps=3000",
         "--set",
         "algo.learning_starts=500",
     )
@@ -140,7 +140,7 @@ def test_a_plan_for_more_cores_than_this_process_may_use_warns_and_runs(measured
         tmp_path / "plan.yaml",
         "--out",
         tmp_path / "run",
-        *[arg for o in (*SHORT, "stop.max_seconds=3") for arg in ("--set", o)],
+        *[arg for o in (*SHORT, "stop.max_env_steps=3000") for arg in ("--set", o)],
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert (

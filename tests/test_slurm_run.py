@@ -286,7 +286,7 @@ def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):
             str(tmp_path / "plan.yaml"),
             "--out",
             str(tmp_path / "run"),
-            *[a for s in [*SHORT, "stop.max_seconds=8"] for a in ("--set", s)],
+            *[a for s in [*SHORT, "stop.max_env_steps=3000"] for a in ("--set", s)],
         ],
         capture_output=True,
         text=True,
