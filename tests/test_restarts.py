@@ -18,7 +18,7 @@ from tianji_dask.config import load_config
 from tianji_dask.driver import train
 from tianji_dask.heartbeats import ActorCounters, Heartbeat
 from tianji_dask.placement import moved, place
-from tianji_dask.restarts import HostLost, LostWorker, RestartPolicy, lost_with
+from tianji_dask.restarts import HostLost, LostWorker, RestartPolicy, lost_with, replay_lost
 from tianji_dask.results import MetricsRecorder
 from tianji_dask.workers import scheduler_workers
 
@@ -175,6 +175,21 @@ def test_what_a_lost_host_takes_with_it_comes_from_its_last_heartbeat():
     }
     assert lost_with("buffer", {"size": 12345.0}, num_envs=8) == {"lost_replay": 12345}
     assert lost_with("learner", {"updates": 10}, num_envs=8) == {}
+
+
+def test_a_rebuilt_buffer_loses_only_what_it_received_after_its_kept_replay():
+    from tianji_dask.roles.replay import ReplayMemory
+
+    memory = ReplayMemory(100, (1,))
+    kept = memory.state()
+    kept.values["received"] = 3000  # the buffer had received 3,000 transitions when it was copied
+    hb = {"incarnation": 1, "counters": {"size": 100.0, "received": 3070}}
+    assert replay_lost(hb, None) == {"lost_replay": 100}  # nothing kept: all it held
+    assert replay_lost(hb, (kept, 1)) == {"lost_replay": 70}  # the 70 received after the copy
+    assert replay_lost({**hb, "counters": {"size": 50.0, "received": 3070}}, (kept, 1)) == {"lost_replay": 50}
+    # a copy of the previous incarnation (restored into this one): all this one received
+    assert replay_lost({**hb, "counters": {"size": 100.0, "received": 40}}, (kept, 0)) == {"lost_replay": 40}
+    assert replay_lost({}, (kept, 0)) == {"lost_replay": 0}
 
 
 def test_the_placement_moves_every_host_and_address_of_a_lost_worker():
