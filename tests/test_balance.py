@@ -236,3 +236,41 @@ def test_ppo_actor_never_pauses_without_controller(how):
         actor.step()
     assert actor.counters.env_steps == 10**9 + (actor.T + 1) * actor.num_envs
     assert actor.counters.throttled_s == 0 and actor.counters.messages_sent == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_dqn_learner_on_a_restored_replay_does_not_wait_for_the_warm_up_again():
+    """A buffer re-created with its predecessor's replay (2,000 transitions, past learning_starts)
+    counts received transitions from 0; its learner trains at once, and the controller weighs
+    every fresh transition (no learning_starts held back): 8 * 1.25 * 500 + 3200 = 8200 samples."""
+    from tianji_dask.roles.buffer import ReplayBufferRole
+
+    def buffer():
+        return ReplayBufferRole(LocalQueue(capacity_bytes=1 << 26), 10_000, (4,), np.float32)
+
+    old = buffer()
+    n = 2000
+    obs = np.arange(4 * n, dtype=np.float32).reshape(n, 4)
+    old.inbox.push(
+        {
+            "obs": obs,
+            "next_obs": obs,
+            "actions": np.zeros(n, np.int64),
+            "rewards": np.ones(n, np.float32),
+            "discounts": np.ones(n, np.float32),
+        }
+    )
+    old.ingest()
+    state, nbytes = old.replay_state(None, max_bytes=10**9)
+    assert state is not None and nbytes == n * (2 * 16 + 16)
+    assert old.replay_state(None, max_bytes=nbytes - 1) == (None, nbytes)  # over the cap: not copied
+    new = buffer()
+    new.restore_replay(state)
+    assert (len(new), new.received, new.restored) == (n, 0, n)
+    learner = DQNLearnerRole(_dqn_cfg(), new, LocalTopic(), 4, Discrete(2), seed=0)
+    assert learner.step() and learner.counters.updates == 1  # no warm-up
+    new.received = 500
+    learner.counters.samples = 8_136
+    assert not learner.ahead_of_actors()
+    learner.counters.samples = 8_200
+    assert learner.ahead_of_actors()

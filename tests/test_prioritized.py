@@ -156,3 +156,51 @@ def test_actors_send_the_td_errors_of_their_own_q_network_as_priorities():
     stored = np.concatenate([c["priorities"] for c in chunks])
     np.testing.assert_allclose(replay.tree[np.arange(len(stored))], (stored + 1e-6) ** 0.6, rtol=1e-5)
     run.actor.close()
+
+
+@pytest.mark.parametrize("frames", [False, True])
+def test_a_prioritized_replay_restored_from_its_state_and_deltas_samples_the_same(frames):
+    """Priorities, which add wrote each slot, the largest priority and the tree's sums and
+    minima: all bit for bit, so the restored replay draws the same batches with the same weights."""
+    from test_replay import frame_chunks
+
+    from tianji_dask.roles.frame_replay import FrameReplay
+    from tianji_dask.roles.replay_state import merged
+
+    settings = PrioritySettings(alpha=0.6, beta=0.4, beta_steps=1000, eps=1e-6)
+
+    def replay():
+        memory = FrameReplay(40, frame_shape=(3, 3), frame_capacity=46) if frames else ReplayMemory(40, (2,))
+        return PrioritizedReplay(memory, settings)
+
+    def chunks():
+        if frames:
+            yield from frame_chunks(10, 9)
+            return
+        for start in range(0, 90, 9):
+            k = np.arange(start, start + 9)
+            obs = np.stack([k, -k], axis=1).astype(np.float32)
+            yield {"obs": obs, "next_obs": obs + 1, "actions": k, "rewards": k / 3, "discounts": np.ones(9, np.float32)}
+
+    live, kept, rng = replay(), None, np.random.default_rng(0)
+    for i, c in enumerate(chunks()):
+        if i % 3 == 1:
+            c = {**c, "priorities": rng.random(len(c["actions"])) * 5}  # an actor's own (Ape-X)
+        live.add(c)
+        batch = live.sample(16, rng, beta=0.5)
+        live.update_priorities(batch["keys"], rng.normal(size=16) * 3)
+        delta = live.state(since=None if kept is None else kept.mark())
+        kept = delta if kept is None else merged(kept, delta)
+    restored = replay()
+    restored.restore(kept)
+    np.testing.assert_array_equal(live.tree._sum, restored.tree._sum)
+    np.testing.assert_array_equal(live.tree._min, restored.tree._min)
+    np.testing.assert_array_equal(live._written_by, restored._written_by)
+    assert (live.max_priority, live._writes) == (restored.max_priority, restored._writes)
+    x, y = live.sample(64, np.random.default_rng(9), beta=0.7), restored.sample(64, np.random.default_rng(9), beta=0.7)
+    for k in x:
+        np.testing.assert_array_equal(np.asarray(x[k]), np.asarray(y[k]), err_msg=k)
+    # the learner's new priorities land in the same slots of both
+    live.update_priorities(x["keys"], np.arange(64.0))
+    restored.update_priorities(y["keys"], np.arange(64.0))
+    np.testing.assert_array_equal(live.tree._sum, restored.tree._sum)

@@ -18,7 +18,7 @@ from tianji_dask.config import load_config
 from tianji_dask.driver import train
 from tianji_dask.heartbeats import ActorCounters, Heartbeat
 from tianji_dask.placement import moved, place
-from tianji_dask.restarts import HostLost, LostWorker, RestartPolicy, lost_with
+from tianji_dask.restarts import HostLost, LostWorker, RestartPolicy, lost_with, replay_lost
 from tianji_dask.results import MetricsRecorder
 from tianji_dask.workers import scheduler_workers
 
@@ -52,7 +52,7 @@ def _run_with_a_kill(h, tmp_path, pick, *overrides):
     assert len(lost) == 1 and victim in lost[0] and "killed by signal 9" in lost[0], events
     ds = run.metrics()
     assert np.all(np.diff(ds.env_steps.values) >= 0) and np.all(np.diff(ds.updates.values) >= 0)
-    return result, ds, lost[0]
+    return result, ds, lost[0], events
 
 
 @pytest.mark.integration
@@ -60,7 +60,7 @@ def _run_with_a_kill(h, tmp_path, pick, *overrides):
 def test_a_killed_actor_worker_is_recreated_and_the_run_reaches_its_target(h, tmp_path):
     # a target far enough past the kill (at 6,000 env steps) that the new actor starts and produces
     # before the run ends: at 150 a quick run could end a few seconds after the kill
-    result, ds, lost = _run_with_a_kill(
+    result, ds, lost, events = _run_with_a_kill(
         h, tmp_path, lambda plan: plan.actors[1].worker, "topology.actors=2", "stop.target_return=250"
     )
     assert "actor 1 on" in lost
@@ -77,16 +77,22 @@ def test_a_killed_actor_worker_is_recreated_and_the_run_reaches_its_target(h, tm
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_a_killed_learner_worker_rebuilds_its_group_from_the_newest_snapshot(h, tmp_path):
-    result, ds, lost = _run_with_a_kill(
+    result, ds, lost, events = _run_with_a_kill(
         h, tmp_path, lambda plan: plan.learners[0].worker, "topology.actors=2", "run.snapshot_interval=1"
     )
     assert "buffer 0, learner 0 on" in lost
     last = ds.isel(time=-1)
     assert int(last.learner_restarts) == int(last.buffer_restarts) == 1 and int(last.actor_restarts) == 2
-    assert int(last.lost_replay) > 1000, int(last.lost_replay)  # the replay went with the buffer
     assert int(last.lost_episodes) == 16  # both actors were stopped for the rebuild
-    # restored from a snapshot at most about a second old: the version went on, not back to 0
+    # the replay did not go with the buffer: the new one started with the copy kept beside the
+    # snapshot (about a second old), and only what came after that copy counts as lost
+    restored, lost_replay = int(last.restored_replay), int(last.lost_replay)
+    assert [e for e in events if f"its buffers start with {restored:,} transitions" in e], events
     rebuilt = int(np.argmax(ds.learner_restarts.values > 0))
+    held = float(np.nanmax(ds.replay_size.values[: rebuilt + 1]))  # the lost buffer's last size
+    assert restored > 0 and lost_replay < held, (restored, lost_replay, held)
+    assert float(np.nanmin(ds.replay_size.values[rebuilt:])) >= restored, ds.replay_size.values
+    # restored from a snapshot at most about a second old: the version went on, not back to 0
     before = float(np.nanmax(ds.param_version.values[:rebuilt]))
     assert 0 <= int(last.lost_updates) < before / 2, (int(last.lost_updates), before)
     assert float(np.nanmin(ds.param_version.values[rebuilt + 1 :])) >= before - int(last.lost_updates) - 1
@@ -97,7 +103,7 @@ def test_a_killed_learner_worker_rebuilds_its_group_from_the_newest_snapshot(h, 
 def test_a_killed_data_parallel_rank_rebuilds_its_group_with_a_new_rendezvous(h, tmp_path):
     # the rebuild (both ranks' workers restarted, a new rendezvous) takes much of the budget, and
     # two-learner CartPole DQN can sit near 107 for a minute: 100 still shows learning after it
-    result, ds, lost = _run_with_a_kill(
+    result, ds, lost, events = _run_with_a_kill(
         h,
         tmp_path,
         lambda plan: plan.learners[1].worker,
@@ -169,6 +175,21 @@ def test_what_a_lost_host_takes_with_it_comes_from_its_last_heartbeat():
     }
     assert lost_with("buffer", {"size": 12345.0}, num_envs=8) == {"lost_replay": 12345}
     assert lost_with("learner", {"updates": 10}, num_envs=8) == {}
+
+
+def test_a_rebuilt_buffer_loses_only_what_it_received_after_its_kept_replay():
+    from tianji_dask.roles.replay import ReplayMemory
+
+    memory = ReplayMemory(100, (1,))
+    kept = memory.state()
+    kept.values["received"] = 3000  # the buffer had received 3,000 transitions when it was copied
+    hb = {"incarnation": 1, "counters": {"size": 100.0, "received": 3070}}
+    assert replay_lost(hb, None) == {"lost_replay": 100}  # nothing kept: all it held
+    assert replay_lost(hb, (kept, 1)) == {"lost_replay": 70}  # the 70 received after the copy
+    assert replay_lost({**hb, "counters": {"size": 50.0, "received": 3070}}, (kept, 1)) == {"lost_replay": 50}
+    # a copy of the previous incarnation (restored into this one): all this one received
+    assert replay_lost({**hb, "counters": {"size": 100.0, "received": 40}}, (kept, 0)) == {"lost_replay": 40}
+    assert replay_lost({}, (kept, 0)) == {"lost_replay": 0}
 
 
 def test_the_placement_moves_every_host_and_address_of_a_lost_worker():

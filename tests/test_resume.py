@@ -84,6 +84,23 @@ def test_a_continued_recorder_carries_time_counters_and_episodes_on():
     assert json.loads(ds.attrs["continued_at_s"]) == [1.5]
 
 
+def test_files_written_before_restored_replay_existed_are_continued_with_zeros_for_it():
+    first = _recorder(T0)
+    first.add(_actor(T0, 0.0, 0))
+    first.record_losses(lost_replay=7)
+    first.row(0.5)
+    metrics = first.dataset().drop_vars("restored_replay")  # as an older version wrote them
+    second = _recorder(T0 + 100)
+    second.continue_from(metrics, first.episodes_dataset())
+    second.record_losses(restored_replay=40)
+    second.row(0.2)
+    ds = second.dataset()
+    np.testing.assert_array_equal(ds.restored_replay.values, [0, 40])
+    np.testing.assert_array_equal(ds.lost_replay.values, [7, 7])
+    assert ds.restored_replay.dtype == np.int64 and ds.restored_replay.attrs["units"] == "1"
+    assert "transitions put back" in ds.restored_replay.attrs["long_name"]
+
+
 def _snapshot(path: Path) -> dict[str, str]:
     """Every file below ``path`` with its contents' hash and mtime: what 'nothing changed' means."""
     if not path.exists():

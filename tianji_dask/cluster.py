@@ -24,7 +24,8 @@ from distributed import LocalCluster
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.hosts import metrics_topic, stop_event_name
-from tianji_dask.restarts import HostLost, Key, LostWorker, RestartPolicy, lost_with
+from tianji_dask.restarts import HostLost, Key, LostWorker, RestartPolicy, lost_with, replay_lost
+from tianji_dask.roles.replay_state import ReplayState, merged
 from tianji_dask.run_hosts import RunHosts
 from tianji_dask.worker_signals import spawned_ignoring_driver_signals
 from tianji_dask.workers import scheduler_workers
@@ -161,6 +162,9 @@ class RunCluster:
         self._deaths_since = time.time()
         self._policy = RestartPolicy(cfg.run.max_restarts, cfg.run.restart_window_s)
         self._snapshots: dict[int, tuple[dict, dict]] = {}  # group -> its lead learner's (state, meta)
+        # buffer id -> its replay's newest full state, and the buffer's incarnation it came from
+        self._replays: dict[int, tuple[ReplayState, int]] = {}
+        self._replay_too_big: set[int] = set()  # buffers whose replay outgrew run.replay_snapshot_mb (said once)
 
     # --- lifecycle ----------------------------------------------------------------------
     def __enter__(self) -> RunCluster:
@@ -317,7 +321,10 @@ class RunCluster:
         counts: collections.Counter[str] = collections.Counter()
         keys = [k for w in lost for k in w.hosts]
         for key in keys:
-            counts.update(lost_with(key[0], (self._last_hb.get(key) or {}).get("counters", {}), self.cfg.env.num_envs))
+            if key[0] != "buffer":  # a buffer's loss is counted with its group's rebuild, below
+                counts.update(
+                    lost_with(key[0], (self._last_hb.get(key) or {}).get("counters", {}), self.cfg.env.num_envs)
+                )
         groups = sorted({hosts.group_of(k) for k in keys if k[0] != "actor"})
         actors = sorted(k[1] for k in keys if k[0] == "actor" and hosts.group_of(k) not in groups)
         plan_before = hosts.current_plan()
@@ -331,10 +338,18 @@ class RunCluster:
             return totals(key[0], key[1], counter)
 
         for group in groups:
+            last_hb = {k: self._last_hb.get(k) or {} for k in hosts.group_keys(group)}
             for hb in hosts.stop_group(group):
                 add_heartbeat(hb)
+                last_hb[(hb["role"], hb["id"])] = hb
                 if hb["role"] == "actor" and (hb["role"], hb["id"]) not in keys:  # stopped, not lost
                     counts.update(lost_with("actor", hb.get("counters", {}), self.cfg.env.num_envs))
+            replays = {}
+            for lid in range(group * t.learners, (group + 1) * t.learners):
+                kept = self._replays.get(lid)
+                if kept is not None:
+                    replays[lid] = kept[0]
+                counts.update(replay_lost(last_hb[("buffer", lid)], kept))
             if t.learners > 1:
                 self._restart_surviving_ranks(group, timeout)
             restore = self._snapshots.get(group)
@@ -349,7 +364,7 @@ class RunCluster:
             counts["buffer_restarts"] += t.learners
             counts["learner_restarts"] += t.learners
             counts["actor_restarts"] += t.actors
-            self._unless_lost_again(
+            rebuilt = self._unless_lost_again(
                 f"group {group}",
                 functools.partial(
                     hosts.build_group_again,
@@ -357,8 +372,13 @@ class RunCluster:
                     restore[0] if restore is not None else None,
                     prior,
                     lead_before=plan_before.learners[group * t.learners].worker,
+                    replays=replays,
                 ),
             )
+            if rebuilt and replays:
+                restored = sum(r.transitions for r in replays.values())
+                counts["restored_replay"] += restored
+                self._on_event(f"group {group}: its buffers start with {restored:,} transitions of replay kept here")
         for actor_id in actors:
             counts["actor_restarts"] += 1
             self._unless_lost_again(
@@ -392,29 +412,72 @@ class RunCluster:
         for address in survivors:
             hosts.move(address, hosts.replacement(address, timeout))
 
-    def _unless_lost_again(self, what: str, recreate: Callable[[], None]) -> None:
-        """Run one re-creation. If a worker it needs is lost meanwhile (or it times out), say
-        so and go on: its hosts stay expected on the plan's workers, so the next
-        :meth:`check_health` reports that worker lost (and the policy counts it) or, if the
+    def _unless_lost_again(self, what: str, recreate: Callable[[], None]) -> bool:
+        """Run one re-creation; True if it finished. If a worker it needs is lost meanwhile (or
+        it times out), say so and go on: its hosts stay expected on the plan's workers, so the
+        next :meth:`check_health` reports that worker lost (and the policy counts it) or, if the
         worker is there, they get the start-up grace to send a heartbeat."""
         try:
             recreate()
         except Exception as exc:  # noqa: BLE001 - the run goes on; supervision decides what it means
             self._on_event(f"re-creating {what} did not finish: {str(exc).splitlines()[0]}")
+            return False
+        return True
 
     def take_snapshots(self) -> None:
         """Keep each group's newest learner state (its lead's) in this process, for
-        :meth:`recover`; a learner that does not answer in time keeps its older one."""
-        hosts = self._built()
+        :meth:`recover`, and with it each buffer's replay (up to ``run.replay_snapshot_mb``;
+        after the first copy a buffer sends only what it added since: :mod:`~tianji_dask.roles.replay_state`).
+        A learner that does not answer in time keeps its older state and replay."""
+        hosts, t = self._built(), self.cfg.topology
+        max_bytes = int(self.cfg.run.replay_snapshot_mb * 1e6)
+        with_replay = max_bytes > 0 and self.cfg.algo.name == "dqn"  # the algorithms with a replay
         pending = {}
-        for group in range(self.cfg.topology.groups):
-            with contextlib.suppress(Exception):  # its worker was just lost: recover() comes next
-                pending[group] = hosts.lead(group).snapshot()
-        for group, fut in pending.items():
+        for group in range(t.groups):
+            for rank in range(t.learners):
+                lid = group * t.learners + rank
+                if rank > 0 and not with_replay:
+                    continue  # only the lead's learner state is kept
+                kept = self._replays.get(lid)
+                replay = (kept[0].mark() if kept else None, max_bytes) if with_replay else None
+                with contextlib.suppress(Exception):  # its worker was just lost: recover() comes next
+                    pending[(group, lid)] = (
+                        hosts.handles[("learner", lid)].group_snapshot(rank == 0, replay),
+                        hosts.incarnations[("buffer", lid)],
+                    )
+        for (group, lid), (fut, incarnation) in pending.items():
             try:
-                self._snapshots[group] = fut.result(timeout=SNAPSHOT_TIMEOUT_S)
+                got = fut.result(timeout=SNAPSHOT_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - the run goes on; the older snapshot stays
                 self._on_event(f"learner snapshot of group {group} failed: {exc!r}; the older one stays")
+                continue
+            if got["learner"] is not None:
+                self._snapshots[group] = got["learner"]
+            self._keep_replay(lid, got["replay"], got["replay_bytes"], incarnation, max_bytes)
+
+    def _keep_replay(self, lid: int, state: ReplayState | None, nbytes: int, incarnation: int, max_bytes: int) -> None:
+        if state is None:
+            if nbytes > max_bytes and lid not in self._replay_too_big:
+                self._replay_too_big.add(lid)
+                self._on_event(
+                    f"replay of buffer {lid} holds {nbytes / 1e6:,.0f} MB, more than run.replay_snapshot_mb="
+                    f"{self.cfg.run.replay_snapshot_mb:g}: no longer kept; if its worker is lost, its "
+                    "re-created buffer starts empty"
+                )
+            if nbytes > max_bytes:
+                self._replays.pop(lid, None)
+            return
+        kept = self._replays.get(lid)
+        try:
+            state = merged(kept[0], state) if kept is not None else state
+        except ValueError as exc:  # not taken against what is kept: the next copy is a full one
+            self._on_event(f"replay snapshot of buffer {lid}: {exc}; taking a full copy next time")
+            self._replays.pop(lid, None)
+            return
+        if not state.full:
+            self._replays.pop(lid, None)
+            return
+        self._replays[lid] = (state, incarnation)
 
     def stop_hosts(self) -> None:
         """Stop every loop; hosts that are gone are skipped. Keeps their last heartbeats."""

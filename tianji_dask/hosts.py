@@ -38,7 +38,9 @@ from tianji_dask.deployment import deployment_settings
 from tianji_dask.devices import on_slot_gpu
 from tianji_dask.gossip import GossipSync, GroupGossip
 from tianji_dask.heartbeats import COUNTERS, Heartbeat
+from tianji_dask.roles.buffer import ReplayBufferRole
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+from tianji_dask.roles.replay_state import ReplayMark, ReplayState
 
 IDLE_S = 0.0002  # a learner with nothing to train on yields this long before looking again
 
@@ -213,13 +215,20 @@ class BufferHost(_LoopHost[LoopRole]):
         n_senders: int = 1,
         *,
         incarnation: int = 0,
+        replay: ReplayState | None = None,
     ):
+        """``replay``: for a buffer re-created after its worker was lost, the replay state its
+        predecessor's learner host copied (:meth:`LearnerHost.group_snapshot`), which it starts with."""
         super().__init__(run_id, config_json, host_id, incarnation)
         inbox = ChannelService.current().open_queue(channel, self.cfg.channel.capacity_bytes * max(1, n_senders))
         self.channel = channel
         self.role = spec_for(self.cfg).make_buffer_role(
             self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id
         )
+        if replay is not None:
+            if not isinstance(self.role, ReplayBufferRole):
+                raise TypeError(f"buffer {host_id}: a replay state given to a {type(self.role).__name__}")
+            self.role.restore_replay(replay)
 
     def _make_role(self) -> LoopRole:
         return self._built
@@ -238,28 +247,29 @@ class SnapshotRequests:
     (:meth:`request`) and the loop answers between two updates (:meth:`serve`)."""
 
     def __init__(self) -> None:
-        self._wanted: concurrent.futures.Future | None = None
+        self._wanted: tuple[concurrent.futures.Future, Callable[[], Any] | None] | None = None
 
-    def request(self) -> concurrent.futures.Future:
+    def request(self, take: Callable[[], Any] | None = None) -> concurrent.futures.Future:
+        """Ask for ``take()`` (default: what :meth:`serve` is given) from the loop thread."""
         want: concurrent.futures.Future = concurrent.futures.Future()
-        self._wanted = want
+        self._wanted = (want, take)
         return want
 
     def serve(self, take: Callable[[], Any]) -> None:
-        """In the loop thread: answer the pending request, if any, with ``take()``."""
+        """In the loop thread: answer the pending request, if any, with its own ``take`` or this one."""
         if self._wanted is None:  # the usual case, every step: read only, so no request is overwritten
             return
-        want, self._wanted = self._wanted, None
+        (want, own), self._wanted = self._wanted, None
         try:
-            want.set_result(take())
+            want.set_result((own or take)())
         except Exception as exc:  # noqa: BLE001 - the caller reports it; the loop goes on
             want.set_exception(exc)
 
     def cancel(self, reason: str) -> None:
         """As the loop ends: answer a pending request with an error rather than let it time out."""
-        want, self._wanted = self._wanted, None
-        if want is not None:
-            want.set_exception(RuntimeError(reason))
+        wanted, self._wanted = self._wanted, None
+        if wanted is not None:
+            wanted[0].set_exception(RuntimeError(reason))
 
 
 class LocalUpdates:
@@ -451,6 +461,26 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         if self._thread is None or not self._thread.is_alive():
             return self._state()
         return await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request()), timeout)
+
+    async def group_snapshot(
+        self, learner: bool, replay: tuple[ReplayMark | None, int] | None, timeout: float = 60.0
+    ) -> dict:
+        """What a group rebuilt after its worker was lost continues from, taken by the loop
+        thread between two updates: ``learner`` (if asked: :meth:`snapshot`'s state and
+        metadata) and, with ``replay = (since, max_bytes)``, ``replay``: the buffer's replay
+        state (only what changed after the mark ``since``; None for a buffer without a replay,
+        or one whose filled part is more than ``max_bytes``) and ``replay_bytes``, its filled part's
+        bytes."""
+
+        def take() -> dict:
+            out: dict = {"learner": self._state_on_cpu() if learner else None, "replay": None, "replay_bytes": 0}
+            if replay is not None and isinstance(self.buffer, ReplayBufferRole):
+                out["replay"], out["replay_bytes"] = self.buffer.replay_state(*replay)
+            return out
+
+        if self._thread is None or not self._thread.is_alive():
+            return take()
+        return await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request(take)), timeout)
 
     def _state_on_cpu(self) -> tuple[dict, dict]:
         state, meta = self._state()

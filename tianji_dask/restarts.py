@@ -4,13 +4,17 @@ The driver re-creates the hosts of a lost worker (``RunCluster.recover``) as lon
 :class:`RestartPolicy` admits it: at most ``run.max_restarts`` lost workers within
 ``run.restart_window_s``. One more, or any loss with ``max_restarts: 0``, fails the run with a
 message naming every lost worker of the window, its hosts and the cause. What died with a host
-is counted from its last heartbeat (:func:`lost_with`).
+is counted from its last heartbeat (:func:`lost_with`, :func:`replay_lost`).
 """
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tianji_dask.roles.replay_state import ReplayState
 
 Key = tuple[str, int]  # (role, global id)
 
@@ -72,3 +76,18 @@ def lost_with(role: str, counters: dict, num_envs: int) -> dict[str, int]:
     if role == "buffer":
         return {"lost_replay": int(counters.get("size") or 0)}
     return {}
+
+
+def replay_lost(heartbeat: dict, kept: tuple[ReplayState, int] | None) -> dict[str, int]:
+    """The transitions a buffer of a rebuilt group takes with it, from its last heartbeat: all
+    it held without a replay kept in the driver; with one, ``kept = (state, incarnation it was
+    taken from)``, only those it received after that copy (all that this incarnation received,
+    if the copy is of an earlier one), at most what it held."""
+    counters = heartbeat.get("counters") or {}
+    size = int(counters.get("size") or 0)
+    if kept is None:
+        return {"lost_replay": size}
+    state, incarnation = kept
+    received = int(counters.get("received") or 0)
+    since = int(state.values.get("received", 0)) if int(heartbeat.get("incarnation", 0)) == incarnation else 0
+    return {"lost_replay": min(size, max(0, received - since))}

@@ -105,7 +105,17 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
     "learner_restarts": ("learner hosts re-created after their worker was lost (cumulative)", "1", "int64"),
     "lost_env_steps": ("env steps lost with re-created actors, not yet sent (cumulative)", "1", "int64"),
     "lost_episodes": ("episodes in progress lost with re-created actors (cumulative)", "1", "int64"),
-    "lost_replay": ("transitions held by lost buffers, gone with them (cumulative)", "1", "int64"),
+    "lost_replay": (
+        "transitions held by the buffers of rebuilt groups and not in the replay kept for them, "
+        "gone with them (cumulative)",
+        "1",
+        "int64",
+    ),
+    "restored_replay": (
+        "transitions put back into re-created buffers from the replay kept in the driver (cumulative)",
+        "1",
+        "int64",
+    ),
     "lost_updates": ("learner updates undone by restoring an older learner state (cumulative)", "1", "int64"),
 }
 # driver-side counts of host re-creation and what was lost (``MetricsRecorder.record_losses``)
@@ -117,7 +127,11 @@ LOSS_KEYS = (
     "lost_episodes",
     "lost_replay",
     "lost_updates",
+    "restored_replay",
 )
+# Variables that files of an earlier version lack, with the value a continued run gives their
+# earlier rows (all of them count something that did not exist yet: 0).
+_ADDED_LATER = {"restored_replay": 0}
 # Cumulative time variables that a continued run (``continue_from``) carries on from the
 # previous run's last row; env_steps, the episode count and the loss counts carry on by their own.
 _CARRIED = (
@@ -246,6 +260,12 @@ class MetricsRecorder:
             if self._hosts or self._rows:
                 raise RuntimeError("continue_from must come before the first heartbeat and row")
             self._prior = metrics.copy()
+            for k, v in _ADDED_LATER.items():
+                if k not in self._prior:
+                    long_name, units, dtype = _TIME_VARS[k]
+                    added = xr.full_like(self._prior["env_steps"], v, dtype=dtype)
+                    self._prior[k] = added.assign_attrs(long_name=long_name, units=units)
+            metrics = self._prior
             n = metrics.sizes["time"]
             if n:
                 last = metrics.isel(time=-1)
@@ -586,7 +606,8 @@ class MetricsRecorder:
 # ---------------------------------------------------------------------- helpers
 def missing_variables(metrics: xr.Dataset, episodes: xr.Dataset) -> list[str]:
     """Variables a continued run needs that these files lack (files of an older version)."""
-    return [f"metrics.nc:{k}" for k in [*_TIME_VARS, *_HOST_VARS] if k not in metrics] + [
+    needed = [k for k in [*_TIME_VARS, *_HOST_VARS] if k not in _ADDED_LATER]
+    return [f"metrics.nc:{k}" for k in needed if k not in metrics] + [
         f"episodes.nc:{k}" for k in _EPISODE_VARS if k not in episodes
     ]
 

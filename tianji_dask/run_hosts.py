@@ -9,8 +9,9 @@ run started with, k for its k-th re-creation. Re-creating follows what was lost:
   group's lead learner moves the parameter subscriber there and sends the latest version;
 - a **buffer or learner** (they share a worker): the whole group is rebuilt, its surviving hosts
   stopped first: buffers, actors and learners on the plan's workers (the lost one replaced), the
-  learners restored from the group's newest state in the driver's memory, data-parallel ranks
-  with a new rendezvous, the other groups' gossip moved to the new lead.
+  learners restored from the group's newest state in the driver's memory, each buffer with the
+  replay kept there beside it (up to ``run.replay_snapshot_mb``; without one it starts empty),
+  data-parallel ranks with a new rendezvous, the other groups' gossip moved to the new lead.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tianji_dask.workers import scheduler_workers
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
+    from tianji_dask.roles.replay_state import ReplayState
 
 STOP_TIMEOUT_S = 10.0
 HURRY_POLL_S = 0.2  # how soon a host stop being waited for notices the run was told to hurry
@@ -132,13 +134,25 @@ class RunHosts:
         rank = {"buffer": 0, "learner": 1, "actor": 2}
         return sorted(keys, key=lambda k: (rank[k[0]], k[1]))
 
-    def _build_group(self, group: int, restore: dict | None, prior: Callable[[Key, str], float]) -> None:
+    def _build_group(
+        self,
+        group: int,
+        restore: dict | None,
+        prior: Callable[[Key, str], float],
+        replays: dict[int, ReplayState] | None = None,
+    ) -> None:
         """Create and wire the group's hosts (not started): buffers and actors first, then the
-        learners, rank 0 first (it opens the rendezvous the others join)."""
+        learners, rank 0 first (it opens the rendezvous the others join). ``replays``: by buffer
+        id, the replay a re-created buffer starts with (sent straight to its worker)."""
         plan, rid, cfg_json, t = self.current_plan(), self.run_id, self._cfg_json, self.cfg.topology
         futures = {}
+        scattered = []
         for lp in (p for p in plan.learners if p.group == group):
             key = ("buffer", lp.id)
+            replay = (replays or {}).get(lp.id)
+            if replay is not None:  # to the worker directly, not inside the task
+                replay = self.client.scatter(replay, workers=[lp.worker], direct=True, hash=False)
+                scattered.append(replay)
             futures[key] = self._submit(
                 key,
                 BufferHost,
@@ -151,13 +165,18 @@ class RunHosts:
                 "float32",
                 len(lp.feeders),
                 incarnation=self.incarnations[key],
+                replay=replay,
                 worker=lp.worker,
             )
         for ap in (p for p in plan.actors if p.group == group):
             key = ("actor", ap.id)
             futures[key] = self._submit_actor(ap, prior)
-        for key, fut in futures.items():
-            self.handles[key] = self._wait(fut, self._worker_of(key))
+        try:
+            for key, fut in futures.items():
+                self.handles[key] = self._wait(fut, self._worker_of(key))
+        finally:
+            for data in scattered:  # restored into the buffer: the worker may drop its copy
+                data.release()
         store = None
         for lp in sorted((p for p in plan.learners if p.group == group), key=lambda p: p.rank):
             key = ("learner", lp.id)
@@ -310,12 +329,17 @@ class RunHosts:
         return final
 
     def build_group_again(
-        self, group: int, restore: dict | None, prior: Callable[[Key, str], float], lead_before: str
+        self,
+        group: int,
+        restore: dict | None,
+        prior: Callable[[Key, str], float],
+        lead_before: str,
+        replays: dict[int, ReplayState] | None = None,
     ) -> None:
         """Second half, once the stopped hosts' heartbeats are recorded (``prior`` reads them):
-        create the group on the plan's (moved) workers, move the other groups' gossip to its
-        new lead, start it."""
-        self._build_group(group, restore, prior)
+        create the group on the plan's (moved) workers (its buffers with ``replays``, by buffer
+        id), move the other groups' gossip to its new lead, start it."""
+        self._build_group(group, restore, prior, replays)
         t, plan = self.cfg.topology, self.current_plan()
         lead_now = plan.learners[group * t.learners].worker
         if lead_now != lead_before:

@@ -495,6 +495,14 @@ class RunConfig(_Section):
         "memory, which a learner re-created after its worker was lost continues from (0: none; "
         "it then starts again from its first parameters)",
     )
+    replay_snapshot_mb: float = Field(
+        512.0,
+        ge=0,
+        description="MB (10^6 bytes) of a buffer's filled replay up to which it is copied with "
+        "each learner snapshot (after the first copy only the transitions added since) and kept "
+        "in the driver's memory, so that a buffer re-created after its worker was lost starts "
+        "with it; a fuller replay is not kept and the re-created buffer starts empty, as with 0",
+    )
 
     @model_validator(mode="after")
     def _check_heartbeat(self) -> RunConfig:

@@ -18,6 +18,7 @@ from tianji_dask.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.frame_replay import FrameReplay
 from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings
 from tianji_dask.roles.replay import ReplayMemory
+from tianji_dask.roles.replay_state import ReplayMark, ReplayState
 
 if TYPE_CHECKING:
     pass
@@ -115,9 +116,30 @@ class ReplayBufferRole(BufferBase):
         )
         self.priorities = priorities
         self.rng = np.random.default_rng(seed)
+        self.restored = 0  # transitions it started with, restored from an earlier buffer's state
+        self.received_before = 0  # transitions its predecessors received (a restored buffer's)
 
     def __len__(self) -> int:
         return len(self.replay)
+
+    def replay_state(self, since: ReplayMark | None, max_bytes: int) -> tuple[ReplayState | None, int]:
+        """``(state, bytes)``: the replay's state (:mod:`~tianji_dask.roles.replay_state`; only
+        what changed after ``since``, a mark of an earlier state) and the bytes of its filled part;
+        no state if those are more than ``max_bytes``. ``received`` at this moment goes with it."""
+        with self._lock:
+            filled = self.replay.filled_nbytes()
+            if filled > max_bytes:
+                return None, filled
+            state = self.replay.state(since)
+            state.values.update(received=self.received, received_before=self.received_before)
+        return state, filled
+
+    def restore_replay(self, state: ReplayState) -> None:
+        """Before the loop starts: hold what ``state`` (a full one) held."""
+        with self._lock:
+            self.replay.restore(state)
+            self.restored = len(self.replay)
+            self.received_before = int(state.values.get("received_before", 0)) + int(state.values.get("received", 0))
 
     def _add(self, payload: dict) -> int:
         with self._lock:
@@ -130,7 +152,8 @@ class ReplayBufferRole(BufferBase):
         with self._lock:
             if isinstance(self.replay, PrioritizedReplay):
                 assert self.priorities is not None
-                return self.replay.sample(n, self.rng, self.priorities.beta_at(self.received))
+                beta = self.priorities.beta_at(self.received_before + self.received)  # annealing goes on
+                return self.replay.sample(n, self.rng, beta)
             return self.replay.sample(n, self.rng)
 
     def device_sampler(self, n: int) -> Callable[[], dict[str, Any]] | None:

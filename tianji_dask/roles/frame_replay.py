@@ -33,11 +33,20 @@ positions, actions, returns and discounts are also mirrored there (:class:`_Devi
 so that :meth:`FrameReplay.sample_on_device` draws a whole batch with device operations only:
 no host work and no wait for the device, which lets a learner replay sampling and update as one
 CUDA graph.
+
+``state()``/``restore()`` (:mod:`tianji_dask.roles.replay_state`) copy two rings out and back:
+the filled frames (from the device, where they live there) and the filled transitions, or only
+those written since an earlier state. The per-stream windows are not part of it: a restored
+replay is fed by actors created with it, whose streams begin again with a whole first stack.
 """
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
+
+from tianji_dask.roles.replay_state import ReplayMark, ReplayState, mark_for, put_ring, take_arrays, take_ring
 
 #: Bits of a frame id that count frames within one stream; the bits above name the stream.
 SEQ_BITS = 40
@@ -174,8 +183,10 @@ class FrameReplay:
         self._pos = 0
         self._size = 0
         self.frames_written = 0
+        self.written = 0  # transitions written into the ring: the next goes to written % capacity
         self.added = 0
         self.unresolved = 0  # transitions skipped: a frame they need never arrived
+        self.token = uuid.uuid4().hex  # names these contents for state(since=...)
 
     @staticmethod
     def default_frame_capacity(capacity: int) -> int:
@@ -292,9 +303,77 @@ class FrameReplay:
         self._discounts[idx] = batch["discounts"][keep]
         self._pos = int((self._pos + m) % self.capacity)
         self._size = min(self._size + m, self.capacity)
+        self.written += m
         if self._mirror is not None:
             self._mirror.write(idx, self, newest=(self._pos - 1) % self.capacity)
         return idx, keep
+
+    # --- state ----------------------------------------------------------------------------
+    def _transition_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "obs": self._obs,
+            "next_obs": self._next,
+            "oldest": self._oldest,
+            "actions": self._actions,
+            "rewards": self._rewards,
+            "discounts": self._discounts,
+        }
+
+    def filled_nbytes(self) -> int:
+        """Bytes of the filled part: what a full :meth:`state` copies."""
+        frames = min(self.frames_written, self.frame_capacity) * int(np.prod(self.frame_shape))
+        return frames + self._size * TRANSITION_BYTES
+
+    def state(self, since: ReplayMark | None = None, extra: dict[str, np.ndarray] | None = None) -> ReplayState:
+        """The filled frames and transitions, write positions and counters (only those written
+        after ``since``, a mark of an earlier state of this memory); ``extra``: more arrays
+        indexed by transition ring row (a wrapper's)."""
+
+        def frames(rows: np.ndarray) -> dict[str, np.ndarray]:
+            got = self._frames.gather(rows)
+            return {"frames": got if isinstance(got, np.ndarray) else got.cpu().numpy()}
+
+        fc = self.frame_capacity
+        rings = {
+            "frames": take_ring(frames, fc, self.frames_written, mark_for(self.token, since, "frames")),
+            "transitions": take_arrays(
+                {**self._transition_arrays(), **(extra or {})},
+                self.capacity,
+                self.written,
+                mark_for(self.token, since, "transitions"),
+            ),
+        }
+        values = {"added": self.added, "unresolved": self.unresolved}
+        return ReplayState("frames", self.token, rings, values)
+
+    def restore(self, state: ReplayState, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Hold exactly the frames and transitions of ``state`` (a full one); the per-stream
+        windows start empty (see the module doc). ``extra`` as in :meth:`state`."""
+        if state.kind != "frames":
+            raise ValueError(f"a {state.kind!r} replay state cannot restore a frame replay")
+        frames, trans = state.rings["frames"], state.rings["transitions"]
+        shape = frames.arrays["frames"].shape[1:]
+        if tuple(shape) != self.frame_shape:
+            raise ValueError(f"replay state frames of {tuple(shape)} restored into a replay of {self.frame_shape}")
+        arrays = {**self._transition_arrays(), **(extra or {})}
+        if set(trans.arrays) != set(arrays):
+            raise ValueError(f"replay state fields {sorted(trans.arrays)} differ from the replay's {sorted(arrays)}")
+        put_ring(frames, lambda rows, values: self._frames.write(rows, values["frames"]), self.frame_capacity)
+
+        def put(rows: np.ndarray, values: dict[str, np.ndarray]) -> None:
+            for k, a in arrays.items():
+                a[rows] = values[k]
+
+        put_ring(trans, put, self.capacity)
+        self.frames_written, self.written = frames.total, trans.total
+        self._pos, self._size = trans.total % self.capacity, trans.rows
+        self.added, self.unresolved = int(state.values["added"]), int(state.values["unresolved"])
+        self._rows = {}
+        self._win_seq = np.full((0, WINDOW), -1, np.int64)
+        self._win_count = np.zeros((0, WINDOW), np.int64)
+        self.token = state.token
+        if self._mirror is not None and self._size:
+            self._mirror.write(np.arange(self._size), self, newest=(self._pos - 1) % self.capacity)
 
     # --- reading --------------------------------------------------------------------------
     def valid(self, idx: np.ndarray) -> np.ndarray:

@@ -14,6 +14,10 @@ learner hands the TD errors of the batch it just trained on straight to the buff
 (``update_priorities``) under the buffer's lock: no message, no waiting. A slot that the
 buffer's thread overwrote with a newer transition in between keeps the newer one's priority
 (each slot remembers which add wrote it).
+
+``state()``/``restore()`` are the memory's plus the priorities: which add wrote each slot rides
+with the transitions (only new rows in a delta), the priorities of the filled slots are sent
+whole (the learner changes them anywhere).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tianji_dask.roles.replay_state import ReplayMark, ReplayState
 from tianji_dask.roles.sum_tree import SumTree
 
 MAX_RESAMPLES = 64
@@ -63,6 +68,34 @@ class PrioritizedReplay:
         """Bytes the priorities add to a memory of ``capacity`` transitions (what ``nbytes`` adds)."""
         leaves = 1 << max(0, (capacity - 1).bit_length())
         return 2 * 2 * leaves * 8 + capacity * 8
+
+    def filled_nbytes(self) -> int:
+        """Bytes of a full :meth:`state`: the memory's filled part, its slots' writers and priorities."""
+        return self.memory.filled_nbytes() + len(self.memory) * (8 + 8)
+
+    def state(self, since: ReplayMark | None = None) -> ReplayState:
+        st = self.memory.state(since, extra={"written_by": self._written_by})
+        st.kind = f"prioritized-{st.kind}"
+        st.values.update(
+            priorities=self.tree[np.arange(len(self.memory))].copy(),  # p^alpha of the filled slots
+            max_priority=self.max_priority,
+            writes=self._writes,
+        )
+        return st
+
+    def restore(self, state: ReplayState) -> None:
+        if not state.kind.startswith("prioritized-"):
+            raise ValueError(f"a {state.kind!r} replay state cannot restore a prioritized replay")
+        values = {k: v for k, v in state.values.items() if k not in ("priorities", "max_priority", "writes")}
+        inner = ReplayState(state.kind.removeprefix("prioritized-"), state.token, state.rings, values)
+        self.memory.restore(inner, extra={"written_by": self._written_by})
+        scaled = np.asarray(state.values["priorities"], np.float64)
+        if len(scaled) != len(self.memory):
+            raise ValueError(f"replay state: {len(scaled)} priorities for {len(self.memory)} transitions")
+        self.tree = SumTree(self.capacity)
+        self.tree.update(np.arange(len(scaled)), scaled)
+        self.max_priority = float(state.values["max_priority"])
+        self._writes = int(state.values["writes"])
 
     def add(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         idx, rows = self.memory.add(batch)

@@ -12,12 +12,17 @@ final observation. With ``n = 1`` this is the ordinary one-step transition.
 
 :class:`ReplayMemory` keeps them: a ring buffer of preallocated numpy arrays. Memory is fixed
 by ``capacity`` at construction (``nbytes``), insertion overwrites the oldest transitions and
-sampling is O(batch) with vectorised indexing.
+sampling is O(batch) with vectorised indexing. ``state()``/``restore()`` copy its filled part
+out and back (:mod:`tianji_dask.roles.replay_state`), or only what changed since an earlier state.
 """
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
+
+from tianji_dask.roles.replay_state import ReplayMark, ReplayState, mark_for, put_ring, take_arrays
 
 
 class NStepWindow:
@@ -90,6 +95,8 @@ class ReplayMemory:
         self._pos = 0
         self._size = 0
         self.added = 0
+        self.written = 0  # rows written into the ring: the next goes to written % capacity
+        self.token = uuid.uuid4().hex  # names these contents for state(since=...)
 
     def __len__(self) -> int:
         return self._size
@@ -114,7 +121,40 @@ class ReplayMemory:
             self._data[k][idx] = batch[k][rows] if len(rows) < n else batch[k]
         self._pos = int((self._pos + len(rows)) % self.capacity)
         self._size = min(self._size + len(rows), self.capacity)
+        self.written += len(rows)
         return idx, rows
+
+    def filled_nbytes(self) -> int:
+        """Bytes of the filled part: what a full :meth:`state` copies."""
+        return self._size * (self.nbytes // self.capacity)
+
+    def state(self, since: ReplayMark | None = None, extra: dict[str, np.ndarray] | None = None) -> ReplayState:
+        """The contents up to the fill, the write position and the counters; with ``since`` (a
+        mark of an earlier state of this memory) only the transitions written after it.
+        ``extra``: more arrays indexed by ring row, carried with the transitions (a wrapper's)."""
+        arrays = {**self._data, **(extra or {})}
+        ring = take_arrays(arrays, self.capacity, self.written, mark_for(self.token, since, "transitions"))
+        return ReplayState("uniform", self.token, {"transitions": ring}, {"added": self.added})
+
+    def restore(self, state: ReplayState, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Hold exactly what ``state`` (a full one) held; ``extra`` as in :meth:`state`."""
+        if state.kind != "uniform":
+            raise ValueError(f"a {state.kind!r} replay state cannot restore a uniform replay memory")
+        arrays = {**self._data, **(extra or {})}
+        ring = state.rings["transitions"]
+        if set(ring.arrays) != set(arrays):
+            raise ValueError(f"replay state fields {sorted(ring.arrays)} differ from the memory's {sorted(arrays)}")
+
+        def put(rows: np.ndarray, values: dict[str, np.ndarray]) -> None:
+            for k, a in arrays.items():
+                a[rows] = values[k]
+
+        put_ring(ring, put, self.capacity)
+        self.written = ring.total
+        self._pos = ring.total % self.capacity
+        self._size = ring.rows
+        self.added = int(state.values["added"])
+        self.token = state.token
 
     def valid(self, idx: np.ndarray) -> np.ndarray:
         """Every stored transition is whole (the frame replay's can lose frames)."""

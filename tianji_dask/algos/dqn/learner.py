@@ -65,7 +65,10 @@ class DQNLearnerRole(LearnerBase):
         algo = self.algo
         if algo.ratio_tolerance is None:  # the controller is off
             return False
-        fresh = max(self.buffer.received - algo.learning_starts, 0)
+        # the warm-up's transitions are not weighed; a buffer restored with a replay has had its
+        # warm-up (at least in part), and its learner goes on at once
+        warm_up = max(algo.learning_starts - getattr(self.buffer, "restored", 0), 0)
+        fresh = max(self.buffer.received - warm_up, 0)
         slack = self.cfg.learner.publish_interval * algo.batch_size
         return self.counters.samples >= algo.target_replay_ratio * (1.0 + algo.ratio_tolerance) * fresh + slack
 
