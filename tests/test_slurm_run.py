@@ -10,7 +10,8 @@ import time
 
 import cloudpickle
 import pytest
-from conftest import CONFIG, SHORT, check_run_dir
+from conftest import CONFIG, SHORT, check_run_dir, wait_until
+from conftest import ending as h_ending
 from slurm_support import fake_command, six_core_plan, two_core_plan
 
 from tianji_dask.config import load_config
@@ -201,35 +202,45 @@ def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue
 
 
 @pytest.mark.timeout(300)
-def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_reaches_its_target(
-    slurm_conf, jobqueue_defaults, tmp_path
-):
+def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_goes_on_there(slurm_conf, jobqueue_defaults, tmp_path):
     """scancel of the actors' job mid-run: the cluster submits the job again (same name, size and
-    tags), the actor host is re-created on its worker, and the run goes on to its target."""
-    import xarray as xr
+    tags), the actor host is re-created on its worker and produces there. No stop rule fires: a
+    target could come before the cancelled job's worker is gone, and nothing would be re-created;
+    the test stops the run once the new actor has stepped."""
+    import numpy as np
     from distributed import Client
 
     from tianji_dask.driver import train
     from tianji_dask.slurm_cluster import PlannedSLURMCluster
 
     assert wait_empty() == [], "jobs left over from an earlier test"
-    cfg = load_config(CONFIG, ["stop.target_return=150", "stop.max_env_steps=null", "stop.max_seconds=200"])
+    cfg = load_config(CONFIG, ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=250"])
     plan = two_core_plan(cfg)
     cfg = plan.apply(cfg)
     cluster = PlannedSLURMCluster(plan, run_tag="t4", **site(tmp_path))
     events: list[str] = []
+
+    def new_actor_steps() -> float:
+        """The env steps the re-created actor made past its predecessor's (0 before it exists)."""
+        ds = run.metrics()
+        if ds.sizes["time"] == 0 or int(ds.actor_restarts[-1]) < 1:
+            return 0.0
+        steps, at = ds.actor_env_steps.sel(actor=0).values, int(np.argmax(ds.actor_restarts.values > 0))
+        return float(np.nanmax(steps[at:]) - np.nanmax(steps[:at])) if at else 0.0
+
     try:
         with Client(cluster) as client:
             client.wait_for_workers(planned_processes(plan), timeout=90)
             run = train(cfg, client, out=tmp_path / "run", on_event=events.append)
-            deadline = time.monotonic() + 60
-            while run.recorder.env_steps == 0 and not run.done and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert run.recorder.env_steps > 0 and not run.done, (run.result, events)
-            first = dict((name, job) for job, name in squeue())
-            subprocess.run(["scancel", first["tianji-t4-g0-actors"]], check=True, timeout=15)
-            result = run.wait(timeout=250)
-            assert result is not None and result.status == "target_reached", (result, events)
+            with h_ending(run):
+                assert wait_until(lambda: run.recorder.env_steps > 0 or run.done, 60), (run.result, events)
+                assert not run.done, (run.result, events)
+                first = dict((name, job) for job, name in squeue())
+                subprocess.run(["scancel", first["tianji-t4-g0-actors"]], check=True, timeout=15)
+                assert wait_until(lambda: new_actor_steps() > 1000 or run.done, 200), events
+                run.stop()
+                result = run.wait(timeout=60)
+            assert result is not None and result.status == "stopped", (result, events)
             again = dict((name, job) for job, name in squeue())
             workers = {w["name"]: w["resources"] for w in scheduler_workers(client).values()}
         assert again["tianji-t4-g0-actors"] != first["tianji-t4-g0-actors"], (first, again)
@@ -237,9 +248,8 @@ def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_reaches_its_target
         assert workers["tianji-t4-g0-actors"] == {"tianji_actor": 1, "tianji_group_0": 1}
         assert "batch job tianji-t4-g0-actors ended: submitted it again" in events, events
         assert not any("share" in e for e in events), events  # the hosts went to the new job's worker
-        with xr.open_dataset(tmp_path / "run" / "metrics.nc", engine="h5netcdf") as ds:
-            assert int(ds.actor_restarts[-1]) == 1 and int(ds.learner_restarts[-1]) == 0
-            assert float(ds.return_mean_100[-1]) >= 150
+        ds = run.metrics()
+        assert int(ds.actor_restarts[-1]) == 1 and int(ds.learner_restarts[-1]) == 0
     finally:
         cluster.close()
     assert wait_empty() == [], "closing the cluster left jobs"
