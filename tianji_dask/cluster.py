@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from distributed import LocalCluster
@@ -162,6 +162,9 @@ class RunCluster:
         self._deaths_since = time.time()
         self._policy = RestartPolicy(cfg.run.max_restarts, cfg.run.restart_window_s)
         self._snapshots: dict[int, tuple[dict, dict]] = {}  # group -> its lead learner's (state, meta)
+        # (group, learner id) -> the snapshot asked for and not yet kept, and its buffer's incarnation
+        self._pending_snapshots: dict[tuple[int, int], tuple[Any, int]] = {}
+        self._snapshots_asked = 0.0
         # buffer id -> its replay's newest full state, and the buffer's incarnation it came from
         self._replays: dict[int, tuple[ReplayState, int]] = {}
         self._replay_too_big: set[int] = set()  # buffers whose replay outgrew run.replay_snapshot_mb (said once)
@@ -338,6 +341,7 @@ class RunCluster:
             return totals(key[0], key[1], counter)
 
         for group in groups:
+            self._forget_pending_snapshots(group)
             last_hb = {k: self._last_hb.get(k) or {} for k in hosts.group_keys(group)}
             for hb in hosts.stop_group(group):
                 add_heartbeat(hb)
@@ -425,14 +429,17 @@ class RunCluster:
         return True
 
     def take_snapshots(self) -> None:
-        """Keep each group's newest learner state (its lead's) in this process, for
+        """Ask each group's learners for their newest state, to keep in this process for
         :meth:`recover`, and with it each buffer's replay (up to ``run.replay_snapshot_mb``;
         after the first copy a buffer sends only what it added since: :mod:`~tianji_dask.roles.replay_state`).
-        A learner that does not answer in time keeps its older state and replay."""
+        Returns at once: :meth:`collect_snapshots` keeps them as they arrive, so that a learner
+        that cannot answer (a data-parallel rank stuck in a collective with a lost peer) does not
+        hold up the supervision of the run. No new request while one is pending."""
+        if self._pending_snapshots:
+            return
         hosts, t = self._built(), self.cfg.topology
         max_bytes = int(self.cfg.run.replay_snapshot_mb * 1e6)
         with_replay = max_bytes > 0 and self.cfg.algo.name == "dqn"  # the algorithms with a replay
-        pending = {}
         for group in range(t.groups):
             for rank in range(t.learners):
                 lid = group * t.learners + rank
@@ -441,19 +448,39 @@ class RunCluster:
                 kept = self._replays.get(lid)
                 replay = (kept[0].mark() if kept else None, max_bytes) if with_replay else None
                 with contextlib.suppress(Exception):  # its worker was just lost: recover() comes next
-                    pending[(group, lid)] = (
+                    self._pending_snapshots[(group, lid)] = (
                         hosts.handles[("learner", lid)].group_snapshot(rank == 0, replay),
                         hosts.incarnations[("buffer", lid)],
                     )
-        for (group, lid), (fut, incarnation) in pending.items():
+        self._snapshots_asked = time.monotonic()
+
+    def collect_snapshots(self) -> None:
+        """Keep the snapshots that have arrived; never waits. One that has not come within
+        ``SNAPSHOT_TIMEOUT_S`` is given up, and the older one stays."""
+        expired = time.monotonic() - self._snapshots_asked > SNAPSHOT_TIMEOUT_S
+        max_bytes = int(self.cfg.run.replay_snapshot_mb * 1e6)
+        for (group, lid), (fut, incarnation) in list(self._pending_snapshots.items()):
+            if not fut.done() and not expired:
+                continue
+            del self._pending_snapshots[(group, lid)]
+            if not fut.done():
+                self._on_event(
+                    f"learner snapshot of group {group}: none within {SNAPSHOT_TIMEOUT_S:g} s; the older one stays"
+                )
+                continue
             try:
-                got = fut.result(timeout=SNAPSHOT_TIMEOUT_S)
+                got = fut.result(timeout=SNAPSHOT_TIMEOUT_S)  # done: at once
             except Exception as exc:  # noqa: BLE001 - the run goes on; the older snapshot stays
                 self._on_event(f"learner snapshot of group {group} failed: {exc!r}; the older one stays")
                 continue
             if got["learner"] is not None:
                 self._snapshots[group] = got["learner"]
             self._keep_replay(lid, got["replay"], got["replay_bytes"], incarnation, max_bytes)
+
+    def _forget_pending_snapshots(self, group: int) -> None:
+        """A group about to be rebuilt: what its old hosts may still send is not kept."""
+        for key in [k for k in self._pending_snapshots if k[0] == group]:
+            del self._pending_snapshots[key]
 
     def _keep_replay(self, lid: int, state: ReplayState | None, nbytes: int, incarnation: int, max_bytes: int) -> None:
         if state is None:

@@ -356,9 +356,11 @@ class Run:
             try:
                 while not self._should_stop():
                     next_row = self._tick(next_row)
-                    if keep_snapshots and time.time() >= next_snapshot:
-                        run_cluster.take_snapshots()
-                        next_snapshot = time.time() + r.snapshot_interval
+                    if keep_snapshots:
+                        run_cluster.collect_snapshots()
+                        if time.time() >= next_snapshot:
+                            run_cluster.take_snapshots()
+                            next_snapshot = time.time() + r.snapshot_interval
                     try:
                         lost = run_cluster.check_health()
                         if lost:
