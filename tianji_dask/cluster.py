@@ -415,7 +415,6 @@ class RunCluster:
             counts.update(lost_with(key[0], (self._last_hb.get(key) or {}).get("counters", {}), self.cfg.env.num_envs))
         groups = sorted({hosts.group_of(k) for k in keys if k[0] != "actor"})
         actors = sorted(k[1] for k in keys if k[0] == "actor" and hosts.group_of(k) not in groups)
-        plan_before = hosts.current_plan()
         timeout = self._startup_grace_s
         for w in lost:
             new = hosts.replacement(w.address, timeout)
@@ -451,14 +450,13 @@ class RunCluster:
                     group,
                     restore[0] if restore is not None else None,
                     prior,
-                    lead_before=plan_before.learners[group * t.learners].worker,
                 ),
             )
         for actor_id in actors:
             counts["actor_restarts"] += 1
             self._unless_lost_again(
                 f"actor {actor_id}",
-                functools.partial(hosts.recreate_actor, actor_id, plan_before.actors[actor_id].worker, prior),
+                functools.partial(hosts.recreate_actor, actor_id, prior),
             )
         recreated = {k for g in groups for k in hosts.group_keys(g)} | {("actor", a) for a in actors}
         now = time.time()

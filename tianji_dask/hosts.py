@@ -408,19 +408,21 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             role.record_gossip(0, float("nan"))
         return role
 
-    async def move_subscriber(self, channel: str, old_address: str, new_address: str) -> None:
-        """A subscriber of this learner's parameters or gossip (``channel``) was re-created on
-        another worker: publish there from now on, starting with the latest version."""
+    async def move_subscriber(self, channel: str, new_address: str) -> None:
+        """A subscriber of this learner's parameters or gossip (``channel``, one subscriber's
+        name) was re-created on another worker: publish there from now on, starting with the
+        latest version. Wherever it was before: a re-creation cut short by another lost worker
+        never moved it to the worker it was meant for. Nothing to do if it is there already."""
         spec = self._gossip_spec or {}
         for subscribers, publisher in (
             (self._subscribers, self.publisher),
             (spec.get("publish_to", []), self.gossip_publisher),
         ):
             for k, (address, ch) in enumerate(subscribers):
-                if ch == channel and address == old_address:
+                if ch == channel and address != new_address:
                     subscribers[k] = (new_address, ch)  # what a publisher not built yet will use
                     if publisher is not None:
-                        publisher.remove_subscriber(old_address, channel)
+                        publisher.remove_subscriber(address, channel)
                         publisher.add_subscriber(new_address, channel)
 
     def _before_loop(self) -> None:

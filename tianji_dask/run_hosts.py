@@ -275,7 +275,7 @@ class RunHosts:
     def move(self, lost: str, new: str) -> None:
         self.plan = moved(self.current_plan(), lost, new)
 
-    def recreate_actor(self, actor_id: int, old_worker: str, prior: Callable[[Key, str], float]) -> None:
+    def recreate_actor(self, actor_id: int, prior: Callable[[Key, str], float]) -> None:
         """A lost actor, alone, on its (already moved) worker in the plan; its group's lead
         learner publishes to it there."""
         key = ("actor", actor_id)
@@ -285,7 +285,7 @@ class RunHosts:
         handle = self._wait(self._submit_actor(ap, prior, with_group=False), ap.worker)
         self.handles[key] = handle
         lead = self.current_plan().learners[ap.group * self.cfg.topology.learners].worker
-        self._wait(self.lead(ap.group).move_subscriber(ap.parameters, old_worker, ap.worker), lead)
+        self._wait(self.lead(ap.group).move_subscriber(ap.parameters, ap.worker), lead)
         self._wait(handle.start(), ap.worker)
 
     def stop_group(self, group: int) -> list[dict]:
@@ -309,24 +309,21 @@ class RunHosts:
             self.incarnations[key] += 1
         return final
 
-    def build_group_again(
-        self, group: int, restore: dict | None, prior: Callable[[Key, str], float], lead_before: str
-    ) -> None:
+    def build_group_again(self, group: int, restore: dict | None, prior: Callable[[Key, str], float]) -> None:
         """Second half, once the stopped hosts' heartbeats are recorded (``prior`` reads them):
-        create the group on the plan's (moved) workers, move the other groups' gossip to its
-        new lead, start it."""
+        create the group on the plan's (moved) workers, point the other groups' gossip at its
+        lead (where it moved, or where an earlier rebuild cut short left it), start it."""
         self._build_group(group, restore, prior)
         t, plan = self.cfg.topology, self.current_plan()
         lead_now = plan.learners[group * t.learners].worker
-        if lead_now != lead_before:
-            for other in range(t.groups):
-                spec = plan.learners[other * t.learners].gossip
-                if other == group or spec is None:
-                    continue
-                for address, channel in spec["publish_to"]:
-                    if address == lead_now:  # this group's inbox for the other group's snapshots
-                        other_lead = plan.learners[other * t.learners].worker
-                        self._wait(self.lead(other).move_subscriber(channel, lead_before, lead_now), other_lead)
+        for other in range(t.groups):
+            spec = plan.learners[other * t.learners].gossip
+            if other == group or spec is None:
+                continue
+            for address, channel in spec["publish_to"]:
+                if address == lead_now:  # this group's inbox for the other group's snapshots
+                    other_lead = plan.learners[other * t.learners].worker
+                    self._wait(self.lead(other).move_subscriber(channel, lead_now), other_lead)
         for key in self._start_order(self.group_keys(group)):
             self._wait(self.handles[key].start(), self._worker_of(key))
 
