@@ -216,7 +216,12 @@ class RunHosts:
         deadline = time.monotonic() + self._startup_s
         while True:
             try:
-                return fut.result(timeout=WAIT_POLL_S)
+                # A host's actor handle binds, as it arrives, to the current client (Dask's
+                # Actor asks get_client()): outside this block, in whatever thread waits here,
+                # that is the newest Client of the process, which may be another the user made
+                # (a notebook's, or one that failed to connect and lingers as the default).
+                with self.client.as_current():
+                    return fut.result(timeout=WAIT_POLL_S)
             except TimeoutError:
                 pass
             if worker not in scheduler_workers(self.client):
