@@ -8,6 +8,7 @@ threads, channels).
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 import threading
@@ -131,6 +132,44 @@ def test_another_client_opened_while_the_hosts_start_and_closed_leaves_the_run_g
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert n["env_steps"] > steps_when_closed > 0 and n["updates"] > 0, n
     assert h.running_at_the_end(n), n["end_rates"]
+
+
+@pytest.mark.timeout(90)
+def test_a_client_failing_to_connect_while_the_hosts_start_leaves_the_run_going(h, tmp_path):
+    """A notebook's Client to a wrong address is Dask's default client for as long as it tries to
+    connect (``timeout``), then fails; while it tries, the run's hosts start, and their actor
+    handles must still be the run's client's."""
+    cfg = short_config(h, "stop.max_env_steps=3000", "stop.max_seconds=60")
+    failed: list[Exception] = []
+
+    def on_event(text: str) -> None:  # in the run's driver thread, just before the hosts start
+        if text.startswith("dashboard: "):
+            threading.Thread(target=lambda: failed.append(_client_that_fails("10s")), daemon=True).start()
+            assert h.wait_until(lambda: _default_client_status() == "connecting", timeout=10, interval=0.01)
+
+    with h.ending(train(cfg, out=tmp_path / "run", on_event=on_event)) as run:
+        result = run.wait(timeout=75)
+    assert result is not None and result.status == "max_env_steps" and result.error is None, result
+    n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
+    assert n["env_steps"] >= 3000 and n["updates"] > 0, n
+    assert h.wait_until(lambda: failed, timeout=30) and isinstance(failed[0], OSError), failed
+
+
+def _client_that_fails(timeout: str) -> Exception:
+    try:
+        Client("tcp://127.0.0.1:1", timeout=timeout)  # nothing listens on port 1: it retries, then fails
+    except Exception as exc:  # noqa: BLE001 - what it raises is the test's finding
+        return exc
+    raise AssertionError("a Client to tcp://127.0.0.1:1 connected")
+
+
+def _default_client_status() -> str | None:
+    """The status of the client Dask gives code that has no current client of its own (a fresh
+    context: what a thread outside any ``Client.as_current`` gets)."""
+    try:
+        return contextvars.Context().run(Client.current).status
+    except ValueError:
+        return None
 
 
 # ------------------------------------------------------------------ serial reference

@@ -37,6 +37,16 @@ WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' 
 ERROR_GRACE_S = 3.0  # how long a host's error waits for a lost worker that explains it
 SNAPSHOT_TIMEOUT_S = 30.0
 RANK_RESTART_S = 10.0
+CLUSTER_START_TRIES = 3  # a LocalCluster whose worker process died while it started is started again
+
+
+class LearnerLost(RuntimeError):
+    """The learner's worker was lost as the run stopped, before its final state was taken."""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else repr(exc)
 
 
 class _WorkerDeaths(logging.Handler):
@@ -175,8 +185,7 @@ class RunCluster:
         if self.client is None:
             from distributed import Client
 
-            t = self.cfg.topology
-            self._own_cluster = local_cluster(t.groups * (t.actors + t.learners), security=self._security)
+            self._own_cluster = self._start_local_cluster()
             self.client = Client(self._own_cluster, security=self._security)
         # An actor handle binds to the process's current client when it arrives; any Client made
         # in this process since, even one that failed to connect, would otherwise be that one.
@@ -206,6 +215,30 @@ class RunCluster:
                 self.client.close()
                 self._own_cluster.close()
 
+    def _own_workers(self) -> int:
+        t = self.cfg.topology
+        return t.groups * (t.actors + t.learners)
+
+    def _start_local_cluster(self) -> TianjiLocalCluster:
+        """The run's LocalCluster. A worker process that dies while it starts (killed, out of
+        memory) makes Dask's nanny, and with it the whole LocalCluster, fail to start (Dask closes
+        what it had made); it is started again, up to ``CLUSTER_START_TRIES`` times in all (once
+        with ``run.max_restarts: 0``), and then the run fails with the cause in one line."""
+        n = self._own_workers()
+        tries = CLUSTER_START_TRIES if self.cfg.run.max_restarts > 0 else 1
+        for attempt in range(1, tries + 1):
+            since = time.time()
+            try:
+                return local_cluster(n, security=self._security)
+            except Exception as exc:  # noqa: BLE001 - Dask raises plain RuntimeErrors here
+                why = f"{type(exc).__name__}: {_first_line(exc)}{self._death_reasons(since, wait_s=0.5)}"
+            if attempt == tries or self._hurry.is_set():
+                raise HostLost(f"the run's LocalCluster of {n} workers did not start in {attempt} tries: {why}")
+            self._on_event(
+                f"the run's LocalCluster did not start ({why}); starting it again (try {attempt + 1} of {tries})"
+            )
+        raise AssertionError("unreachable")
+
     def _removal_reason(self, where: str) -> str:
         """The scheduler's own record of why it removed the worker (its stimulus id names the
         cause: a closed connection, a missed heartbeat TTL, a retirement...)."""
@@ -220,11 +253,11 @@ class RunCluster:
         ]
         return f"; the scheduler removed it ({why[-1]})" if why else ""
 
-    def _death_reasons(self, since: float) -> str:
+    def _death_reasons(self, since: float, wait_s: float = 1.0) -> str:
         """What the nannies in this process said about workers that ended since ``since``
         (LocalClusters only: a remote nanny logs on its own host). The nanny may notice a
         moment after the scheduler does."""
-        deadline = time.time() + 1.0
+        deadline = time.time() + wait_s
         while not (said := _WORKER_DEATHS.since(since)) and time.time() < deadline:
             time.sleep(0.05)
         return f"; Dask's nanny: {'; '.join(said)}" if said else ""
@@ -253,13 +286,7 @@ class RunCluster:
         lost: list[LostWorker] = []
         if self._expected and (now >= self._next_worker_check or self._errors):
             self._next_worker_check = now + WORKER_CHECK_S
-            present = set(scheduler_workers(self.client))
-            for where in sorted(set(self._expected.values()) - present):
-                hosts = tuple(k for k, w in sorted(self._expected.items()) if w == where)
-                cause = self._removal_reason(where) + self._death_reasons(self._deaths_since)
-                lost.append(LostWorker(where, hosts, cause))
-            if lost:  # a later loss quotes only what the nannies said after this one
-                self._deaths_since = time.time()
+            lost = self._lost_workers(self._expected)
         if lost:
             if self.cfg.run.max_restarts == 0:
                 raise HostLost(lost[0].describe())
@@ -286,6 +313,18 @@ class RunCluster:
                 )
         return []
 
+    def _lost_workers(self, expected: dict[Key, str]) -> list[LostWorker]:
+        """The workers of ``expected`` (host -> worker) that are no longer in the cluster."""
+        present = set(scheduler_workers(self.client))
+        lost = []
+        for where in sorted(set(expected.values()) - present):
+            hosts = tuple(k for k, w in sorted(expected.items()) if w == where)
+            cause = self._removal_reason(where) + self._death_reasons(self._deaths_since)
+            lost.append(LostWorker(where, hosts, cause))
+        if lost:  # a later loss quotes only what the nannies said after this one
+            self._deaths_since = time.time()
+        return lost
+
     # --- hosts ----------------------------------------------------------------------------
     @property
     def learner(self):
@@ -297,10 +336,25 @@ class RunCluster:
             raise RuntimeError("the run's hosts were used before they were started")
         return self.hosts
 
-    def start_hosts(self, spaces, restore: dict | None = None, prior=None) -> None:
+    def start_hosts(
+        self,
+        spaces,
+        restore: dict | None = None,
+        prior: Callable[[Key, str], float] | None = None,
+        *,
+        totals: Callable[[str, int, str], float] = lambda role, hid, counter: 0.0,
+        add_heartbeat: Callable[[dict], None] = lambda hb: None,
+    ) -> None:
         """Create and wire all hosts of all groups where :func:`placement.place` puts them,
         then start their loops (:class:`~tianji_dask.run_hosts.RunHosts`); ``restore`` and
-        ``prior`` continue a run (:meth:`RunHosts.build_all`)."""
+        ``prior`` continue a run (:meth:`RunHosts.build_all`).
+
+        A worker lost meanwhile, as the restart policy admits it: every host made so far is
+        stopped and released, the lost worker's hosts move to the worker that takes its place
+        (:meth:`RunHosts.replacement`), and all are built again (``totals`` and
+        ``add_heartbeat`` as for :meth:`recover`: hosts that had started carry their counts)."""
+        if self._own_cluster is not None:
+            self._wait_for_own_workers()
         hosts = RunHosts(self.client, self.cfg, self.run_id, spaces, self._on_event, self._hurry)
         self.hosts = hosts
         plan = hosts.place_all()
@@ -308,10 +362,51 @@ class RunCluster:
             t = self.cfg.topology
             n_hosts = t.groups * (t.learners + t.actors)
             self._on_event(f"{len(hosts.worker_names)} workers for {n_hosts} host processes: hosts will share workers")
-        hosts.build_all(restore, prior)
-        self._expected = plan.host_workers()
+        given = prior or (lambda key, counter: 0)
+
+        def carried(key: Key, counter: str) -> float:
+            return given(key, counter) + totals(key[0], key[1], counter)
+
+        while True:
+            try:
+                hosts.build_all(restore, carried)
+                break
+            except Exception as exc:
+                lost = self._lost_while_building(hosts.current_plan().host_workers())
+                if not lost:
+                    raise
+                self._policy.admit(lost, time.time())  # too many: HostLost, the run fails
+                what = f"{type(exc).__name__}: {_first_line(exc)}" if not isinstance(exc, HostLost) else ""
+                for group in range(self.cfg.topology.groups):
+                    for hb in hosts.stop_group(group):
+                        add_heartbeat(hb)
+                for w in lost:
+                    new = hosts.replacement(w.address, self._startup_grace_s)
+                    hosts.move(w.address, new)
+                    self._on_event(
+                        f"host lost while the hosts were created: {w.describe()}"
+                        + (f" ({what})" if what else "")
+                        + f"; re-creating them all, on {new} in its place"
+                    )
+        self._expected = hosts.current_plan().host_workers()
         self.worker_addresses = sorted(set(self._expected.values()))
         self._started_at = self._deaths_since = time.time()
+
+    def _wait_for_own_workers(self) -> None:
+        """The run's own LocalCluster with all its workers before the hosts are placed: one
+        killed since it started comes back under its name (its nanny restarts it). One that does
+        not come back within the start-up grace leaves its hosts to share the others."""
+        n = self._own_workers()
+        with contextlib.suppress(TimeoutError):
+            self.client.wait_for_workers(n, timeout=self._startup_grace_s)
+
+    def _lost_while_building(self, expected: dict[Key, str]) -> list[LostWorker]:
+        """The workers lost while the hosts were built. A host's creation or call may fail as its
+        worker dies a moment before the scheduler says it left: that gets ``ERROR_GRACE_S``."""
+        deadline = time.monotonic() + ERROR_GRACE_S
+        while not (lost := self._lost_workers(expected)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return lost
 
     def recover(self, lost: list[LostWorker], totals: Callable[[str, int, str], float], add_heartbeat) -> dict:
         """Re-create the hosts of the lost workers (the module docstring of
@@ -330,7 +425,6 @@ class RunCluster:
                 )
         groups = sorted({hosts.group_of(k) for k in keys if k[0] != "actor"})
         actors = sorted(k[1] for k in keys if k[0] == "actor" and hosts.group_of(k) not in groups)
-        plan_before = hosts.current_plan()
         timeout = self._startup_grace_s
         for w in lost:
             new = hosts.replacement(w.address, timeout)
@@ -375,7 +469,6 @@ class RunCluster:
                     group,
                     restore[0] if restore is not None else None,
                     prior,
-                    lead_before=plan_before.learners[group * t.learners].worker,
                     replays=replays,
                 ),
             )
@@ -387,7 +480,7 @@ class RunCluster:
             counts["actor_restarts"] += 1
             self._unless_lost_again(
                 f"actor {actor_id}",
-                functools.partial(hosts.recreate_actor, actor_id, plan_before.actors[actor_id].worker, prior),
+                functools.partial(hosts.recreate_actor, actor_id, prior),
             )
         recreated = {k for g in groups for k in hosts.group_keys(g)} | {("actor", a) for a in actors}
         now = time.time()
@@ -523,15 +616,21 @@ class RunCluster:
         return list(self._final)
 
     def learner_checkpoint(self, timeout: float = 60.0) -> tuple[dict, dict] | None:
-        """The learner's final state; None if the run stopped before the learner was built.
-        A learner lost as the run stopped gives its newest snapshot instead, if there is one."""
+        """The learner's final state. A learner lost as the run stopped gives its newest
+        snapshot instead, if there is one; with none, :class:`LearnerLost`."""
         try:
             return self.learner.checkpoint().result(timeout=timeout)
         except Exception as exc:
-            if 0 not in self._snapshots:
-                raise
-            self._on_event(f"final checkpoint: the learner did not answer ({exc!r}); saving its newest snapshot")
-            return self._snapshots[0]
+            why = f"{type(exc).__name__}: {_first_line(exc)}"
+            if 0 in self._snapshots:
+                self._on_event(f"final checkpoint: the learner did not answer ({why}); saving its newest snapshot")
+                return self._snapshots[0]
+            lead = self._built().current_plan().learners[0].worker
+            if self._lost_while_building({("learner", 0): lead}):
+                raise LearnerLost(
+                    f"the learner's worker {lead} was lost as the run stopped ({why}) and no snapshot was taken"
+                ) from None
+            raise
 
     def learner_snapshot(self) -> tuple[dict, dict]:
         """The learner's state while it trains (a periodic checkpoint), as CPU tensors."""

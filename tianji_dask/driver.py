@@ -330,8 +330,9 @@ class Run:
             self.dashboard_link = run_cluster.dashboard_link
             self.scheduler_address = run_cluster.scheduler_address
             run_cluster.subscribe(self.recorder.add)
+            carry = {"totals": self.recorder.host_total, "add_heartbeat": self.recorder.add}
             if self._resume is None:
-                run_cluster.start_hosts(self.spaces)
+                run_cluster.start_hosts(self.spaces, **carry)
             else:
                 steps = self._resume.actor_env_steps()
                 run_cluster.start_hosts(
@@ -340,6 +341,7 @@ class Run:
                     prior=lambda key, counter: (
                         steps.get(key[1], 0) if (key[0], counter) == ("actor", "env_steps") else 0
                     ),
+                    **carry,
                 )
                 self._on_event(
                     f"continuing {self.run_dir.name} from {self.recorder.env_steps:,} env steps, "
@@ -379,8 +381,13 @@ class Run:
                 self._save_final_checkpoint(run_cluster)
 
     def _save_final_checkpoint(self, run_cluster: RunCluster) -> None:
+        from tianji_dask.cluster import LearnerLost
+
         if not self._hurry.is_set():
-            self._save_learner_state(run_cluster.learner_checkpoint())
+            try:
+                self._save_learner_state(run_cluster.learner_checkpoint())
+            except LearnerLost as exc:  # the run did finish: its status stays
+                self._on_event(f"no final checkpoint: {exc}; the latest periodic one, if any, stays")
             return
         try:  # told to stop at once: a learner that answers at once still gets saved
             self._save_learner_state(run_cluster.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S))

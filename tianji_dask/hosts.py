@@ -96,7 +96,7 @@ class _LoopHost(ABC, Generic[R]):
     # --- control plane (event loop) -------------------------------------------------
     async def start(self) -> str:
         """Start the loop thread; returns the worker address hosting this role."""
-        if self._thread is None:
+        if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._main, name=f"tianji-{self.role_name}-{self.id}", daemon=True)
             self._thread.start()
             self._watcher = asyncio.ensure_future(self._watch_global_stop())
@@ -116,11 +116,14 @@ class _LoopHost(ABC, Generic[R]):
 
     async def stop(self, timeout: float = 10.0) -> dict:
         """Ask the loop to finish, wait for it (up to ``timeout``) and return the last heartbeat."""
+        never_started = not self._stop.is_set() and self._thread is None
         self._stop.set()
         if getattr(self, "_watcher", None) is not None:
             self._watcher.cancel()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout)
+        elif never_started:  # stopped before its loop (a rebuild as the run starts): close what __init__ opened
+            self._close()
         return self._last
 
     async def stats(self) -> dict:
@@ -149,13 +152,17 @@ class _LoopHost(ABC, Generic[R]):
         except BaseException as exc:  # noqa: BLE001 - reported to the driver, then the thread ends
             self._error = f"{self.role_name} {self.id} on {self.worker.address}: {exc!r}\n{traceback.format_exc()}"
         finally:
-            try:
-                if self.role is not None:
-                    self.role.close()
-                self._after_loop()
-            except Exception as exc:  # noqa: BLE001
-                self._error = self._error or f"{self.role_name} {self.id}: cleanup failed: {exc!r}"
+            self._close()
             self._beat()
+
+    def _close(self) -> None:
+        """The role's and the host's cleanup: its channels closed (their names stay the run's)."""
+        try:
+            if self.role is not None:
+                self.role.close()
+            self._after_loop()
+        except Exception as exc:  # noqa: BLE001
+            self._error = self._error or f"{self.role_name} {self.id}: cleanup failed: {exc!r}"
 
     def _beat(self) -> None:
         if self.role is None:
@@ -220,7 +227,9 @@ class BufferHost(_LoopHost[LoopRole]):
         """``replay``: for a buffer re-created after its worker was lost, the replay state its
         predecessor's learner host copied (:meth:`LearnerHost.group_snapshot`), which it starts with."""
         super().__init__(run_id, config_json, host_id, incarnation)
-        inbox = ChannelService.current().open_queue(channel, self.cfg.channel.capacity_bytes * max(1, n_senders))
+        inbox = ChannelService.current().open_queue(
+            channel, self.cfg.channel.capacity_bytes * max(1, n_senders), replace=incarnation > 0
+        )
         self.channel = channel
         self.role = spec_for(self.cfg).make_buffer_role(
             self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id
@@ -356,7 +365,9 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         self._gossip_inboxes = {}
         if gossip_peers:
             service = ChannelService.current()
-            self._gossip_inboxes = {int(g): service.open_latest(ch) for g, ch in gossip_peers["inboxes"].items()}
+            self._gossip_inboxes = {
+                int(g): service.open_latest(ch, replace=incarnation > 0) for g, ch in gossip_peers["inboxes"].items()
+            }
 
     async def rendezvous_address(self) -> tuple[str, int] | None:
         """(host, port) of this rank-0 learner's rendezvous store (None without data parallelism)."""
@@ -407,19 +418,21 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             role.record_gossip(0, float("nan"))
         return role
 
-    async def move_subscriber(self, channel: str, old_address: str, new_address: str) -> None:
-        """A subscriber of this learner's parameters or gossip (``channel``) was re-created on
-        another worker: publish there from now on, starting with the latest version."""
+    async def move_subscriber(self, channel: str, new_address: str) -> None:
+        """A subscriber of this learner's parameters or gossip (``channel``, one subscriber's
+        name) was re-created on another worker: publish there from now on, starting with the
+        latest version. Wherever it was before: a re-creation cut short by another lost worker
+        never moved it to the worker it was meant for. Nothing to do if it is there already."""
         spec = self._gossip_spec or {}
         for subscribers, publisher in (
             (self._subscribers, self.publisher),
             (spec.get("publish_to", []), self.gossip_publisher),
         ):
             for k, (address, ch) in enumerate(subscribers):
-                if ch == channel and address == old_address:
+                if ch == channel and address != new_address:
                     subscribers[k] = (new_address, ch)  # what a publisher not built yet will use
                     if publisher is not None:
-                        publisher.remove_subscriber(old_address, channel)
+                        publisher.remove_subscriber(address, channel)
                         publisher.add_subscriber(new_address, channel)
 
     def _before_loop(self) -> None:
@@ -520,7 +533,7 @@ class ActorHost(_LoopHost[ActorLoopRole]):
         self._prior_env_steps = prior_env_steps
         self._balance_prior = 0 if balance_from_zero else prior_env_steps
         self.params_channel = params_channel
-        self.params = ChannelService.current().open_latest(params_channel)
+        self.params = ChannelService.current().open_latest(params_channel, replace=incarnation > 0)
         self._args = (seed, buffer_address, traj_channel)
 
     def _make_role(self) -> ActorLoopRole:

@@ -235,7 +235,12 @@ class RunHosts:
         deadline = time.monotonic() + self._startup_s
         while True:
             try:
-                return fut.result(timeout=WAIT_POLL_S)
+                # A host's actor handle binds, as it arrives, to the current client (Dask's
+                # Actor asks get_client()): outside this block, in whatever thread waits here,
+                # that is the newest Client of the process, which may be another the user made
+                # (a notebook's, or one that failed to connect and lingers as the default).
+                with self.client.as_current():
+                    return fut.result(timeout=WAIT_POLL_S)
             except TimeoutError:
                 pass
             if worker not in scheduler_workers(self.client):
@@ -294,7 +299,7 @@ class RunHosts:
     def move(self, lost: str, new: str) -> None:
         self.plan = moved(self.current_plan(), lost, new)
 
-    def recreate_actor(self, actor_id: int, old_worker: str, prior: Callable[[Key, str], float]) -> None:
+    def recreate_actor(self, actor_id: int, prior: Callable[[Key, str], float]) -> None:
         """A lost actor, alone, on its (already moved) worker in the plan; its group's lead
         learner publishes to it there."""
         key = ("actor", actor_id)
@@ -304,7 +309,7 @@ class RunHosts:
         handle = self._wait(self._submit_actor(ap, prior, with_group=False), ap.worker)
         self.handles[key] = handle
         lead = self.current_plan().learners[ap.group * self.cfg.topology.learners].worker
-        self._wait(self.lead(ap.group).move_subscriber(ap.parameters, old_worker, ap.worker), lead)
+        self._wait(self.lead(ap.group).move_subscriber(ap.parameters, ap.worker), lead)
         self._wait(handle.start(), ap.worker)
 
     def stop_group(self, group: int) -> list[dict]:
@@ -333,24 +338,23 @@ class RunHosts:
         group: int,
         restore: dict | None,
         prior: Callable[[Key, str], float],
-        lead_before: str,
         replays: dict[int, ReplayState] | None = None,
     ) -> None:
         """Second half, once the stopped hosts' heartbeats are recorded (``prior`` reads them):
         create the group on the plan's (moved) workers (its buffers with ``replays``, by buffer
-        id), move the other groups' gossip to its new lead, start it."""
+        id), point the other groups' gossip at its lead (where it moved, or where an earlier
+        rebuild cut short left it), start it."""
         self._build_group(group, restore, prior, replays)
         t, plan = self.cfg.topology, self.current_plan()
         lead_now = plan.learners[group * t.learners].worker
-        if lead_now != lead_before:
-            for other in range(t.groups):
-                spec = plan.learners[other * t.learners].gossip
-                if other == group or spec is None:
-                    continue
-                for address, channel in spec["publish_to"]:
-                    if address == lead_now:  # this group's inbox for the other group's snapshots
-                        other_lead = plan.learners[other * t.learners].worker
-                        self._wait(self.lead(other).move_subscriber(channel, lead_before, lead_now), other_lead)
+        for other in range(t.groups):
+            spec = plan.learners[other * t.learners].gossip
+            if other == group or spec is None:
+                continue
+            for address, channel in spec["publish_to"]:
+                if address == lead_now:  # this group's inbox for the other group's snapshots
+                    other_lead = plan.learners[other * t.learners].worker
+                    self._wait(self.lead(other).move_subscriber(channel, lead_now), other_lead)
         for key in self._start_order(self.group_keys(group)):
             self._wait(self.handles[key].start(), self._worker_of(key))
 

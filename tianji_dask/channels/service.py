@@ -76,16 +76,23 @@ class ChannelService:
     def __repr__(self) -> str:
         return f"<ChannelService at {self.address} channels={sorted(self._inboxes)}>"
 
-    def open_queue(self, name: str, capacity_bytes: int) -> QueueInbox:
-        """Open the receiver side of a many-to-one queue called ``name`` on this worker."""
+    def open_queue(self, name: str, capacity_bytes: int, *, replace: bool = False) -> QueueInbox:
+        """Open the receiver side of a many-to-one queue called ``name`` on this worker.
+        ``replace``: an inbox of that name still open is closed first (a re-created host's, whose
+        predecessor was released before its loop could close it)."""
+        if replace:
+            self.close(name)
         with self._lock:
             self._check_free(name)
             inbox = QueueInbox(name, capacity_bytes, self._loop, self.address)
             self._inboxes[name] = inbox
         return inbox
 
-    def open_latest(self, name: str) -> LatestInbox:
-        """Open the receiver side of a topic subscription called ``name`` on this worker."""
+    def open_latest(self, name: str, *, replace: bool = False) -> LatestInbox:
+        """Open the receiver side of a topic subscription called ``name`` on this worker
+        (``replace`` as for :meth:`open_queue`)."""
+        if replace:
+            self.close(name)
         with self._lock:
             self._check_free(name)
             inbox = LatestInbox(name, self._loop, self.address)

@@ -1,0 +1,126 @@
+"""A fault at any moment is survived (issue 28): a worker process of the run's own LocalCluster
+killed with SIGKILL as the cluster starts, while the hosts are created, during a re-creation and
+during shutdown. Each moment is reached by waiting on what the run does (a process appearing, a
+host's task on the scheduler, the run's own events), never by sleeping."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+import xarray as xr
+from distributed import Client
+
+from tianji_dask.config import load_config
+from tianji_dask.driver import train
+
+
+def _workers() -> dict[int, psutil.Process]:
+    """This process's Dask worker processes (multiprocessing spawn children), alive."""
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(p.cmdline()):
+                out[p.pid] = p
+        except psutil.Error:
+            pass
+    return out
+
+
+def _pid_listening_on(address: str) -> int:
+    """The worker process whose comm listens on ``address`` (tcp://127.0.0.1:PORT)."""
+    port = int(address.rsplit(":", 1)[1])
+    for pid, p in _workers().items():
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in p.net_connections("tcp")):
+                return pid
+        except psutil.Error:
+            pass
+    raise AssertionError(f"no worker process listens on {address}")
+
+
+def _host_workers(client: Client, prefix: str, *, made: bool = True) -> list[str]:
+    """Workers holding a host whose task key starts with ``prefix``; ``made=False``: also
+    hosts still being created (their tasks are pinned to their worker)."""
+
+    def on_scheduler(dask_scheduler, prefix=prefix, made=made):
+        out = []
+        for key, ts in dask_scheduler.tasks.items():
+            if str(key).startswith(prefix):
+                out += [w.address for w in ts.who_has or ()]
+                if not made and ts.state != "memory":
+                    out += sorted(ts.worker_restrictions or ())
+        return out
+
+    return client.run_on_scheduler(on_scheduler)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
+    cfg = load_config(h.CONFIG, [*h.SHORT, "topology.actors=1", "stop.max_seconds=200", "run.snapshot_interval=0"])
+    before = set(_workers())
+    kills: list[str] = []
+    events: list[str] = []
+    watcher: list[Client] = []
+    recreating = threading.Event()
+
+    def kill(pid: int, moment: str) -> None:
+        kills.append(moment)
+        os.kill(pid, signal.SIGKILL)
+
+    def on_event(text: str) -> None:  # called in the run's driver thread, in order
+        events.append(text)
+        if text.startswith("scheduler: ") and not watcher:  # the hosts are created next
+            watcher.append(Client(text.split(" ", 1)[1], timeout="20s", set_as_default=False))
+        elif text.startswith("host lost: ") and "; re-creating on " in text and "re-creation" not in kills:
+            # the lost actor's hosts are re-created next, on the worker named at the end
+            kill(_pid_listening_on(text.rsplit(" ", 1)[1]), "re-creation")
+            recreating.set()
+
+    run = train(cfg, out=tmp_path / "run", on_event=on_event)
+
+    def until(predicate, timeout: float = 90, interval: float = 0.1) -> None:
+        """Wait for ``predicate()`` while the run goes on."""
+        ok = h.wait_until(lambda: predicate() or run.done, timeout, interval) and not run.done
+        assert ok, f"killed {kills}; result {run.result}; events:\n" + "\n".join(events)
+
+    with h.ending(run):
+        # 1. as the LocalCluster starts: its first worker process, once it exists
+        until(lambda: set(_workers()) - before, interval=0.01)
+        kill(min(set(_workers()) - before), "cluster start")
+        # 2. while the hosts are created: the actor's worker, once its host's task is submitted
+        until(lambda: watcher)
+        created = lambda: _host_workers(watcher[0], "ActorHost", made=False)  # noqa: E731
+        until(created, interval=0.02)
+        kill(_pid_listening_on(created()[0]), "hosts created")
+        # 3. during a re-creation: once the run produces, the actor's worker; on_event kills its
+        # replacement as the run re-creates the actor there
+        until(lambda: run.recorder.env_steps > 1000)
+        kill(_pid_listening_on(_host_workers(watcher[0], "ActorHost")[0]), "running")
+        until(recreating.is_set)
+        steps = run.recorder.env_steps
+        until(lambda: run.recorder.env_steps > steps + 1000)
+        # 4. during shutdown: the learner's worker, as the run stops
+        learner = _pid_listening_on(_host_workers(watcher[0], "LearnerHost")[0])
+        watcher.pop().close()
+        run.stop()
+        kill(learner, "shutdown")
+        result = run.wait(timeout=90)
+    assert result is not None and result.status == "stopped" and result.error is None, (result, events)
+    assert kills == ["cluster start", "hosts created", "running", "re-creation", "shutdown"], kills
+    said = "\n".join(events)
+    assert "the run's LocalCluster did not start" in said, said
+    assert "host lost while the hosts were created" in said, said
+    assert "no final checkpoint: the learner's worker" in said, said
+    for name in ("metrics.nc", "episodes.nc"):
+        with xr.open_dataset(result.run_dir / name, engine="h5netcdf") as ds:
+            assert ds.attrs["status"] == "stopped" and ds.attrs["error"] == "", (name, ds.attrs["error"])
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
+        last = ds.isel(time=-1).load()
+    assert int(last.env_steps) > 2000 and int(last.updates) > 0 and int(last.actor_restarts) >= 1, last
+    # every worker process of both LocalClusters, the nannies' restarts included, is gone
+    assert h.wait_until(lambda: not set(_workers()) - before, timeout=10), set(_workers()) - before
