@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_chaos_kills_workers_and_both_runs_reach_the_target(tmp_path):
     out = tmp_path / "chaos"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--algos", "dqn", "--seeds", "0"]
-    cmd += ["--target", "150", "--interval", "4", "--kills", "1", "--max-seconds", "150", "--out", str(out)]
+    cmd += ["--target", "100", "--interval", "4", "--kills", "1", "--max-seconds", "150", "--out", str(out)]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "chaos.json").read_text())
