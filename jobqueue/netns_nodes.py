@@ -65,17 +65,27 @@ class Nodes:
         return json.loads(self.scheduler_file.read_text())["address"]
 
     def start_scheduler(self, timeout: float = 60) -> str:
+        log = open(self.scheduler_log, "wb")  # noqa: SIM115 - handed to the child, closed below
         self.scheduler = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", address(0), "--port", "0",
              "--no-dashboard", "--scheduler-file", str(self.scheduler_file)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=self._env(),
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=self._env(),
         )  # fmt: skip
+        log.close()  # the child has its own descriptor
         deadline = time.monotonic() + timeout
         while not self.scheduler_file.exists():
             if time.monotonic() > deadline or self.scheduler.poll() is not None:
-                raise RuntimeError("the scheduler on the bridge did not start")
+                said = self.scheduler_log.read_text(errors="replace").strip().splitlines()[-15:]
+                raise RuntimeError(
+                    f"the scheduler on the bridge did not start (exit {self.scheduler.poll()}); "
+                    f"{self.scheduler_log} ends:\n" + "\n".join(said)
+                )
             time.sleep(0.2)
         return self.scheduler_address
+
+    @property
+    def scheduler_log(self) -> Path:
+        return self.scheduler_file.with_name("scheduler.log")
 
     def start_worker(self, k: int, name: str, resources: dict[str, int]) -> None:
         """A Dask worker (with its nanny) in node k, listening on node k's address only."""
