@@ -226,19 +226,33 @@ def ppo_train_batch(learner, n: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 # Tests that share this machine's one local Slurm or its network namespaces (fixed names and
-# addresses) run one after another on one xdist worker: ``./dev test`` runs the suite in two
-# processes with ``--dist loadgroup``.
-SYSTEM_GROUP = "system"
-
-
+# addresses) must not overlap: ``./dev test`` runs the suite in two processes (pytest-xdist), and
+# each of these tests holds an exclusive lock on a file both processes see while it runs.
+# (xdist's own ``--dist loadgroup`` does not group with this pytest: the nodeid suffix it relies
+# on is not applied.)
 def _uses_the_system(item: pytest.Item) -> bool:
-    return item.get_closest_marker("slurm") is not None or item.path.name in {"test_netns.py", "test_notebooks.py"}
+    return (
+        item.get_closest_marker("slurm") is not None
+        or item.path.name == "test_netns.py"
+        or (item.path.name == "test_notebooks.py" and "02_slurm" in item.name)
+    )
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if _uses_the_system(item):
-            item.add_marker(pytest.mark.xdist_group(SYSTEM_GROUP))
+@pytest.fixture(autouse=True)
+def _one_system_test_at_a_time(request, tmp_path_factory):
+    if not _uses_the_system(request.node):
+        yield
+        return
+    import fcntl
+
+    # the base temporary directory's parent is the same for every xdist worker of the session
+    lock = tmp_path_factory.getbasetemp().parent / "tianji-system-tests.lock"
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class _Helpers:
