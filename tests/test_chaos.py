@@ -1,5 +1,5 @@
 """benchmarks/chaos.py, small: one seed of DQN CartPole to a low target, calm and with one
-worker killed within its first 4 s of production (one kill: a worker killed again while its
+worker killed within its first 2 s of production (one kill: a worker killed again while its
 nanny still restarts it may not come back, see the closing notes), run as a script from another
 directory; both runs reach the target and the chaos run's kill and re-created hosts are in its
 files."""
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_chaos_kills_workers_and_both_runs_reach_the_target(tmp_path):
     out = tmp_path / "chaos"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--algos", "dqn", "--seeds", "0"]
-    cmd += ["--target", "100", "--interval", "4", "--kills", "1", "--max-seconds", "150", "--out", str(out)]
+    cmd += ["--target", "150", "--interval", "2", "--kills", "1", "--max-seconds", "150", "--out", str(out)]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "chaos.json").read_text())
