@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from distributed import LocalCluster
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.hosts import metrics_topic, stop_event_name
@@ -532,7 +533,7 @@ class RunCluster:
             return
         hosts, t = self._built(), self.cfg.topology
         max_bytes = int(self.cfg.run.replay_snapshot_mb * 1e6)
-        with_replay = max_bytes > 0 and self.cfg.algo.name == "dqn"  # the algorithms with a replay
+        with_replay = max_bytes > 0 and spec_for(self.cfg).keeps_replay
         for group in range(t.groups):
             for rank in range(t.learners):
                 lid = group * t.learners + rank

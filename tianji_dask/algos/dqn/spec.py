@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 class DQNSpec:
     name = "dqn"
     tunable_batch = True
+    keeps_replay = True
 
     def actor_role(self) -> Callable[..., ActorLoopRole]:
         from tianji_dask.algos.dqn.actor import DQNActorRole

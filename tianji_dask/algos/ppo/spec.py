@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 class PPOSpec:
     name = "ppo"
     tunable_batch = False
+    keeps_replay = False
 
     def actor_role(self) -> Callable[..., ActorLoopRole]:
         from tianji_dask.algos.ppo.actor import PPOActorRole
