@@ -568,7 +568,13 @@ class RunCluster:
                 self._on_event(f"learner snapshot of group {group} failed: {exc!r}; the older one stays")
                 continue
             if got["learner"] is not None:
+                first = int(self._snapshots.get(group, ({}, {}))[1].get("updates", 0)) == 0
                 self._snapshots[group] = got["learner"]
+                updates = int(got["learner"][1].get("updates", 0))
+                if first and updates > 0:
+                    self._on_event(
+                        f"group {group}: a lost learner can now be restored (first snapshot, at update {updates:,})"
+                    )
             self._keep_replay(lid, got["replay"], got["replay_bytes"], incarnation, max_bytes)
 
     def _forget_pending_snapshots(self, group: int) -> None:
