@@ -8,7 +8,8 @@ One real :class:`~tianji_dask.algos.ppo.actor.PPOActorRole` in this process, no 
 pushes its rollouts into a local queue that is drained (and dropped) as they arrive, with the
 parameters of a freshly initialised policy. Every call of ``policy.act``, ``policy.value`` and
 of each step group's ``step``/``send``/``recv`` is timed (the GPU work inside ``act`` included:
-it returns numpy; with several step groups, ``env`` is the time spent waiting for them).
+it returns numpy; where the envs step in two calls, ``env`` is the time spent sending and
+waiting for them: the rest of a step overlaps the emulators unless ``--in-turn``).
 Writes ``<out>/actor_phases.json`` and prints env steps/s and each phase's share.
 """
 
@@ -40,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seconds", type=float, default=20.0, help="measured time after warm-up (default 20)")
+    p.add_argument(
+        "--in-turn",
+        action="store_true",
+        help="choose each step's actions after the previous step's bookkeeping, as envs without "
+        "send/recv do (default with ale-py: before it, while the emulators run)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/actor_phases"))
     a = p.parse_args(argv)
     if not Path(a.config).is_file():
@@ -61,14 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     # the actor's own freshly initialised weights, as a learner's first version would be
     topic.publish(0, {"params": {k: v.cpu().numpy() for k, v in actor.policy.net.state_dict().items()}})
     actor.wait_for_params(5.0)
+    actor.chooses_ahead &= not a.in_turn
 
     totals: dict[str, float] = defaultdict(float)
     for name, label in (("act", "inference"), ("value", "inference")):
         timed(actor.policy, name, totals, label)
     groups = actor.env.envs  # the step groups' vector envs
-    overlapped = len(groups) > 1 and hasattr(groups[0], "send")
+    two_calls = actor.chooses_ahead or (len(groups) > 1 and hasattr(groups[0], "send"))
     for env in groups:  # ale-py's step calls its own send: time either step or send and recv
-        for name in ("send", "recv") if overlapped else ("step",):
+        for name in ("send", "recv") if two_calls else ("step",):
             timed(env, name, totals, "env")
 
     def run(seconds: float) -> tuple[int, float]:
@@ -86,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "config": a.config,
         "overrides": a.overrides,
+        "chooses_ahead": actor.chooses_ahead,
         "env_steps_per_s": steps / wall,
         "ms_per_vector_step": 1000 * wall / (steps / actor.num_envs),
         "share": phases,

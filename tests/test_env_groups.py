@@ -71,19 +71,35 @@ def test_groups_of_ale_vector_envs_step_as_one_vector_env():
         whole.close()
 
 
-def _rollouts(config: str, overrides: list[str], seed: int, n: int, params=None):
+def _rollouts(
+    config: str,
+    overrides: list[str],
+    seed: int,
+    n: int,
+    params=None,
+    *,
+    chooses_ahead: bool = True,
+    new_versions: bool = False,
+):
+    """``n`` rollouts of one actor; with ``new_versions`` a new parameter version (the first
+    scaled by 1.1 per version) is published as each rollout arrives."""
     cfg = load_config(config, overrides, check_env=False)
     queue, topic = LocalQueue(capacity_bytes=1 << 33), LocalTopic()
     actor = PPOActorRole(cfg, 0, seed, queue, topic.subscribe(), n_actors=1, balance=False)
+    actor.chooses_ahead &= chooses_ahead
     if params is None:
-        params = {k: v.numpy() for k, v in actor.policy.net.state_dict().items()}
+        params = {k: v.numpy().copy() for k, v in actor.policy.net.state_dict().items()}  # not views of the net
     topic.publish(0, {"params": params, "consumed": 0})
     actor.wait_for_params(5.0)
     try:
-        rollouts = []
+        rollouts: list[dict] = []
         while len(rollouts) < n:
             actor.step()
-            rollouts += [item.payload for item in queue.poll()]
+            for item in queue.poll():
+                rollouts.append(item.payload)
+                if new_versions:
+                    version = len(rollouts)
+                    topic.publish(version, {"params": {k: v * 1.1**version for k, v in params.items()}, "consumed": 0})
     finally:
         actor.close()
     return rollouts[:n], params
@@ -104,16 +120,55 @@ def _rollouts(config: str, overrides: list[str], seed: int, n: int, params=None)
 def test_a_ppo_actor_in_two_step_groups_makes_the_rollouts_of_one_vector_env(config, overrides, one_torch_thread):
     one, params = _rollouts(config, [*overrides, "env.step_groups=1"], 5, 2)
     two, _ = _rollouts(config, [*overrides, "env.step_groups=2"], 5, 2, params)
+    _assert_same_rollouts(one, two)
+    if "cartpole" in config:
+        assert any(r["dones"].any() for r in one)
+
+
+def _assert_same_rollouts(one: list[dict], two: list[dict]) -> None:
+    assert len(one) == len(two)
     for a, b in zip(one, two):
         assert a.keys() == b.keys()
         for k in a:
             if a[k].dtype.kind == "f" and k in ("logp", "values", "last_values"):
-                # the network sees batches of 2 instead of 4: float sums may round differently
+                # the network may see batches of another size: float sums may round differently
                 np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
             elif k != "created":
                 np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-    if "cartpole" in config:
-        assert any(r["dones"].any() for r in one)
+
+
+@pytest.mark.slow  # about 600 steps of Pong, twice for each group count
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("groups", [1, 2])
+def test_choosing_the_next_actions_before_a_steps_bookkeeping_changes_no_rollout(groups, one_torch_thread):
+    """ale-py's envs get the next step's actions as soon as they are received (the emulators
+    run during the step's bookkeeping); each rollout's first actions still come after the
+    parameters are probed. The rollouts are those of choosing after the bookkeeping, across
+    rollout boundaries, parameter versions and lives lost (random play loses a life of
+    Breakout every few dozen steps)."""
+    overrides = ["env.id=ALE/Breakout-v5", "env.num_envs=4", "algo.rollout_steps=100", f"env.step_groups={groups}"]
+    ahead, params = _rollouts("configs/pong_ppo_small.yaml", overrides, 3, 3, new_versions=True)
+    in_turn, _ = _rollouts(
+        "configs/pong_ppo_small.yaml", overrides, 3, 3, params, chooses_ahead=False, new_versions=True
+    )
+    assert [int(r["version"]) for r in ahead] == [0, 1, 2]
+    _assert_same_rollouts(ahead, in_turn)
+    assert any(r["dones"].any() for r in ahead)
+
+
+@pytest.mark.timeout(60)
+def test_an_actor_closed_with_a_step_in_flight_closes_its_envs():
+    cfg = load_config("configs/pong_ppo_small.yaml", ["env.num_envs=2", "algo.rollout_steps=8"], check_env=False)
+    queue, topic = LocalQueue(capacity_bytes=1 << 30), LocalTopic()
+    actor = PPOActorRole(cfg, 0, 1, queue, topic.subscribe(), n_actors=1, balance=False)
+    topic.publish(0, {"params": {k: v.numpy() for k, v in actor.policy.net.state_dict().items()}, "consumed": 0})
+    actor.wait_for_params(5.0)
+    assert actor.chooses_ahead
+    for _ in range(3):
+        actor.step()
+    assert actor._next_choice is not None and actor.env._in_flight  # the fourth step is with the emulators
+    actor.close()
+    assert not actor.env._in_flight
 
 
 def test_num_envs_that_do_not_split_into_the_groups_are_refused_with_the_fix():

@@ -19,6 +19,7 @@ An actor holds its envs as :class:`EnvGroups` (:func:`make_env_groups`): one vec
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 from collections.abc import Callable, Sequence
@@ -308,6 +309,7 @@ class EnvGroups:
         self.single_observation_space = envs[0].single_observation_space
         self.single_action_space = envs[0].single_action_space
         self._split = hasattr(envs[0], "send") and hasattr(envs[0], "recv") and len(envs) > 1
+        self._in_flight = False  # steps sent by send_all or recv_all and not yet received
 
     def envs_of(self, g: int) -> slice:
         """The positions of group ``g``'s envs among all of them."""
@@ -344,13 +346,65 @@ class EnvGroups:
                 results.append(env.step(choice[0]))
         if self._split:
             results = [cast(SendRecv, env).recv() for env in self.envs]
-        obs_, rewards, terminated, truncated = (np.concatenate([r[i] for r in results]) for i in range(4))
-        infos = merge_infos([r[4] for r in results], [self.group_size] * len(self.envs))
-        return tuple(np.concatenate(parts) for parts in zip(*choices)), (obs_, rewards, terminated, truncated, infos)
+        return _concatenated(choices), self._merged(results)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the groups step in two calls (:meth:`send_all`, :meth:`recv_all`)."""
+        return hasattr(self.envs[0], "send") and hasattr(self.envs[0], "recv")
+
+    def send_all(self, choose: Callable[[int, np.ndarray], Choice], obs: np.ndarray) -> Choice:
+        """Choose each group's actions on its ``obs`` and send them; their results come with
+        :meth:`recv_all`. Returns every group's choices, concatenated in env order."""
+        choices = []
+        for g, env in enumerate(self.envs):
+            choice = choose(g, obs[self.envs_of(g)])
+            cast(SendRecv, env).send(choice[0])
+            choices.append(choice)
+        self._in_flight = True
+        return _concatenated(choices)
+
+    def recv_all(self, choose: Callable[[int, np.ndarray], Choice] | None = None) -> tuple[StepResult, Choice | None]:
+        """Each group's step result, in group order. With ``choose``, each group's next actions
+        are chosen on its new observations and sent as soon as it is received, so its emulators
+        step again while the other groups are received and the caller handles this step: returns
+        those choices as :meth:`send_all` does. Without it, nothing steps on."""
+        results: list[StepResult] = []
+        choices: list[Choice] = []
+        for g, env in enumerate(self.envs):
+            result = cast(SendRecv, env).recv()
+            results.append(result)
+            if choose is not None:
+                choice = choose(g, result[0])
+                cast(SendRecv, env).send(choice[0])
+                choices.append(choice)
+        self._in_flight = choose is not None
+        return self._merged(results), _concatenated(choices) if choices else None
+
+    def _merged(self, results: list[StepResult]) -> StepResult:
+        if len(results) == 1:
+            return results[0]
+        obs, rewards, terminated, truncated = (np.concatenate([r[i] for r in results]) for i in range(4))
+        return (
+            obs,
+            rewards,
+            terminated,
+            truncated,
+            merge_infos([r[4] for r in results], [self.group_size] * len(results)),
+        )
 
     def close(self) -> None:
+        if self._in_flight:  # the emulators finish the step they were sent before they close
+            with contextlib.suppress(Exception):
+                self.recv_all()
         for env in self.envs:
             env.close()
+
+
+def _concatenated(choices: Sequence[Choice]) -> Choice:
+    if len(choices) == 1:
+        return choices[0]
+    return tuple(np.concatenate(parts) for parts in zip(*choices))
 
 
 def make_env_groups(env_cfg, seed: int) -> EnvGroups:

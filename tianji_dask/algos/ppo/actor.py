@@ -53,6 +53,11 @@ class PPOActorRole(ActorBase):
         self._rollouts_this_version = 0
         self._t = 0
         self.frames = FrameStreams(self.id, self.num_envs, stack=self.obs_shape[0]) if cfg.env.frame_stacks else None
+        # envs that step in two calls get the next step's actions before this step's bookkeeping,
+        # so the emulators run while it is done; the actions of a rollout's first step are chosen
+        # after the parameters are probed, so a rollout stays one version's
+        self.chooses_ahead = self.env.overlaps and self.policy.chooses_ahead
+        self._next_choice: tuple[np.ndarray, ...] | None = None  # chosen and sent, not yet received
         self._new_rollout()
 
     def _new_rollout(self) -> None:
@@ -105,10 +110,12 @@ class PPOActorRole(ActorBase):
             r["obs"][t] = self.obs
         else:
             r["obs_ids"][t] = self.frames.ids
-        # each group of envs steps while the policy acts for the next group (env.step_groups)
-        (_, actions, logp, values), (next_obs, rewards, terminated, truncated, infos) = self.env.step_with(
-            self._choose, self.obs
-        )
+        if self.chooses_ahead:
+            choice = self._next_choice if self._next_choice is not None else self.env.send_all(self._choose, self.obs)
+            result, self._next_choice = self.env.recv_all(self._choose if t + 1 < self.T else None)
+        else:  # each group of envs steps while the policy acts for the next group (env.step_groups)
+            choice, result = self.env.step_with(self._choose, self.obs)
+        (_, actions, logp, values), (next_obs, rewards, terminated, truncated, infos) = choice, result
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
         if self.frames is not None:
             self.frames.step(next_obs, terminated | truncated, infos)

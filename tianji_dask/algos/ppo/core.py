@@ -154,7 +154,9 @@ class PPOPolicy:
             return self.net.value(torch.from_numpy(obs).to(self.device)).cpu().numpy()
 
     # A categorical policy sends the env its actions as they are and trains on observations and
-    # rewards as the env (or Atari's training signals) gives them.
+    # rewards as the env (or Atari's training signals) gives them. Nothing a step's bookkeeping
+    # does changes what it chooses next: the actor may choose before it (PPOActorRole).
+    chooses_ahead = True
     action_shape: tuple[int, ...] = ()
     action_dtype = np.int64
 

@@ -101,6 +101,7 @@ class GaussianPolicy:
     the bounds."""
 
     action_dtype = np.float32
+    chooses_ahead = False  # its observation statistics and gSDE draws change with each step's bookkeeping
 
     def __init__(
         self,
