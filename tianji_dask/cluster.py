@@ -473,6 +473,12 @@ class RunCluster:
                     replays=replays,
                 ),
             )
+            if rebuilt:
+                self._on_event(
+                    f"group {group}: its learner goes on from its snapshot at update {restored_updates:,}"
+                    if restore is not None
+                    else f"group {group}: its learner starts again from nothing (no snapshot was taken yet)"
+                )
             if rebuilt and replays:
                 restored = sum(r.transitions for r in replays.values())
                 counts["restored_replay"] += restored
