@@ -90,6 +90,10 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
     assert result.status == "max_env_steps" and result.ok
     assert result.run_dir == (tmp_path / "run").absolute()
     assert any(e.startswith("dashboard: http://127.0.0.1:") for e in events), events
+    # how long each role took to begin its loop, said once
+    (ready,) = [e for e in events if e.startswith("hosts ready")]
+    times = {p.split(" in ")[0]: float(p.split(" in ")[1].rstrip(" s")) for p in ready.split(": ", 1)[1].split(", ")}
+    assert times.keys() == {"actor 0", "buffer 0", "learner 0"} and 0 <= min(times.values()) < 60, ready
 
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert h.running_at_the_end(n), n["end_rates"]

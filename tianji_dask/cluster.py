@@ -176,6 +176,7 @@ class RunCluster:
         # (group, learner id) -> the snapshot asked for and not yet kept, and its buffer's incarnation
         self._pending_snapshots: dict[tuple[int, int], tuple[Any, int]] = {}
         self._snapshots_asked = 0.0
+        self._said_ready = False  # the hosts' start-up times, said once
         # buffer id -> its replay's newest full state, and the buffer's incarnation it came from
         self._replays: dict[int, tuple[ReplayState, int]] = {}
         self._replay_too_big: set[int] = set()  # buffers whose replay outgrew run.replay_snapshot_mb (said once)
@@ -254,6 +255,22 @@ class RunCluster:
         ]
         return f"; the scheduler removed it ({why[-1]})" if why else ""
 
+    def _say_ready(self) -> None:
+        """Once every host the run started with has begun its loop: how long each role took
+        (the slowest host of each), from its loop thread's start. A learner's includes building
+        its network; an actor's its envs, its policy and its wait for the first parameters."""
+        if self.hosts is None or not self.hosts.handles:
+            return
+        ready = {key: self._last_hb.get(key, {}).get("ready_s") for key in self.hosts.handles}
+        if any(s is None for s in ready.values()):
+            return
+        self._said_ready = True
+        slowest: dict[str, tuple[float, int]] = {}
+        for (role, hid), s in ready.items():
+            slowest[role] = max(slowest.get(role, (-1.0, hid)), (float(s or 0.0), hid))
+        parts = [f"{role} {hid} in {s:.1f} s" for role, (s, hid) in sorted(slowest.items(), key=lambda kv: kv[1])]
+        self._on_event("hosts ready (the slowest of each role): " + ", ".join(parts))
+
     def _death_reasons(self, since: float, wait_s: float = 1.0) -> str:
         """What the nannies in this process said about workers that ended since ``since``
         (LocalClusters only: a remote nanny logs on its own host). The nanny may notice a
@@ -284,6 +301,8 @@ class RunCluster:
         for a host that reported an error or went silent while its worker is still there, and
         for a lost worker when ``run.max_restarts`` is 0."""
         now = time.time()
+        if not self._said_ready:
+            self._say_ready()
         lost: list[LostWorker] = []
         if self._expected and (now >= self._next_worker_check or self._errors):
             self._next_worker_check = now + WORKER_CHECK_S

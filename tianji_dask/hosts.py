@@ -82,6 +82,7 @@ class _LoopHost(ABC, Generic[R]):
         self._error: str | None = None
         self._last: dict = {}
         self._proc = psutil.Process()
+        self._ready_s: float | None = None  # from the loop thread's start to the loop's first step
 
     def _torch_threads(self) -> int:
         return self.cfg.topology.torch_threads
@@ -140,8 +141,10 @@ class _LoopHost(ABC, Generic[R]):
         torch.set_num_threads(self._torch_threads())
         interval = self.cfg.run.metrics_interval
         try:
+            began = time.monotonic()
             self.role = self._make_role()
             self._before_loop()
+            self._ready_s = time.monotonic() - began
             next_beat = time.monotonic()
             step = self._step
             while self._continue():
@@ -178,6 +181,8 @@ class _LoopHost(ABC, Generic[R]):
             hb["error"] = self._error
         hb["run"] = self.run_id
         hb["incarnation"] = self.incarnation
+        if self._ready_s is not None:
+            hb["ready_s"] = self._ready_s
         self._last = hb
         self.worker.log_event(metrics_topic(self.run_id), hb)
 

@@ -64,7 +64,6 @@ class RunHosts:
         self._obs_dim = int(math.prod(obs.shape))
         self._action_space = spaces.action_space
         self._on_event = on_event
-        self._learners_s = 0.0  # time spent creating learners, for the start-up event
         self._hurry = hurry
         self.handles: dict[Key, Any] = {}
         self._futures: dict[Key, Any] = {}
@@ -125,17 +124,10 @@ class RunHosts:
         """Every group's hosts, then every loop started (a group's gossip peers must exist
         before any lead publishes to them). A continued run passes its learner state
         (``restore``, for every group) and what its hosts had counted (``prior``)."""
-        t0 = time.monotonic()
-        self._learners_s = 0.0
         for group in range(self.cfg.topology.groups):
             self._build_group(group, restore=restore, prior=prior or (lambda key, counter: 0))
-        built = time.monotonic()
         for key in self._start_order(list(self.handles)):
             self._wait(self.handles[key].start(), self._worker_of(key))
-        self._on_event(
-            f"hosts created in {built - t0:.1f} s (actors and buffers {built - t0 - self._learners_s:.1f} s, "
-            f"learners {self._learners_s:.1f} s), started in {time.monotonic() - built:.1f} s"
-        )
 
     @staticmethod
     def _start_order(keys: list[Key]) -> list[Key]:
@@ -186,7 +178,6 @@ class RunHosts:
             for data in scattered:  # restored into the buffer: the worker may drop its copy
                 data.release()
         store = None
-        learners_from = time.monotonic()
         for lp in sorted((p for p in plan.learners if p.group == group), key=lambda p: p.rank):
             key = ("learner", lp.id)
             handle = self._submit(
@@ -212,7 +203,6 @@ class RunHosts:
             if lp.rank == 0 and t.learners > 1:
                 store = self._wait(handle.rendezvous_address(), lp.worker)
             self.handles[key] = handle
-        self._learners_s += time.monotonic() - learners_from
 
     def _submit_actor(self, ap, prior: Callable[[Key, str], float], *, with_group: bool = True):
         """``with_group``: built with its group's learners and buffers (at the start, or in a
