@@ -308,7 +308,7 @@ class EnvGroups:
         self.num_envs = self.group_size * len(envs)
         self.single_observation_space = envs[0].single_observation_space
         self.single_action_space = envs[0].single_action_space
-        self._split = hasattr(envs[0], "send") and hasattr(envs[0], "recv") and len(envs) > 1
+        self._split = self.overlaps and len(envs) > 1
         self._in_flight = False  # steps sent by send_all or recv_all and not yet received
 
     def envs_of(self, g: int) -> slice:
