@@ -65,14 +65,24 @@ def raw_ale_rate(seconds: float, envs: int, threads: int) -> float:
 
 
 def single_command(args) -> tuple[list[str], int, str]:
-    """The single-process script and its arguments but the seed (PPO's peer as it is; the DQN
-    script with the hyperparameters of ``--config`` and its actors' envs), its envs, and the
-    config's algorithm."""
+    """The single-process script and its arguments but the seed (either script with the
+    hyperparameters of ``--config`` that it takes, and the config's envs: a DQN config's actors'
+    envs together), its envs, and the config's algorithm."""
     limits = ["--target", str(args.target), "--max-seconds", str(args.single_max_seconds or args.max_seconds)]
     cfg = load_config(ROOT / args.config, args.overrides, check_env=False, check_device=False)
     if cfg.algo.name == "ppo":
-        envs = args.envs or 64
-        script = [str(HERE / "peers" / "ppo_pong_single.py"), "--envs", str(envs)]
+        ppo = cfg.algo
+        envs = args.envs or cfg.env.num_envs
+        hyper = {
+            "--envs": envs,
+            "--steps": ppo.rollout_steps,
+            "--epochs": ppo.epochs,
+            "--minibatches": ppo.minibatches,
+            "--lr": ppo.lr,
+            "--anneal-steps": ppo.lr_anneal_steps or 0,
+        }
+        flags = [str(x) for kv in hyper.items() for x in kv]
+        script = [str(HERE / "peers" / "ppo_pong_single.py"), *flags]
         return [*script, "--threads", str(args.threads), *limits], envs, "ppo"
     algo = cfg.algo
     if algo.exploration != "linear" or algo.replay != "uniform":
@@ -294,9 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=18.0)
     p.add_argument("--max-seconds", type=float, default=300.0)
     p.add_argument("--single-max-seconds", type=float, help="the single process's limit (default --max-seconds)")
-    p.add_argument(
-        "--envs", type=int, help="the single-process script's envs (PPO: 64; DQN: the config's actors x envs)"
-    )
+    p.add_argument("--envs", type=int, help="the single script's envs (default: the config's; DQN: its actors x envs)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="its env threads (and the raw ALE rate's)")
     p.add_argument("--ale-seconds", type=float, default=10.0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/vs_single"))

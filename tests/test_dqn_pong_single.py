@@ -77,7 +77,14 @@ def test_the_race_runs_the_single_script_with_the_configs_hyperparameters():
     assert flags["--train-freq"] == "1" and flags["--n-step"] == "3" and flags["--buffer-size"] == "50000"
     source = SCRIPT.read_text()
     assert all(f'add_argument("{f}"' in source for f in flags), "a flag the script does not take"
-    cmd, envs, algo = vs_single.single_command(argparse.Namespace(**{**vars(args), "config": "configs/pong_ppo.yaml"}))
-    assert (Path(cmd[0]).name, envs, algo) == ("ppo_pong_single.py", 64, "ppo")
+    shorter_rollouts = ["env.num_envs=128", "algo.rollout_steps=64"]
+    ppo_args = {**vars(args), "config": "configs/pong_ppo.yaml", "overrides": shorter_rollouts}
+    cmd, envs, algo = vs_single.single_command(argparse.Namespace(**ppo_args))
+    assert (Path(cmd[0]).name, envs, algo) == ("ppo_pong_single.py", 128, "ppo")
+    flags = dict(zip(cmd[1::2], cmd[2::2]))
+    assert flags["--envs"] == "128" and flags["--steps"] == "64" and flags["--minibatches"] == "32"
+    assert flags["--anneal-steps"] == "10000000" and flags["--lr"] == "0.00025"
+    ppo_source = SCRIPT.with_name("peers").joinpath("ppo_pong_single.py").read_text()
+    assert all(f'add_argument("{f}"' in ppo_source for f in flags), "a flag the PPO script does not take"
     with pytest.raises(SystemExit, match="only uniform replay"):
         vs_single.single_command(argparse.Namespace(**{**vars(args), "config": "configs/pong_dqn_apex.yaml"}))

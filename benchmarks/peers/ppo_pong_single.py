@@ -58,7 +58,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--minibatches", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2.5e-4)
-    ap.add_argument("--anneal-steps", type=float, default=1e7)
+    ap.add_argument("--anneal-steps", type=float, default=1e7, help="env steps over which lr falls to 0 (0: constant)")
     ap.add_argument("--target", type=float, default=18.0)
     ap.add_argument("--max-seconds", type=float, default=540.0)
     ap.add_argument("--device", default="cuda")
@@ -91,7 +91,7 @@ def main():
     hit, last_print, curve = None, 0.0, []
     while True:
         for g in opt.param_groups:
-            g["lr"] = a.lr * max(0.0, 1.0 - env_steps / a.anneal_steps)
+            g["lr"] = a.lr * max(0.0, 1.0 - env_steps / a.anneal_steps) if a.anneal_steps else a.lr
         ts = time.perf_counter()
         for t in range(S):
             b_obs[t] = next_obs
