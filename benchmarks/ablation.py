@@ -9,10 +9,11 @@ the synchronous (Gorila-style) assignment dependencies of one config.
 
 Runs each variant (a name, a config and a ``topology.mode``), alternating per seed, each until
 the target return or ``--seconds``. Reports sample, receive and training throughput (mean rates
-after the first update, from metrics.nc), time to target and the best 100-episode mean return,
-with each variant's ratio to the last one. Writes ``<out>/ablation.json``, ``<out>/ablation.nc``
-(dims ``variant`` x ``seed``) and ``<out>/ablation.png`` (return against wall time, and the
-median rates); the runs' own directories stay under ``--runs``.
+from the first update to the end: time-weighted means of metrics.nc's rows), time to target and
+the best 100-episode mean return, with each variant's ratio to the last one. Writes
+``<out>/ablation.json``, ``<out>/ablation.nc`` (dims ``variant`` x ``seed``) and
+``<out>/ablation.png`` (return against wall time, and the median rates); the runs' own
+directories stay under ``--runs``.
 """
 
 from __future__ import annotations
@@ -46,21 +47,45 @@ RATES = {
 THROUGHPUTS = ("env_fps", "receive_fps", "train_fps")
 
 
+def rate_rows(ds: xr.Dataset) -> int | str:
+    """The first row the mean rates take, the first that shows a learner update (row 1 if row 0
+    does: a row's weight is its time since the row before), through the last; else why none."""
+    started = np.flatnonzero(ds.updates.values > 0)
+    if not len(started):
+        return "no learner update recorded"
+    first = max(int(started[0]), 1)
+    if first >= ds.sizes["time"]:
+        return "a single metrics row"
+    return first
+
+
 def mean_rates(ds: xr.Dataset) -> dict:
-    """Mean rates between the first learner update and the end of the run."""
-    t, u = ds.time.values, ds.updates.values
-    started = np.flatnonzero(u > 0)
-    if len(started) < 2:
-        return {k: math.nan for k in ("env_fps", "receive_fps", "train_fps", "updates_per_s")}
-    i0, i1 = started[0], len(t) - 1
-    dt = t[i1] - t[i0]
-    received = ds.receive_fps.values
-    return {
-        "env_fps": float((ds.env_steps.values[i1] - ds.env_steps.values[i0]) / dt),
-        "receive_fps": float(np.nanmean(received[i0 : i1 + 1])),
-        "train_fps": float(np.nanmean(ds.train_fps.values[i0 : i1 + 1])),
-        "updates_per_s": float((u[i1] - u[i0]) / dt),
-    }
+    """Rates from the first learner update to the end of the run: the time-weighted means of the
+    rows' own rates over the :func:`rate_rows` rows, each row weighted by its time since the row
+    before (rows where a rate is NaN left out), and ``updates_per_s`` the mean ``train_fps`` over
+    the samples per update of those rows.
+
+    A row's rates are each host's counter change over its own heartbeat times since the row
+    before (docs/metrics.md), so a row that comes late, or the last one with the hosts' final
+    heartbeats, covers all the time since the previous row: the means exist as soon as one row
+    shows an update (an unweighted mean over the rows after the first update needed two such
+    rows, and a short synchronous run on a loaded machine once had one), and a driver stalled
+    for seconds shifts only the weights. Counters over row times would not do: after a stall a
+    row can hold counters seconds older than its time."""
+    first = rate_rows(ds)
+    if isinstance(first, str):
+        return dict.fromkeys((*THROUGHPUTS, "updates_per_s"), math.nan)
+    t = ds.time.values
+    weight = t[first:] - t[first - 1 : -1]
+    out = {}
+    for name in THROUGHPUTS:
+        r = ds[name].values[first:]
+        known = np.isfinite(r)
+        out[name] = float(np.sum(r[known] * weight[known]) / np.sum(weight[known])) if known.any() else math.nan
+    updates = float(ds.updates.values[-1] - ds.updates.values[first - 1])
+    samples = float(ds.samples.values[-1] - ds.samples.values[first - 1])
+    out["updates_per_s"] = out["train_fps"] * updates / samples if samples > 0 else math.nan
+    return out
 
 
 def best_return(ds: xr.Dataset) -> float:
@@ -175,6 +200,8 @@ def main(argv=None) -> int:
                 "load_avg_1m_after": os.getloadavg()[0],
             }
             rows.append(row)
+            if isinstance(why := rate_rows(ds), str):
+                print(f"{name:>11} seed {seed}: no rates: {why}", flush=True)
             print(
                 f"{name:>11} seed {seed}: {row['status']:>14}  train {row['train_fps']:8.0f} samples/s  "
                 f"updates {row['updates_per_s']:6.0f}/s  sample {row['env_fps']:7.0f} steps/s  "

@@ -4,7 +4,9 @@ before anything starts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +47,66 @@ def test_repeated_names_and_a_bad_override_are_refused_before_any_run(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def ablation_module():
+    spec = importlib.util.spec_from_file_location("ablation", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(time, **columns) -> xr.Dataset:
+    return xr.Dataset({k: ("time", np.array(v)) for k, v in columns.items()}, coords={"time": time})
+
+
+def test_one_row_after_the_first_update_gives_the_rates_it_holds():
+    """A synchronous run whose driver saw its whole training between two rows (a loaded machine):
+    the updates show in the last row only, whose rates cover the heartbeats since the row before."""
+    mod = ablation_module()
+    nan = math.nan
+    ds = rows(
+        [0.0, 0.5, 1.0, 5.0],
+        updates=[0, 0, 0, 46],
+        samples=[0, 0, 0, 2_944],
+        env_fps=[nan, 0.0, 16.0, 3_000.0],
+        receive_fps=[nan, nan, 0.0, 2_900.0],
+        train_fps=[nan, nan, 0.0, 736.0],
+    )
+    assert mod.rate_rows(ds) == 3
+    assert mod.mean_rates(ds) == {"env_fps": 3000.0, "receive_fps": 2900.0, "train_fps": 736.0, "updates_per_s": 11.5}
+
+
+def test_rates_are_means_over_the_rows_weighted_by_their_time_since_the_row_before():
+    mod = ablation_module()
+    nan = math.nan
+    ds = rows(
+        [0.0, 0.5, 1.0, 3.0],
+        updates=[0, 4, 8, 10],
+        samples=[0, 256, 512, 640],
+        env_fps=[nan, 100.0, 200.0, 400.0],
+        receive_fps=[nan, nan, 200.0, 500.0],  # a NaN row is left out, weight and all
+        train_fps=[nan, 600.0, 300.0, 900.0],
+    )
+    assert mod.rate_rows(ds) == 1
+    rates = mod.mean_rates(ds)
+    assert rates["env_fps"] == pytest.approx((100 * 0.5 + 200 * 0.5 + 400 * 2) / 3)
+    assert rates["receive_fps"] == pytest.approx((200 * 0.5 + 500 * 2) / 2.5)
+    assert rates["train_fps"] == pytest.approx((600 * 0.5 + 300 * 0.5 + 900 * 2) / 3)
+    assert rates["updates_per_s"] == pytest.approx(rates["train_fps"] / 64)
+
+
+def test_rates_of_a_run_without_updates_or_with_one_row_are_nan_and_say_why():
+    mod = ablation_module()
+    nan = math.nan
+    idle = rows(
+        [0.0, 0.5], updates=[0, 0], samples=[0, 0], env_fps=[nan, 9.0], receive_fps=[nan, 8.0], train_fps=[nan, 0.0]
+    )
+    one = rows([0.5], updates=[10], samples=[640], env_fps=[nan], receive_fps=[nan], train_fps=[nan])
+    assert mod.rate_rows(idle) == "no learner update recorded"
+    assert mod.rate_rows(one) == "a single metrics row"
+    for ds in (idle, one):
+        assert all(math.isnan(v) for v in mod.mean_rates(ds).values())
+
+
 @pytest.mark.integration
 def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(tmp_path):
     r = ablation(
@@ -75,7 +137,8 @@ def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(tmp_pat
     ds = xr.open_dataset(out / "ablation.nc", engine="h5netcdf")
     assert list(ds.variant.values) == ["relaxed", "relaxed_twin", "synchronous"]
     assert list(ds["mode"].values) == ["relaxed", "relaxed", "synchronous"]
-    assert (ds.train_fps > 0).all() and (ds.env_fps > 0).all()
+    for rate in ("train_fps", "env_fps", "receive_fps", "updates_per_s"):
+        assert (ds[rate] > 0).all(), ds[rate].values
     assert np.isfinite(ds.best_return_mean_100).all()
     data = json.loads((out / "ablation.json").read_text())
     assert [r["variant"] for r in data["runs"]] == ["relaxed", "relaxed_twin", "synchronous"]

@@ -202,8 +202,7 @@ class RunCluster:
 
     def __exit__(self, *exc) -> None:
         try:
-            if self._subscribed:
-                self.client.unsubscribe_topic(metrics_topic(self.run_id))
+            self._unsubscribe()
             futures = self.hosts.futures() if self.hosts is not None else []
             if futures:
                 self.client.cancel(futures)
@@ -295,6 +294,11 @@ class RunCluster:
 
         self.client.subscribe_topic(metrics_topic(self.run_id), handler)
         self._subscribed = True
+
+    def _unsubscribe(self) -> None:
+        if self._subscribed:
+            self.client.unsubscribe_topic(metrics_topic(self.run_id))
+            self._subscribed = False
 
     def check_health(self) -> list[LostWorker]:
         """The workers lost since the last call, for :meth:`recover`. Raises :class:`HostLost`
@@ -632,7 +636,8 @@ class RunCluster:
         self._replays[lid] = (state, incarnation)
 
     def stop_hosts(self) -> None:
-        """Stop every loop; hosts that are gone are skipped. Keeps their last heartbeats."""
+        """Stop every loop; hosts that are gone are skipped. Keeps their last heartbeats
+        (:meth:`final_heartbeats`); no heartbeat reaches the subscriber after it returns."""
         try:  # every loop sees the global stop at once; stop() below waits for each to finish
             from distributed import Event
 
@@ -643,6 +648,7 @@ class RunCluster:
             self._final.extend(self.hosts.stop_all())
         if not self._hurry.is_set():
             time.sleep(2 * 0.05 + 0.2)  # let the final log_event heartbeats reach the client
+        self._unsubscribe()
 
     def final_heartbeats(self) -> list[dict]:
         return list(self._final)

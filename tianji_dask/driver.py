@@ -132,6 +132,7 @@ class Run:
         self._hurry = threading.Event()
         self._done = threading.Event()
         self.result: RunResult | None = None
+        self._final_row: dict | None = None  # the last row, once the hosts' final heartbeats are in
         self.t0 = time.time()
         self._next_save = self.t0 + cfg.run.save_interval
         self._next_checkpoint = self.t0 + cfg.run.checkpoint_interval
@@ -221,7 +222,7 @@ class Run:
             self._finish(error)
 
     def _finish(self, error: str | None) -> None:
-        row = self.recorder.row(time.time() - self.t0)
+        row = self._final_row if self._final_row is not None else self.recorder.row(time.time() - self.t0)
         status = "failed" if error else (self._stop_reason or "stopped")
         status, error = self._write_results(status, error)
         self.result = RunResult(
@@ -270,6 +271,12 @@ class Run:
             return now + self.cfg.run.metrics_interval
         return next_row
 
+    def _last_row(self) -> None:
+        """The run's last row, once no heartbeat can come any more: dated when the hosts stopped,
+        so that rates over the run's rows (``benchmarks/ablation.py``) do not count the final
+        checkpoint and the LocalCluster's shutdown after it (seconds) as time the hosts ran."""
+        self._final_row = self.recorder.row(time.time() - self.t0)
+
     def _save_partial(self) -> None:
         # The files are replaced atomically, so a reader (or a crash) sees the previous or the new.
         try:
@@ -300,6 +307,7 @@ class Run:
             return self._should_stop()
 
         run.run(emit, should_stop)
+        self._last_row()
         self._snapshot = None
         self._save_checkpoint(run.learner.state(), self._checkpoint_meta(run.learner), final=True)
 
@@ -377,6 +385,7 @@ class Run:
                 run_cluster.stop_hosts()
                 for hb in run_cluster.final_heartbeats():
                     self.recorder.add(hb)
+                self._last_row()
             if self.cfg.run.checkpoint:
                 self._save_final_checkpoint(run_cluster)
 

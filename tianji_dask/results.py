@@ -55,6 +55,7 @@ _TIME_VARS: dict[str, tuple[str, str, str]] = {
     ),
     "send_bytes_per_s": ("trajectory bytes sent per second (all actors)", "B s-1", "float64"),
     "updates": ("learner updates (all learners)", "1", "int64"),
+    "samples": ("samples consumed (cumulative, all learners)", "1", "int64"),
     "episodes": ("episodes finished (all actors)", "1", "int64"),
     "return_mean_100": ("mean return of the last 100 episodes", "1", "float64"),
     "replay_ratio": ("samples consumed / transitions received", "1", "float64"),
@@ -130,12 +131,14 @@ LOSS_KEYS = (
     "restored_replay",
 )
 # Variables that files of an earlier version lack, with the value a continued run gives their
-# earlier rows (all of them count something that did not exist yet: 0).
-_ADDED_LATER = {"restored_replay": 0}
+# earlier rows: 0, something that did not exist yet (restored_replay) or was not recorded yet
+# (samples: a run continued from such files counts them from its continuation).
+_ADDED_LATER = {"restored_replay": 0, "samples": 0}
 # Cumulative time variables that a continued run (``continue_from``) carries on from the
 # previous run's last row; env_steps, the episode count and the loss counts carry on by their own.
 _CARRIED = (
     "updates",
+    "samples",
     "blocked_s",
     "throttled_actor_s",
     "throttled_learner_s",
@@ -466,6 +469,7 @@ class MetricsRecorder:
                 "train_busy": rate(learners, "train_busy"),
                 "send_bytes_per_s": rate(actors, "send_bytes_per_s"),
                 "updates": int(total(learners, "updates")),
+                "samples": int(samples),
                 "episodes": len(self._ep_cols["return"]),
                 "return_mean_100": self._mean_100(),
                 "replay_ratio": samples / received if received > 0 else math.nan,
