@@ -228,7 +228,7 @@ def _describe(key: str, configs: list[dict]) -> str | None:
     """The config schema's description of a dotted field, if the schema knows it."""
     from tianji_dask.config.schema import ALGO_CONFIGS, ExperimentConfig
 
-    algo = next((c["algo.name"] for c in configs if c.get("algo.name") in ALGO_CONFIGS), None)
+    algo: str = next((c["algo.name"] for c in configs if c.get("algo.name") in ALGO_CONFIGS), "")
     model: Any = ExperimentConfig
     parts = key.split(".")
     for i, part in enumerate(parts):

@@ -18,11 +18,13 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from tianji_dask.config import ConfigError, ExperimentConfig, check_env
+from tianji_dask.config.schema import DQNConfig
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.restarts import HostLost
 from tianji_dask.results import MetricsRecorder
@@ -68,13 +70,14 @@ def check_replay_fits(cfg: ExperimentConfig, spaces, *, serial: bool, available:
     per_buffer = replay_nbytes(cfg, obs.shape, obs.dtype)
     if not per_buffer:
         return
+    capacity = cfg.algo_as(DQNConfig).buffer_size  # only a replay algorithm keeps a replay
     buffers = 1 if serial else cfg.topology.groups * cfg.topology.learners
     if available is None:
         available = psutil.virtual_memory().available
     budget = 0.9 * available
     if per_buffer * buffers <= budget:
         return
-    lo, hi = 0, cfg.algo.buffer_size  # the largest size that fits (bytes grow with it)
+    lo, hi = 0, capacity  # the largest size that fits (bytes grow with it)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if replay_nbytes(cfg, obs.shape, obs.dtype, capacity=mid) * buffers <= budget:
@@ -84,7 +87,7 @@ def check_replay_fits(cfg: ExperimentConfig, spaces, *, serial: bool, available:
     fits = lo
     gib = 2**30
     raise ConfigError(
-        f"algo.buffer_size={cfg.algo.buffer_size:,} needs {per_buffer / gib:.2f} GiB of replay per "
+        f"algo.buffer_size={capacity:,} needs {per_buffer / gib:.2f} GiB of replay per "
         f"buffer x {buffers} buffer(s) = {per_buffer * buffers / gib:.2f} GiB, more than 90 % of the "
         f"{available / gib:.2f} GiB this machine has available; lower algo.buffer_size to at most "
         f"{fits:,}, or train on a cluster with more memory (--scheduler, --slurm)"
@@ -136,7 +139,8 @@ class Run:
         self.t0 = time.time()
         self._next_save = self.t0 + cfg.run.save_interval
         self._next_checkpoint = self.t0 + cfg.run.checkpoint_interval
-        self._snapshot = None  # () -> (state, metadata) of the running learner, set by each mode
+        # (state, metadata) of the running learner, set by each mode while it runs
+        self._snapshot: Callable[[], tuple[dict, dict]] | None = None
         self.recorder = MetricsRecorder(
             run_name=self.name,
             target_return=cfg.stop.target_return,
@@ -163,6 +167,11 @@ class Run:
         if now:
             self._hurry.set()
         self._stop_requested.set()
+
+    @overload
+    def wait(self) -> RunResult: ...
+    @overload
+    def wait(self, timeout: float | None) -> RunResult | None: ...
 
     def wait(self, timeout: float | None = None) -> RunResult | None:
         """Block until the run has ended and its results are written; None on timeout."""
@@ -285,8 +294,11 @@ class Run:
             self._on_event(f"writing interim results to {self.run_dir} failed: {exc!r}")
 
     def _save_periodic_checkpoint(self) -> None:
+        snapshot = self._snapshot
+        if snapshot is None:  # the run is between its modes' loops
+            return
         try:
-            state, meta = self._snapshot()
+            state, meta = snapshot()
             self._save_checkpoint(state, meta, final=False)
         except Exception as exc:  # noqa: BLE001 - a full disk or a slow learner must not end the run
             self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; the run goes on")
@@ -338,9 +350,9 @@ class Run:
             self.dashboard_link = run_cluster.dashboard_link
             self.scheduler_address = run_cluster.scheduler_address
             run_cluster.subscribe(self.recorder.add)
-            carry = {"totals": self.recorder.host_total, "add_heartbeat": self.recorder.add}
+            totals, add = self.recorder.host_total, self.recorder.add
             if self._resume is None:
-                run_cluster.start_hosts(self.spaces, **carry)
+                run_cluster.start_hosts(self.spaces, totals=totals, add_heartbeat=add)
             else:
                 steps = self._resume.actor_env_steps()
                 run_cluster.start_hosts(
@@ -349,7 +361,8 @@ class Run:
                     prior=lambda key, counter: (
                         steps.get(key[1], 0) if (key[0], counter) == ("actor", "env_steps") else 0
                     ),
-                    **carry,
+                    totals=totals,
+                    add_heartbeat=add,
                 )
                 self._on_event(
                     f"continuing {self.run_dir.name} from {self.recorder.env_steps:,} env steps, "

@@ -212,7 +212,9 @@ class NotebookRun:
         if self._results is None:
             from tianji_dask.analysis import open_run
 
-            self._results = Results(self.run.result, open_run(self.run.run_dir))
+            result = self.run.result
+            assert result is not None  # a run that is done has its result
+            self._results = Results(result, open_run(self.run.run_dir))
         return self._results
 
     # --- display ----------------------------------------------------------------------------
@@ -281,7 +283,7 @@ class _ConsoleView(_View):
     def attach(self, run: Run) -> None:
         super().attach(run)
         self._progress.event(f"run directory: {run.run_dir}")
-        threading.Thread(target=self._finish, name=f"tianji-view-{run.id}", daemon=True).start()
+        threading.Thread(target=self._finish, args=(run,), name=f"tianji-view-{run.id}", daemon=True).start()
 
     def row(self, row):
         super().row(row)
@@ -291,8 +293,8 @@ class _ConsoleView(_View):
         super().event(text)
         self._progress.event(text)
 
-    def _finish(self):
-        result = self.run.wait()
+    def _finish(self, run: Run) -> None:
+        result = run.wait()
         self.close()
         if result is not None:
             import sys
@@ -327,7 +329,7 @@ class _KernelView(_View):
     def attach(self, run: Run) -> None:
         super().attach(run)
         self.refresh(force=True)
-        threading.Thread(target=self._finish, name=f"tianji-view-{run.id}", daemon=True).start()
+        threading.Thread(target=self._finish, args=(run,), name=f"tianji-view-{run.id}", daemon=True).start()
 
     def refresh(self, force: bool = False) -> None:
         if self.run is None:
@@ -341,8 +343,8 @@ class _KernelView(_View):
             with contextlib.suppress(Exception):  # a closed kernel channel must not break the run
                 self._handle.update(bundle, raw=True)
 
-    def _finish(self):
-        self.run.wait()
+    def _finish(self, run: Run) -> None:
+        run.wait()
         self.refresh(force=True)
 
     def close(self) -> None:

@@ -206,6 +206,7 @@ def profile(
         tr_a.append(sum(r["env_steps_per_s"] for r in results))
         per_msg = per_msg or results[0]
         log(f"actors {k:3d}: TR_A {tr_a[-1]:10.0f} env steps/s")
+    assert per_msg is not None  # doubling() gives at least one actor count
 
     thread_counts = doubling(max_threads)
     tr_l = np.zeros((len(thread_counts), len(batch_sizes)))

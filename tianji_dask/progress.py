@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 
-def _fmt(x: float, spec: str = ".0f") -> str:
+def _fmt(x: float | None, spec: str = ".0f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 

@@ -116,7 +116,7 @@ class PlannedSLURMCluster(SLURMCluster):
         # are replaced by replace_ended_jobs instead, and scale() cancels the ones it drops.
         Cluster._update_worker_status(self, op, msg)
 
-    def scale(self, n=None, jobs=0, memory=None, cores=None):
+    def scale(self, n=None, jobs=0, memory=None, cores=None):  # type: ignore[override]  # adds jobs= before memory=
         """Run the plan's first ``jobs`` jobs, in plan order, and cancel the others; ``n`` asks
         for the fewest first jobs that hold ``n`` workers. All of the plan is
         ``jobs=len(cluster.planned_spec)``; ``scale(0)`` cancels every job. A job started again

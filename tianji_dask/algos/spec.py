@@ -12,12 +12,20 @@ section in :mod:`tianji_dask.config.schema`; one line in the registry (docs/algo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
+
+
+class PlanFields(TypedDict):
+    """The algorithm's own fields of a plan made of a config (``planner.Plan``)."""
+
+    batch_size: int
+    buffer_size: int | None  # replay algorithms only
+    train_freq: int | None  # replay algorithms only
 
 
 class AlgorithmSpec(Protocol):
@@ -35,7 +43,7 @@ class AlgorithmSpec(Protocol):
 
     def make_buffer_role(
         self, cfg, inbox, obs_shape: tuple[int, ...], obs_dtype, seed: int, buffer_id: int = 0
-    ) -> LoopRole: ...
+    ) -> BufferLoopRole: ...
 
     def learner_role(self) -> Callable[..., LearnerLoopRole]:
         """The learner role class: ``(cfg, buffer, publisher, obs_dim, action_space, seed, ...)``."""
@@ -88,7 +96,7 @@ class AlgorithmSpec(Protocol):
         learning rate follows), by name."""
         ...
 
-    def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
+    def plan_fields(self, cfg: ExperimentConfig) -> PlanFields:
         """``batch_size``, ``buffer_size`` and ``train_freq`` of a plan made of this config."""
         ...
 

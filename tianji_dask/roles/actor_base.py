@@ -91,6 +91,10 @@ class ActorBase(ABC):
     def _setup(self, seed: int) -> None:
         """The subclass's policy, first observations and buffers."""
 
+    @abstractmethod
+    def flush(self) -> None:
+        """Push what the actor holds that a message may carry now."""
+
     def reset_env(self, seed: int) -> np.ndarray:
         """First observations (as ``obs_dtype``); starts the Atari training signals' life count."""
         obs, infos = self.env.reset(seed=seed)

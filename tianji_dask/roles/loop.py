@@ -4,7 +4,10 @@ through it and the role's own documented methods."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tianji_dask.heartbeats import ActorCounters
 
 
 class LoopRole(Protocol):
@@ -54,11 +57,37 @@ class LearnerLoopRole(LoopRole, Protocol):
     def checkpoint_meta(self) -> dict: ...
 
 
+class BufferLoopRole(LoopRole, Protocol):
+    """A buffer role as serial mode drives it (``roles.buffer.BufferBase`` has it)."""
+
+    def ingest(self, timeout: float = 0.0) -> int:
+        """Take what arrived in the inbox (waiting up to ``timeout``); how many items."""
+        ...
+
+
 class ActorLoopRole(LoopRole, Protocol):
-    """An actor role as its host uses it (``roles.actor_base.ActorBase`` has it)."""
+    """An actor role as its host, serial mode and the profile use it (``roles.actor_base.ActorBase``
+    has it)."""
 
     prior_env_steps: int  # env steps of its predecessors (a re-created host): schedules go on
     balance_prior_env_steps: int  # the part of them the balance controller counts
+    num_envs: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: Any  # a numpy dtype or scalar type
+    action_space: Any  # the env's single action space (gymnasium)
+
+    @property
+    def counters(self) -> ActorCounters:
+        """Its cumulative counters (a subclass of ActorCounters per algorithm)."""
+        ...
+
+    def probe_params(self) -> bool:
+        """Take the newest parameters if any arrived; whether it did."""
+        ...
+
+    def flush(self) -> None:
+        """Push what the actor holds that a message may carry now."""
+        ...
 
     def wait_for_params(self, timeout: float, stop: Callable[[], bool] = ...) -> None:
         """Block until the first policy parameters arrived (``TimeoutError`` after ``timeout``)."""

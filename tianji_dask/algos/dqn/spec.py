@@ -6,9 +6,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.schema import DQNConfig
-from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
 if TYPE_CHECKING:
+    from tianji_dask.algos.spec import PlanFields
     from tianji_dask.config.schema import ExperimentConfig
 
 
@@ -35,7 +36,7 @@ class DQNSpec:
 
     def make_buffer_role(
         self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
-    ) -> LoopRole:
+    ) -> BufferLoopRole:
         from tianji_dask.roles.buffer import ReplayBufferRole
         from tianji_dask.roles.prioritized import PrioritySettings
 
@@ -121,7 +122,7 @@ class DQNSpec:
             "lr": float(f"{algo.lr * lr_factor:.6g}"),
         }
 
-    def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
+    def plan_fields(self, cfg: ExperimentConfig) -> PlanFields:
         algo = cfg.algo_as(DQNConfig)
         return {"batch_size": algo.batch_size, "buffer_size": algo.buffer_size, "train_freq": algo.train_freq}
 

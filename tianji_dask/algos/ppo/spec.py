@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.schema import PPOConfig
-from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
 if TYPE_CHECKING:
+    from tianji_dask.algos.spec import PlanFields
     from tianji_dask.config.schema import ExperimentConfig
 
 
@@ -46,7 +47,7 @@ class PPOSpec:
 
     def make_buffer_role(
         self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
-    ) -> LoopRole:
+    ) -> BufferLoopRole:
         from tianji_dask.algos.ppo.buffer import RolloutBufferRole
 
         return RolloutBufferRole(cfg, inbox, buffer_id)
@@ -96,7 +97,7 @@ class PPOSpec:
     def scaled_for_batch(self, cfg: ExperimentConfig, batch: int) -> dict[str, float]:
         return {}
 
-    def plan_fields(self, cfg: ExperimentConfig) -> dict[str, int | None]:
+    def plan_fields(self, cfg: ExperimentConfig) -> PlanFields:
         return {"batch_size": self.samples_per_update(cfg), "buffer_size": None, "train_freq": None}
 
     def actors_per_group_limit(self, cfg: ExperimentConfig) -> int | None:
