@@ -6,8 +6,9 @@ the config's target, for the distributed default and the serial reference, side 
 
 Each run is timed from just before cluster (or model) construction, after imports: the
 LocalCluster start and the hosts' start-up are included. Modes alternate per seed so
-both see the same machine conditions. Writes ``<out>/time_to_target.json`` and
-``<out>/time_to_target.nc`` (dims ``mode`` x ``seed``) and prints the medians.
+both see the same machine conditions. Prints each run's own event lines as they come (the
+hosts' start-up, restarts), timed from its start, and the medians at the end; writes
+``<out>/time_to_target.json`` and ``<out>/time_to_target.nc`` (dims ``mode`` x ``seed``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ from tianji_dask.results import provenance_attrs
 def one_run(config: str, overrides: list[str], seed: int, mode: str, out_root: Path) -> dict:
     cfg = load_config(config, [*overrides, f"seed={seed}"])
     out = out_root / f"{mode}-seed{seed}"
-    run = train(cfg, serial=(mode == "serial"), out=out)
+    t0 = time.perf_counter()
+
+    def event(text: str) -> None:  # the run's own lines ("hosts ready ...", restarts), timed from its start
+        print(f"{mode:>11} seed {seed}: {time.perf_counter() - t0:6.1f} s  {text}", flush=True)
+
+    run = train(cfg, serial=(mode == "serial"), out=out, on_event=event)
     res = run.wait()
     ttt = res.time_to_target_s
     steps_at_target = math.nan
