@@ -70,44 +70,43 @@ def single_command(args) -> tuple[list[str], int, str]:
     envs together), its envs, and the config's algorithm."""
     limits = ["--target", str(args.target), "--max-seconds", str(args.single_max_seconds or args.max_seconds)]
     cfg = load_config(ROOT / args.config, args.overrides, check_env=False, check_device=False)
-    if cfg.algo.name == "ppo":
-        ppo = cfg.algo
+    algo = cfg.algo
+    if algo.name == "ppo":
+        script = HERE / "peers" / "ppo_pong_single.py"
         envs = args.envs or cfg.env.num_envs
         hyper = {
             "--envs": envs,
-            "--steps": ppo.rollout_steps,
-            "--epochs": ppo.epochs,
-            "--minibatches": ppo.minibatches,
-            "--lr": ppo.lr,
-            "--anneal-steps": ppo.lr_anneal_steps or 0,
+            "--steps": algo.rollout_steps,
+            "--epochs": algo.epochs,
+            "--minibatches": algo.minibatches,
+            "--lr": algo.lr,
+            "--anneal-steps": algo.lr_anneal_steps or 0,
         }
-        flags = [str(x) for kv in hyper.items() for x in kv]
-        script = [str(HERE / "peers" / "ppo_pong_single.py"), *flags]
-        return [*script, "--threads", str(args.threads), *limits], envs, "ppo"
-    algo = cfg.algo
-    if algo.exploration != "linear" or algo.replay != "uniform":
-        raise SystemExit(
-            f"--config {args.config}: the single DQN script has only uniform replay and a decaying epsilon"
-        )
-    envs = args.envs or cfg.topology.actors * cfg.env.num_envs
-    hyper = {
-        "--envs": envs,
-        "--gamma": algo.gamma,
-        "--n-step": algo.n_step,
-        "--lr": algo.lr,
-        "--batch-size": algo.batch_size,
-        "--buffer-size": algo.buffer_size,
-        "--learning-starts": algo.learning_starts,
-        "--train-freq": algo.train_freq,
-        "--gradient-steps": algo.gradient_steps,
-        "--target-update-interval": algo.target_update_interval,
-        "--initial-eps": algo.exploration_initial_eps,
-        "--final-eps": algo.exploration_final_eps,
-        "--exploration-steps": algo.exploration_steps,
-        "--max-grad-norm": algo.max_grad_norm,
-    }
+    else:
+        if algo.exploration != "linear" or algo.replay != "uniform":
+            raise SystemExit(
+                f"--config {args.config}: the single DQN script has only uniform replay and a decaying epsilon"
+            )
+        script = HERE / "dqn_pong_single.py"
+        envs = args.envs or cfg.topology.actors * cfg.env.num_envs
+        hyper = {
+            "--envs": envs,
+            "--gamma": algo.gamma,
+            "--n-step": algo.n_step,
+            "--lr": algo.lr,
+            "--batch-size": algo.batch_size,
+            "--buffer-size": algo.buffer_size,
+            "--learning-starts": algo.learning_starts,
+            "--train-freq": algo.train_freq,
+            "--gradient-steps": algo.gradient_steps,
+            "--target-update-interval": algo.target_update_interval,
+            "--initial-eps": algo.exploration_initial_eps,
+            "--final-eps": algo.exploration_final_eps,
+            "--exploration-steps": algo.exploration_steps,
+            "--max-grad-norm": algo.max_grad_norm,
+        }
     flags = [str(x) for kv in hyper.items() for x in kv]
-    return [str(HERE / "dqn_pong_single.py"), *flags, "--threads", str(args.threads), *limits], envs, "dqn"
+    return [str(script), *flags, "--threads", str(args.threads), *limits], envs, algo.name
 
 
 def run_single(seed: int, args, log: Path) -> dict:
