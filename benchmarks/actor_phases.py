@@ -11,6 +11,12 @@ of each step group's ``step``/``send``/``recv`` is timed (the GPU work inside ``
 it returns numpy; where the envs step in two calls, ``env`` is the time spent sending and
 waiting for them: the rest of a step overlaps the emulators unless ``--in-turn``).
 Writes ``<out>/actor_phases.json`` and prints env steps/s and each phase's share.
+
+``--learner-beside process`` (or ``thread``) trains a PPO learner of the config on synthetic
+Atari batches beside the actor, in another process (as a run places them: the GPU time-sliced
+between two CUDA contexts) or in a thread of the actor's (one context, one GIL), busy
+``--learner-busy`` of the time (a run's ``train_busy``): what sharing the learner's GPU costs
+the actor.
 """
 
 from __future__ import annotations
@@ -21,6 +27,31 @@ import os
 import time
 from collections import defaultdict
 from pathlib import Path
+
+LEARNER_ACTIONS = 6  # Pong's: the learner beside trains on synthetic batches of this many actions
+
+
+def learner_beside(config: str, overrides: list[str], busy: float, stop, iterations) -> None:
+    """Train a PPO learner of ``config`` on a synthetic Atari batch of its rollout's size until
+    ``stop`` is set, waiting after each iteration so that it is busy ``busy`` of the time;
+    ``iterations.value`` counts them."""
+    import torch
+    from learner_direct import atari_batch
+
+    from tianji_dask.algos.ppo.core import PPOLearner
+    from tianji_dask.config import load_config
+
+    cfg = load_config(config, overrides)
+    torch.set_num_threads(cfg.topology.learner_torch_threads)
+    batch = atari_batch(cfg.algo.rollout_steps * cfg.env.num_envs * cfg.algo.rollouts_per_update, seed=0)
+    learner = PPOLearner(0, LEARNER_ACTIONS, cfg.algo, seed=0, device=cfg.learner.device, network="nature_cnn")
+    while not stop.is_set():
+        t = time.perf_counter()
+        learner.train(batch)
+        if learner.device.type == "cuda":
+            torch.cuda.synchronize()
+        iterations.value += 1
+        stop.wait((time.perf_counter() - t) * (1.0 / busy - 1.0))
 
 
 def timed(obj, name: str, totals: dict[str, float], label: str) -> None:
@@ -47,10 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         help="choose each step's actions after the previous step's bookkeeping, as envs without "
         "send/recv do (default with ale-py: before it, while the emulators run)",
     )
+    p.add_argument(
+        "--learner-beside",
+        choices=["none", "process", "thread"],
+        default="none",
+        help="a PPO learner training beside the actor, in another process or a thread of this one",
+    )
+    p.add_argument("--learner-busy", type=float, default=1.0, help="the learner's busy fraction, in (0, 1] (default 1)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/actor_phases"))
     a = p.parse_args(argv)
     if not Path(a.config).is_file():
         p.error(f"config {a.config} does not exist; pass a config file such as configs/pong_ppo.yaml")
+    if not 0.0 < a.learner_busy <= 1.0:
+        p.error(f"--learner-busy {a.learner_busy} is not in (0, 1]: pass a fraction such as 0.35")
 
     import torch
 
@@ -86,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
             queue.poll()  # rollouts are dropped here: only the actor is measured
         return actor.counters.env_steps - start_steps, time.perf_counter() - t0
 
-    run(3.0)  # warm-up: CUDA context, cuDNN, first rollouts
+    beside = start_learner_beside(a) if a.learner_beside != "none" else None
+    run(3.0)  # warm-up: CUDA context, cuDNN, first rollouts (and the learner's first iterations)
     totals.clear()
+    counted = beside[2].value if beside else 0
     steps, wall = run(a.seconds)
+    learner_iterations = (beside[2].value - counted) if beside else 0
+    if beside:
+        beside[1].set()
+        beside[0].join(120)
     phases = {k: v / wall for k, v in totals.items()}
     phases["rest"] = 1.0 - sum(phases.values())
     result = {
@@ -101,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_1min": os.getloadavg()[0],
         "cpus": os.cpu_count(),
         "device": cfg.actor.device,
+        "learner_beside": a.learner_beside,
+        "learner_busy": a.learner_busy if beside else 0.0,
+        "learner_iterations_per_s": learner_iterations / wall,
     }
     actor.close()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -108,8 +157,36 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{result['env_steps_per_s']:,.0f} env steps/s, {result['ms_per_vector_step']:.2f} ms per vector step: "
         + ", ".join(f"{k} {v:.0%}" for k, v in phases.items())
+        + (f"; learner beside: {result['learner_iterations_per_s']:.2f} iterations/s" if beside else "")
     )
     return 0
+
+
+def start_learner_beside(a):
+    """(the learner's process or thread, its stop event, its iteration count), started; waits
+    for its first iteration, so that building it is not timed."""
+    import multiprocessing
+    import threading
+
+    if a.learner_beside == "process":
+        ctx = multiprocessing.get_context("spawn")
+        stop, iterations = ctx.Event(), ctx.Value("l", 0)
+        worker = ctx.Process(target=learner_beside, args=(a.config, a.overrides, a.learner_busy, stop, iterations))
+    else:
+
+        class Count:
+            value = 0
+
+        stop, iterations = threading.Event(), Count()
+        worker = threading.Thread(target=learner_beside, args=(a.config, a.overrides, a.learner_busy, stop, iterations))
+    worker.start()
+    deadline = time.monotonic() + 300
+    while iterations.value == 0:
+        if not worker.is_alive() or time.monotonic() > deadline:
+            code = getattr(worker, "exitcode", None)
+            raise SystemExit(f"the learner beside the actor did not train (exit code {code})")
+        time.sleep(0.05)
+    return worker, stop, iterations
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def _needs_backend(backend: str) -> None:
 def test_preprocessing_uint8_frame_stacks_for_both_backends(backend):
     _needs_backend(backend)
     n = 2
-    env = make_atari_vector_env("ALE/Pong-v5", n, seed=0, backend=backend)
+    env = make_atari_vector_env("ALE/Pong-v5", n, backend=backend)
     try:
         space = env.single_observation_space
         assert space.shape == ATARI_OBS_SHAPE == (4, 84, 84) and space.dtype == np.uint8

@@ -40,7 +40,7 @@ def test_groups_of_ale_vector_envs_step_as_one_vector_env():
     overlapped) are those of one vector env of 4, for the same actions."""
     cfg = load_config("configs/pong_ppo_small.yaml", ["env.num_envs=4", "env.step_groups=2"], check_env=False)
     groups = make_env_groups(cfg.env, 11)
-    whole = make_atari_vector_env(cfg.env.id, 4, 11, cfg.env.atari_backend, 1)
+    whole = make_atari_vector_env(cfg.env.id, 4, cfg.env.atari_backend, 1)
     try:
         assert isinstance(groups, EnvGroups) and len(groups.envs) == 2 and groups.num_envs == 4
         obs_g, info_g = groups.reset(seed=11)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import re
 import sys
 import threading
 import time
@@ -90,10 +91,17 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
     assert result.status == "max_env_steps" and result.ok
     assert result.run_dir == (tmp_path / "run").absolute()
     assert any(e.startswith("dashboard: http://127.0.0.1:") for e in events), events
-    # how long each role took to begin its loop, said once
+    # where the start-up went: the cluster, the hosts' creation, each role's loop (and of that its
+    # build), each said once
+    (cluster,) = [e for e in events if re.fullmatch(r"LocalCluster of 2 workers started in [0-9.]+ s", e)]
+    assert [e for e in events if re.fullmatch(r"3 hosts created and started in [0-9.]+ s", e)], events
     (ready,) = [e for e in events if e.startswith("hosts ready")]
-    times = {p.split(" in ")[0]: float(p.split(" in ")[1].rstrip(" s")) for p in ready.split(": ", 1)[1].split(", ")}
-    assert times.keys() == {"actor 0", "buffer 0", "learner 0"} and 0 <= min(times.values()) < 60, ready
+    times = {
+        role: (float(s), float(built))
+        for role, s, built in re.findall(r"(\w+ \d+) in ([0-9.]+) s \(built in ([0-9.]+) s\)", ready)
+    }
+    assert times.keys() == {"actor 0", "buffer 0", "learner 0"}, ready
+    assert all(0 <= built <= s < 60 for s, built in times.values()), ready
 
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert h.running_at_the_end(n), n["end_rates"]

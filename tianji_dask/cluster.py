@@ -187,8 +187,10 @@ class RunCluster:
         if self.client is None:
             from distributed import Client
 
+            began = time.monotonic()
             self._own_cluster = self._start_local_cluster()
             self.client = Client(self._own_cluster, security=self._security)
+            self._on_event(f"LocalCluster of {self._own_workers()} workers started in {time.monotonic() - began:.1f} s")
         # An actor handle binds to the process's current client when it arrives; any Client made
         # in this process since, even one that failed to connect, would otherwise be that one.
         self._as_current = self.client.as_current()
@@ -256,18 +258,23 @@ class RunCluster:
 
     def _say_ready(self) -> None:
         """Once every host the run started with has begun its loop: how long each role took
-        (the slowest host of each), from its loop thread's start. A learner's includes building
-        its network; an actor's its envs, its policy and its wait for the first parameters."""
+        (the slowest host of each), from its loop thread's start, and of that how long building
+        the role took (a learner's network; an actor's envs and policy): the rest of an actor's
+        is its wait for the first parameters."""
         if self.hosts is None or not self.hosts.handles:
             return
-        ready = {key: self._last_hb.get(key, {}).get("ready_s") for key in self.hosts.handles}
-        if any(s is None for s in ready.values()):
+        beats = {key: self._last_hb.get(key, {}) for key in self.hosts.handles}
+        if any(hb.get("ready_s") is None for hb in beats.values()):
             return
         self._said_ready = True
-        slowest: dict[str, tuple[float, int]] = {}
-        for (role, hid), s in ready.items():
-            slowest[role] = max(slowest.get(role, (-1.0, hid)), (float(s or 0.0), hid))
-        parts = [f"{role} {hid} in {s:.1f} s" for role, (s, hid) in sorted(slowest.items(), key=lambda kv: kv[1])]
+        slowest: dict[str, tuple[float, float, int]] = {}
+        for (role, hid), hb in beats.items():
+            mine = (float(hb["ready_s"]), float(hb.get("built_s") or 0.0), hid)
+            slowest[role] = max(slowest.get(role, mine), mine)
+        parts = [
+            f"{role} {hid} in {s:.1f} s (built in {b:.1f} s)"
+            for role, (s, b, hid) in sorted(slowest.items(), key=lambda kv: kv[1])
+        ]
         self._on_event("hosts ready (the slowest of each role): " + ", ".join(parts))
 
     def _death_reasons(self, since: float, wait_s: float = 1.0) -> str:
@@ -387,6 +394,7 @@ class RunCluster:
             n_hosts = t.groups * (t.learners + t.actors)
             self._on_event(f"{len(hosts.worker_names)} workers for {n_hosts} host processes: hosts will share workers")
         given = prior or (lambda key, counter: 0)
+        began = time.monotonic()
 
         def carried(key: Key, counter: str) -> float:
             return given(key, counter) + totals(key[0], key[1], counter)
@@ -415,6 +423,7 @@ class RunCluster:
         self._expected = hosts.current_plan().host_workers()
         self.worker_addresses = sorted(set(self._expected.values()))
         self._started_at = self._deaths_since = time.time()
+        self._on_event(f"{len(self._expected)} hosts created and started in {time.monotonic() - began:.1f} s")
 
     def _wait_for_own_workers(self) -> None:
         """The run's own LocalCluster with all its workers before the hosts are placed: one

@@ -143,7 +143,7 @@ def atari_rom(env_id: str) -> str:
 
 
 def make_atari_vector_env(
-    env_id: str, num_envs: int, seed: int, backend: str = "ale_vector", threads: int = 1
+    env_id: str, num_envs: int, backend: str = "ale_vector", threads: int = 1
 ) -> gym.vector.VectorEnv:
     """``num_envs`` copies of an Atari game with the DeepMind preprocessing.
 
@@ -156,8 +156,9 @@ def make_atari_vector_env(
 
     ``backend``: ``ale_vector`` is ale-py's native ``AtariVectorEnv`` (C++, ``threads`` worker
     threads, the preprocessing built in); ``gymnasium`` is a ``SyncVectorEnv`` of
-    ``AtariPreprocessing`` + ``FrameStackObservation`` (needs opencv). Envs are seeded
-    ``seed, seed+1, ...`` on the first reset.
+    ``AtariPreprocessing`` + ``FrameStackObservation`` (needs opencv). The caller's first
+    ``reset(seed=s)`` seeds the envs ``s, s+1, ...``; it is left to the caller because a reset of
+    many envs costs seconds at start-up.
     """
     rom = atari_rom(env_id)
     if backend == "ale_vector":
@@ -188,7 +189,6 @@ def make_atari_vector_env(
         )
     else:
         raise ValueError(f"unknown Atari backend {backend!r}; expected one of {ATARI_BACKENDS}")
-    env.reset(seed=seed)
     return env
 
 
@@ -232,7 +232,7 @@ def _gymnasium_atari(env_id: str) -> gym.Env:
 
 def _vector_env(env_cfg, num_envs: int, seed: int, atari_threads: int) -> gym.vector.VectorEnv:
     if getattr(env_cfg, "kind", "gym") == "atari":
-        return make_atari_vector_env(env_cfg.id, num_envs, seed, env_cfg.atari_backend, atari_threads)
+        return make_atari_vector_env(env_cfg.id, num_envs, env_cfg.atari_backend, atari_threads)
     return make_vector_env(env_cfg.id, num_envs, seed)
 
 
@@ -476,7 +476,7 @@ def atari_spaces(env_cfg) -> tuple[gym.Space, gym.Space]:
                 "the gymnasium backend resizes frames with opencv, which is not installed: "
                 "pip install opencv-python-headless, or use env.atari_backend=ale_vector"
             ) from None
-    env = make_atari_vector_env(env_cfg.id, 1, 0, env_cfg.atari_backend, 1)
+    env = make_atari_vector_env(env_cfg.id, 1, env_cfg.atari_backend, 1)
     try:
         return env.single_observation_space, env.single_action_space
     finally:

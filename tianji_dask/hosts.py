@@ -83,6 +83,7 @@ class _LoopHost(ABC, Generic[R]):
         self._last: dict = {}
         self._proc = psutil.Process()
         self._ready_s: float | None = None  # from the loop thread's start to the loop's first step
+        self._built_s: float | None = None  # from the loop thread's start to the role built
 
     def _torch_threads(self) -> int:
         return self.cfg.topology.torch_threads
@@ -143,6 +144,7 @@ class _LoopHost(ABC, Generic[R]):
         try:
             began = time.monotonic()
             self.role = self._make_role()
+            self._built_s = time.monotonic() - began
             self._before_loop()
             self._ready_s = time.monotonic() - began
             next_beat = time.monotonic()
@@ -183,6 +185,7 @@ class _LoopHost(ABC, Generic[R]):
         hb["incarnation"] = self.incarnation
         if self._ready_s is not None:
             hb["ready_s"] = self._ready_s
+            hb["built_s"] = self._built_s
         self._last = hb
         self.worker.log_event(metrics_topic(self.run_id), hb)
 
