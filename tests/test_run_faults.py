@@ -6,6 +6,7 @@ host's task on the scheduler, the run's own events), never by sleeping."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 
@@ -42,18 +43,12 @@ def _pid_listening_on(address: str) -> int:
     raise AssertionError(f"no worker process listens on {address}")
 
 
-def _host_workers(client: Client, prefix: str, *, made: bool = True) -> list[str]:
-    """Workers holding a host whose task key starts with ``prefix``; ``made=False``: also
-    hosts still being created (their tasks are pinned to their worker)."""
+def _host_workers(client: Client, prefix: str) -> list[str]:
+    """Workers holding a host whose task key starts with ``prefix``."""
 
-    def on_scheduler(dask_scheduler, prefix=prefix, made=made):
-        out = []
-        for key, ts in dask_scheduler.tasks.items():
-            if str(key).startswith(prefix):
-                out += [w.address for w in ts.who_has or ()]
-                if not made and ts.state != "memory":
-                    out += sorted(ts.worker_restrictions or ())
-        return out
+    def on_scheduler(dask_scheduler, prefix=prefix):
+        tasks = dask_scheduler.tasks.items()
+        return [w.address for key, ts in tasks if str(key).startswith(prefix) for w in ts.who_has or ()]
 
     return client.run_on_scheduler(on_scheduler)
 
@@ -74,8 +69,12 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
 
     def on_event(text: str) -> None:  # called in the run's driver thread, in order
         events.append(text)
-        if text.startswith("scheduler: ") and not watcher:  # the hosts are created next
+        if text.startswith("scheduler: ") and not watcher:
             watcher.append(Client(text.split(" ", 1)[1], timeout="20s", set_as_default=False))
+        elif text.startswith("hosts placed: ") and "hosts created" not in kills:
+            # the hosts are created next, where it says: the actor's worker dies first
+            (actor_worker,) = re.findall(r"actor 0 on (\S+?)(?:;|$)", text)
+            kill(_pid_listening_on(actor_worker), "hosts created")
         elif text.startswith("host lost: ") and "; re-creating on " in text and "re-creation" not in kills:
             # the lost actor's hosts are re-created next, on the worker named at the end
             kill(_pid_listening_on(text.rsplit(" ", 1)[1]), "re-creation")
@@ -92,11 +91,7 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
         # 1. as the LocalCluster starts: its first worker process, once it exists
         until(lambda: set(_workers()) - before, interval=0.01)
         kill(min(set(_workers()) - before), "cluster start")
-        # 2. while the hosts are created: the actor's worker, once its host's task is submitted
-        until(lambda: watcher)
-        created = lambda: _host_workers(watcher[0], "ActorHost", made=False)  # noqa: E731
-        until(created, interval=0.02)
-        kill(_pid_listening_on(created()[0]), "hosts created")
+        # 2. while the hosts are created: on_event kills the actor's worker once they are placed
         # 3. during a re-creation: once the run produces, the actor's worker; on_event kills its
         # replacement as the run re-creates the actor there
         until(lambda: run.recorder.env_steps > 1000)

@@ -126,6 +126,14 @@ def local_cluster(
         )
 
 
+def _placed(host_workers: dict[Key, str]) -> str:
+    """``buffer 0, learner 0 on tcp://...; actor 0 on tcp://...``: each worker's hosts."""
+    by_worker: dict[str, list[str]] = {}
+    for (role, hid), worker in sorted(host_workers.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        by_worker.setdefault(worker, []).append(f"{role} {hid}")
+    return "; ".join(f"{', '.join(keys)} on {worker}" for worker, keys in by_worker.items())
+
+
 def kill_and_reap(pid: int) -> None:
     try:
         proc = psutil.Process(pid)
@@ -393,6 +401,7 @@ class RunCluster:
             t = self.cfg.topology
             n_hosts = t.groups * (t.learners + t.actors)
             self._on_event(f"{len(hosts.worker_names)} workers for {n_hosts} host processes: hosts will share workers")
+        self._on_event("hosts placed: " + _placed(plan.host_workers()))
         given = prior or (lambda key, counter: 0)
         began = time.monotonic()
 
