@@ -31,16 +31,9 @@ def _workers() -> dict[int, psutil.Process]:
     return out
 
 
-def _pid_listening_on(address: str) -> int:
-    """The worker process whose comm listens on ``address`` (tcp://127.0.0.1:PORT)."""
-    port = int(address.rsplit(":", 1)[1])
-    for pid, p in _workers().items():
-        try:
-            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in p.net_connections("tcp")):
-                return pid
-        except psutil.Error:
-            pass
-    raise AssertionError(f"no worker process listens on {address}")
+def _pid_of(client: Client, address: str) -> int:
+    """The process id of the worker at ``address``, as the worker itself tells it."""
+    return client.run(os.getpid, workers=[address])[address]
 
 
 def _host_workers(client: Client, prefix: str) -> list[str]:
@@ -74,10 +67,10 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
         elif text.startswith("hosts placed: ") and "hosts created" not in kills:
             # the hosts are created next, where it says: the actor's worker dies first
             (actor_worker,) = re.findall(r"actor 0 on (\S+?)(?:;|$)", text)
-            kill(_pid_listening_on(actor_worker), "hosts created")
+            kill(_pid_of(watcher[0], actor_worker), "hosts created")
         elif text.startswith("host lost: ") and "; re-creating on " in text and "re-creation" not in kills:
             # the lost actor's hosts are re-created next, on the worker named at the end
-            kill(_pid_listening_on(text.rsplit(" ", 1)[1]), "re-creation")
+            kill(_pid_of(watcher[0], text.rsplit(" ", 1)[1]), "re-creation")
             recreating.set()
 
     run = train(cfg, out=tmp_path / "run", on_event=on_event)
@@ -95,17 +88,18 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
         # 3. during a re-creation: once the run produces, the actor's worker; on_event kills its
         # replacement as the run re-creates the actor there
         until(lambda: run.recorder.env_steps > 1000)
-        kill(_pid_listening_on(_host_workers(watcher[0], "ActorHost")[0]), "running")
+        kill(_pid_of(watcher[0], _host_workers(watcher[0], "ActorHost")[0]), "running")
         until(recreating.is_set)
         steps = run.recorder.env_steps
         until(lambda: run.recorder.env_steps > steps + 1000)
         # 4. during shutdown: the learner's worker, as the run stops
-        learner = _pid_listening_on(_host_workers(watcher[0], "LearnerHost")[0])
+        learner = _pid_of(watcher[0], _host_workers(watcher[0], "LearnerHost")[0])
         watcher.pop().close()
         run.stop()
         kill(learner, "shutdown")
         result = run.wait(timeout=90)
-    assert result is not None and result.status == "stopped" and result.error is None, (result, events)
+    assert result is not None, "the run did not end"
+    assert result.status == "stopped" and result.error is None, f"{result.status}: {result.error}\n" + "\n".join(events)
     assert kills == ["cluster start", "hosts created", "running", "re-creation", "shutdown"], kills
     said = "\n".join(events)
     assert "the run's LocalCluster did not start" in said, said

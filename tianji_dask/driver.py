@@ -386,6 +386,10 @@ class Run:
                             next_snapshot = time.time() + r.snapshot_interval
                     try:
                         lost = run_cluster.check_health()
+                        if lost and self._stop_requested.is_set():
+                            # stopping anyway: what was lost is not re-created (nor counted against
+                            # run.max_restarts); the final checkpoint says if the learner's was
+                            break
                         if lost:
                             losses = run_cluster.recover(lost, self.recorder.host_total, self.recorder.add)
                             self.recorder.record_losses(**losses)
