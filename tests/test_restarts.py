@@ -65,7 +65,7 @@ def _run_with_a_kill(h, tmp_path, pick, going_on, *overrides, ready=lambda event
         result = run.wait(timeout=60)
     assert result is not None and result.status == "stopped", (result, events)
     lost = [e for e in events if e.startswith("host lost:")]
-    assert len(lost) == 1 and victim in lost[0] and "killed by signal 9" in lost[0], events
+    assert len(lost) == 1 and victim in lost[0] and "killed by signal 9" in lost[0], "\n".join(events)
     ds = run.metrics()
     assert np.all(np.diff(ds.env_steps.values) >= 0) and np.all(np.diff(ds.updates.values) >= 0)
     return result, ds, lost[0], events

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 from distributed import LocalCluster
+from distributed.deploy.spec import SpecCluster
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelPlugin
@@ -79,7 +80,15 @@ def _watch_worker_deaths() -> None:
 class TianjiLocalCluster(LocalCluster):
     """A LocalCluster whose ``close()`` (and ``with`` exit) also ends any worker process still
     alive: its workers ignore SIGTERM, so one left running would also hang multiprocessing's exit
-    handler."""
+    handler; and whose nannies are never closed for a worker that left."""
+
+    def _update_worker_status(self, op, msg):
+        # SpecCluster closes a worker's nanny when, distributed.deploy.lost-worker-timeout (15 s)
+        # after the worker left, no worker of its name is registered at that instant. A nanny
+        # whose restarted worker was lost again is then restarting it once more, and closing it
+        # would lose that worker for good. The nannies restart their workers; the run decides
+        # what a lost worker means (restarts.RestartPolicy).
+        return super(SpecCluster, self)._update_worker_status(op, msg)  # Cluster's: the bookkeeping only
 
     def close(self, timeout: float | None = None):
         pids = [n.pid for n in self.workers.values() if getattr(n, "pid", None)]
