@@ -40,6 +40,7 @@ STOP_TIMEOUT_S = 10.0
 HURRY_POLL_S = 0.2  # how soon a host stop being waited for notices the run was told to hurry
 REBUILD_STOP_S = 3.0  # how long a group being rebuilt waits for each surviving host to stop
 WAIT_POLL_S = 0.5  # how often a wait for a host asks whether its worker is still there
+DONE_POLL_S = 0.005  # how often it looks whether the host answered
 TAKEOVER_WAIT_S = 15.0  # how long a lost worker's hosts wait for its replacement before sharing another
 
 
@@ -231,24 +232,32 @@ class RunHosts:
     def _wait(self, fut, worker: str):
         """``fut.result()`` of a host's creation or of a call to it on ``worker``; raises
         :class:`HostLost` at once if that worker leaves meanwhile (a task pinned to a worker that
-        is gone would wait forever), and after ``tianji.timeouts.host-startup``."""
+        is gone would wait forever), and after ``tianji.timeouts.host-startup``.
+
+        It polls ``fut.done()`` and reads the result once it is done. A task the scheduler
+        cancelled raises :class:`HostLost` here: read through Dask's ``sync``, its
+        ``CancelledError`` (not an ``Exception``) would surface as an ``UnboundLocalError``."""
         deadline = time.monotonic() + self._startup_s
-        while True:
-            try:
-                # A host's actor handle binds, as it arrives, to the current client (Dask's
-                # Actor asks get_client()): outside this block, in whatever thread waits here,
-                # that is the newest Client of the process, which may be another the user made
-                # (a notebook's, or one that failed to connect and lingers as the default).
-                with self.client.as_current():
-                    return fut.result(timeout=WAIT_POLL_S)
-            except TimeoutError:
-                pass
+        next_check = time.monotonic() + WAIT_POLL_S
+        while not fut.done():
+            time.sleep(DONE_POLL_S)
+            if time.monotonic() < next_check:
+                continue
+            next_check = time.monotonic() + WAIT_POLL_S
             if worker not in scheduler_workers(self.client):
                 raise HostLost(f"worker {worker} left the cluster while the run's hosts were created on it")
             if time.monotonic() > deadline:
                 raise HostLost(
                     f"a host on {worker} was not created within {self._startup_s:g} s (tianji.timeouts.host-startup)"
                 )
+        if getattr(fut, "cancelled", lambda: False)():
+            raise HostLost(f"the scheduler cancelled a host's task on {worker}")
+        # A host's actor handle binds, as it arrives, to the current client (Dask's Actor asks
+        # get_client()): outside this block, in whatever thread waits here, that is the newest
+        # Client of the process, which may be another the user made (a notebook's, or one that
+        # failed to connect and lingers as the default).
+        with self.client.as_current():
+            return fut.result()
 
     # --- re-creating --------------------------------------------------------------------
     def replacement(self, lost: str, timeout: float) -> str:
