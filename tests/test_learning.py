@@ -77,7 +77,7 @@ def test_distributed_ppo_records_staleness(tmp_path):
 
 @pytest.mark.learning
 @pytest.mark.integration
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(330)
 def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
     """PPO's Gaussian policy learns Pendulum-v1 on a LocalCluster: within 100,000 env steps the
     mean return of the last 50 episodes is at least 400 above that of the first 50 (random play
@@ -89,7 +89,7 @@ def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
         [
             "stop.target_return=null",
             "stop.max_env_steps=100000",
-            "stop.max_seconds=90",
+            "stop.max_seconds=300",  # a guard only: the budget is the env steps
             "algo.rollout_steps=256",
             "algo.minibatches=16",
             "algo.ratio_tolerance=0.25",
