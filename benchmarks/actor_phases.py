@@ -27,6 +27,7 @@ import os
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any, NamedTuple
 
 LEARNER_ACTIONS = 6  # Pong's: the learner beside trains on synthetic batches of this many actions
 
@@ -129,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     beside = start_learner_beside(a) if a.learner_beside != "none" else None
     run(3.0)  # warm-up: CUDA context, cuDNN, first rollouts (and the learner's first iterations)
     totals.clear()
-    counted = beside[2].value if beside else 0
+    counted = beside.iterations.value if beside else 0
     steps, wall = run(a.seconds)
-    learner_iterations = (beside[2].value - counted) if beside else 0
+    learner_iterations = (beside.iterations.value - counted) if beside else 0
     if beside:
-        beside[1].set()
-        beside[0].join(120)
+        beside.stop.set()
+        beside.worker.join(120)
     phases = {k: v / wall for k, v in totals.items()}
     phases["rest"] = 1.0 - sum(phases.values())
     result = {
@@ -162,9 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def start_learner_beside(a):
-    """(the learner's process or thread, its stop event, its iteration count), started; waits
-    for its first iteration, so that building it is not timed."""
+class Beside(NamedTuple):
+    worker: Any  # the learner's process or thread
+    stop: Any  # its stop event
+    iterations: Any  # its iteration count (.value)
+
+
+def start_learner_beside(a) -> Beside:
+    """The learner beside the actor, started; waits for its first iteration, so that building
+    it is not timed."""
     import multiprocessing
     import threading
 
@@ -186,7 +193,7 @@ def start_learner_beside(a):
             code = getattr(worker, "exitcode", None)
             raise SystemExit(f"the learner beside the actor did not train (exit code {code})")
         time.sleep(0.05)
-    return worker, stop, iterations
+    return Beside(worker, stop, iterations)
 
 
 if __name__ == "__main__":
