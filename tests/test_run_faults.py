@@ -9,11 +9,12 @@ import os
 import re
 import signal
 import threading
+import time
 
 import psutil
 import pytest
 import xarray as xr
-from distributed import Client
+from distributed import Client, Future
 
 from tianji_dask.config import load_config
 from tianji_dask.driver import train
@@ -113,3 +114,80 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
     assert int(last.env_steps) > 2000 and int(last.updates) > 0 and int(last.actor_restarts) >= 1, last
     # every worker process of both LocalClusters, the nannies' restarts included, is gone
     assert h.wait_until(lambda: not set(_workers()) - before, timeout=10), set(_workers()) - before
+
+
+def _cancel_when_queued(client: Client, prefix: str, worker: str, done: threading.Event) -> None:
+    """Cancel, for every client (``force=True``, as the scheduler itself would), the first task
+    whose key starts with ``prefix`` once it waits on ``worker``."""
+
+    def queued(dask_scheduler, prefix=prefix, worker=worker):
+        return [
+            key
+            for key, ts in dask_scheduler.tasks.items()
+            if str(key).startswith(prefix) and ts.state == "processing" and ts.processing_on.address == worker
+        ]
+
+    while not done.is_set():
+        keys = client.run_on_scheduler(queued)
+        if keys:
+            client.cancel([Future(keys[0], client)], force=True)
+            done.set()
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_recreation_that_fails_on_a_live_worker_is_tried_again(h, tmp_path):
+    """The scheduler cancels the re-created actor's task on its new worker, which stays: the
+    run tries the re-creation again (without the retry, the actor was expected there for
+    ``tianji.timeouts.host-startup`` and the run failed)."""
+    cfg = load_config(h.CONFIG, [*h.SHORT, "topology.actors=1", "stop.max_seconds=150", "run.snapshot_interval=0"])
+    events: list[str] = []
+    watcher: list[Client] = []
+    cancelled = threading.Event()
+
+    def on_event(text: str) -> None:  # called in the run's driver thread, before it acts on it
+        events.append(text)
+        if text.startswith("scheduler: ") and not watcher:
+            watcher.append(Client(text.split(" ", 1)[1], timeout="20s", set_as_default=False))
+        elif text.startswith("host lost: ") and "; re-creating on " in text and not cancelled.is_set():
+            new = text.rsplit(" ", 1)[1]
+            # the new worker's one thread is busy when the actor's task comes: it waits there,
+            # queued, for the canceller
+            busy = watcher[0].submit(time.sleep, 3, workers=[new], pure=False)
+            assert h.wait_until(lambda: busy.status == "pending" and _processing(watcher[0], busy.key), 20)
+            threading.Thread(
+                target=_cancel_when_queued, args=(watcher[0], "ActorHost", new, cancelled), daemon=True
+            ).start()
+
+    run = train(cfg, out=tmp_path / "run", on_event=on_event)
+
+    def until(predicate, timeout: float = 90) -> None:
+        ok = h.wait_until(lambda: predicate() or run.done, timeout) and not run.done
+        assert ok, f"result {run.result}; events:\n" + "\n".join(events)
+
+    with h.ending(run):
+        until(lambda: watcher and run.recorder.env_steps > 1000)
+        os.kill(_pid_of(watcher[0], _host_workers(watcher[0], "ActorHost")[0]), signal.SIGKILL)
+        until(lambda: any("trying again" in e for e in events))
+        steps = run.recorder.env_steps
+        until(lambda: run.recorder.env_steps > steps + 1000)
+        watcher.pop().close()
+        run.stop()
+        result = run.wait(timeout=60)
+    said = "\n".join(events)
+    assert result is not None and result.status == "stopped" and result.error is None, f"{result}\n{said}"
+    assert cancelled.is_set()
+    assert "re-creating actor 0 did not finish (the scheduler cancelled a host's task" in said, said
+    assert "trying again (2 of 3)" in said, said
+
+
+def _processing(client: Client, key: str) -> bool:
+    """Whether the scheduler has given task ``key`` to a worker (a just-submitted key may not be there yet)."""
+
+    def state(dask_scheduler, key=key):
+        ts = dask_scheduler.tasks.get(key)
+        return ts.state if ts is not None else None
+
+    return client.run_on_scheduler(state) == "processing"

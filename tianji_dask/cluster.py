@@ -39,6 +39,7 @@ WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' 
 ERROR_GRACE_S = 3.0  # how long a host's error waits for a lost worker that explains it
 SNAPSHOT_TIMEOUT_S = 30.0
 RANK_RESTART_S = 10.0
+RECREATE_TRIES = 3  # a re-creation that failed while its workers are all still there is tried again
 CLUSTER_START_TRIES = 3  # a LocalCluster whose worker process died while it started is started again
 
 
@@ -428,8 +429,7 @@ class RunCluster:
                 self._policy.admit(lost, time.time())  # too many: HostLost, the run fails
                 what = f"{type(exc).__name__}: {_first_line(exc)}" if not isinstance(exc, HostLost) else ""
                 for group in range(self.cfg.topology.groups):
-                    for hb in hosts.stop_group(group):
-                        add_heartbeat(hb)
+                    self._stop_group(group, add_heartbeat)
                 for w in lost:
                     new = hosts.replacement(w.address, self._startup_grace_s)
                     hosts.move(w.address, new)
@@ -515,6 +515,7 @@ class RunCluster:
             counts["actor_restarts"] += t.actors
             rebuilt = self._unless_lost_again(
                 f"group {group}",
+                hosts.group_keys(group),
                 functools.partial(
                     hosts.build_group_again,
                     group,
@@ -522,6 +523,7 @@ class RunCluster:
                     prior,
                     replays=replays,
                 ),
+                undo=functools.partial(self._stop_group, group, add_heartbeat),
             )
             if rebuilt:
                 self._on_event(
@@ -537,6 +539,7 @@ class RunCluster:
             counts["actor_restarts"] += 1
             self._unless_lost_again(
                 f"actor {actor_id}",
+                [("actor", actor_id)],
                 functools.partial(hosts.recreate_actor, actor_id, prior),
             )
         recreated = {k for g in groups for k in hosts.group_keys(g)} | {("actor", a) for a in actors}
@@ -548,6 +551,11 @@ class RunCluster:
         self._expected = hosts.current_plan().host_workers()
         self.worker_addresses = sorted(set(self._expected.values()))
         return dict(counts)
+
+    def _stop_group(self, group: int, add_heartbeat: Callable[[dict], None]) -> None:
+        """Stop and release a group's hosts, recording their last heartbeats."""
+        for hb in self._built().stop_group(group):
+            add_heartbeat(hb)
 
     def _restart_surviving_ranks(self, group: int, timeout: float) -> None:
         """A data-parallel rank that lost its peer may be stuck in a collective, and
@@ -566,17 +574,34 @@ class RunCluster:
         for address in survivors:
             hosts.move(address, hosts.replacement(address, timeout))
 
-    def _unless_lost_again(self, what: str, recreate: Callable[[], None]) -> bool:
-        """Run one re-creation; True if it finished. If a worker it needs is lost meanwhile (or
-        it times out), say so and go on: its hosts stay expected on the plan's workers, so the
-        next :meth:`check_health` reports that worker lost (and the policy counts it) or, if the
-        worker is there, they get the start-up grace to send a heartbeat."""
-        try:
-            recreate()
-        except Exception as exc:  # noqa: BLE001 - the run goes on; supervision decides what it means
-            self._on_event(f"re-creating {what} did not finish: {str(exc).splitlines()[0]}")
-            return False
-        return True
+    def _unless_lost_again(
+        self, what: str, keys: list[Key], recreate: Callable[[], None], undo: Callable[[], None] = lambda: None
+    ) -> bool:
+        """Run one re-creation of the hosts ``keys``; True if it finished. One that failed while
+        their workers are all still there (the scheduler cancelled a host's task, a call to a
+        host failed) is tried again, after ``undo`` released what the failed try made, up to
+        ``RECREATE_TRIES`` in all: it is still one restart. If a worker it needs is lost
+        meanwhile (or the tries run out), say so and go on: its hosts stay expected on the
+        plan's workers, so the next :meth:`check_health` reports that worker lost (and the
+        policy counts it) or, if the worker is there, they get the start-up grace to send a
+        heartbeat."""
+        for attempt in range(1, RECREATE_TRIES + 1):
+            try:
+                recreate()
+                return True
+            except Exception as exc:  # noqa: BLE001 - the run goes on; supervision decides what it means
+                why = _first_line(exc)
+                needed = {self._built().current_plan().host_workers()[k] for k in keys}
+                lost = needed - set(scheduler_workers(self.client))
+                if attempt == RECREATE_TRIES or self._hurry.is_set() or lost:
+                    self._on_event(f"re-creating {what} did not finish: {why}")
+                    return False
+                self._on_event(
+                    f"re-creating {what} did not finish ({why}) while its workers are all there: "
+                    f"trying again ({attempt + 1} of {RECREATE_TRIES})"
+                )
+                undo()
+        return False
 
     def take_snapshots(self) -> None:
         """Ask each group's learners for their newest state, to keep in this process for
