@@ -11,7 +11,7 @@ An episode's end, terminated or truncated, ends the n-step return (no bootstrap)
 ends by score long before the 108,000-frame truncation.
 
 usage: python3 benchmarks/dqn_pong_single.py [--seed 1] [--envs 32] [--threads 16] [--target 18]
-    [--max-seconds 1800] [--device cuda]       (--help lists the hyperparameters)
+    [--max-seconds 1800] [--max-env-steps N] [--device cuda]    (--help lists the hyperparameters)
 Prints a progress line every ~10 s and a final JSON line with seconds_to_target (from just before
 the env, network and replay are built; imports excluded), env steps then, and throughputs.
 """
@@ -104,6 +104,7 @@ def main():
     ap.add_argument("--max-grad-norm", type=float, default=10.0)
     ap.add_argument("--target", type=float, default=18.0)
     ap.add_argument("--max-seconds", type=float, default=1800.0)
+    ap.add_argument("--max-env-steps", type=int, help="stop after this many env steps (a smoke run)")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
 
@@ -192,7 +193,7 @@ def main():
         if len(finished) == 100 and mean >= a.target:
             hit = (round(now, 1), env_steps)
             break
-        if now > a.max_seconds:
+        if now > a.max_seconds or (a.max_env_steps is not None and env_steps >= a.max_env_steps):
             break
     now = time.perf_counter() - t0
     print(

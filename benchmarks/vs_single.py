@@ -14,10 +14,16 @@ config's actors have; one synchronous process, the ale-py vector env on all core
 training on the GPU; its clock starts just before its env and network are built) and
 ``benchmarks/time_to_target.py`` on ``--config`` (its clock starts just before the LocalCluster
 is built). Before them, the raw rate of the emulator: ale-py's vector env stepping random
-actions on all cores for ``--ale-seconds``.
+actions for ``--ale-seconds``, with the single script's envs on all cores, and with the
+config's envs on its ``env.atari_threads`` (what tianji-dask's actor makes is compared with
+this one: ``actor_share_of_raw_ale``, its median ``env_fps`` after the first update over it).
+
+``--continue`` adds seeds to the race already in ``--out`` (same config, overrides, target and
+limits; the runs it has are kept, and the order goes on alternating): a race longer than one
+device call runs as one seed per call. Without it, an ``--out`` that holds a race is refused.
 
 Writes into ``--out``, after every run (a stopped benchmark keeps what it measured):
-``vs_single.json`` (every run, the raw ALE rate, the medians and their ratios; a run that
+``vs_single.json`` (every run, the raw ALE rates, the medians and their ratios; a run that
 missed the target counts as longer than its time limit, which can make a median a lower
 bound and a ratio an upper bound, flagged ``*_at_least`` / ``*_at_most``),
 ``vs_single.nc`` (dims ``system`` x ``seed``) and ``return.png`` (the 100-episode mean
@@ -218,15 +224,21 @@ def system_seed_grid(rows: list[dict], systems: tuple[str, ...], seeds: list[int
 
 
 def alternate(
-    seeds: list[int], systems: tuple[str, str], run: Callable[[str, int], dict], save: Callable[[list[dict]], dict]
+    seeds: list[int],
+    systems: tuple[str, str],
+    run: Callable[[str, int], dict],
+    save: Callable[[list[dict]], dict],
+    rows: list[dict] | None = None,
 ) -> dict:
     """Per seed, ``run(system, seed)`` for both systems one after the other, the order alternating
     from seed to seed so both see the same machine conditions; each run's row gets the load
     average after it, is printed, and ``save(rows)`` (which returns the summary) runs after every
-    run, so a stopped benchmark keeps what it measured. Returns the last summary."""
-    rows: list[dict] = []
+    run, so a stopped benchmark keeps what it measured. ``rows``: the runs of a race being
+    continued; its seeds count for the alternation. Returns the last summary."""
+    rows = list(rows or [])
     summary: dict = {}
-    for i, seed in enumerate(seeds):
+    done = len({r["seed"] for r in rows})
+    for i, seed in enumerate(seeds, start=done):
         for system in systems if i % 2 == 0 else systems[::-1]:
             t0 = time.time()
             r = run(system, seed)
@@ -243,6 +255,36 @@ def alternate(
     return summary
 
 
+RACE_KEYS = ("config", "overrides", "target", "max_seconds", "single_max_seconds")
+
+
+def continued(out: Path, meta: dict, seeds: list[int], go_on: bool) -> tuple[list[dict], list[int], list[dict]]:
+    """(the runs kept, the seeds still to run, the raw ALE measurements kept) for a race into
+    ``out``: nothing kept for a new race. An ``out`` holding a race is continued only with
+    ``go_on`` (``--continue``) and only if it is the same race (``RACE_KEYS`` of ``meta``);
+    anything else is a ``SystemExit`` naming the fix, before any run."""
+    path = out / "vs_single.json"
+    if not path.exists():
+        return [], seeds, []
+    if not go_on:
+        raise SystemExit(f"--out {out} holds a race already: add --continue to add seeds to it, or give another --out")
+    try:
+        old = json.loads(path.read_text())
+        old_meta, rows = old["meta"], old["runs"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--continue: {path} is not a race's result ({exc!r}): give another --out") from None
+    differs = [k for k in RACE_KEYS if old_meta.get(k) != meta.get(k)]
+    if differs:
+        said = ", ".join(f"{k} {old_meta.get(k)!r} there, {meta.get(k)!r} now" for k in differs)
+        raise SystemExit(f"--continue: the race in {out} is another one ({said}): give the same flags or another --out")
+    finished = {(r["seed"], r["system"]) for r in rows if "error" not in r}
+    ran = {seed for seed, _ in finished if all((seed, system) in finished for system in SYSTEMS)}
+    rows = [
+        r for r in rows if r["seed"] in ran and "error" not in r
+    ]  # a seed with a failed run runs again, both systems
+    return rows, [s for s in seeds if s not in ran], list(old_meta.get("raw_ale", []))
+
+
 def run_meta(args) -> dict:
     """What every race records of itself: when, the machine's cores, the tianji-dask config and
     its overrides, the target and the time limit."""
@@ -256,8 +298,16 @@ def run_meta(args) -> dict:
     }
 
 
+def actor_share(rows: list[dict], raw_rate: float) -> float:
+    """tianji-dask's actor rate inside its runs (the median of each run's median ``env_fps``
+    after the first update) over the raw ALE rate of its envs and threads."""
+    rates = [r["median_env_fps"] for r in rows if r["system"] == "tianji" and "median_env_fps" in r]
+    return statistics.median(rates) / raw_rate if rates and raw_rate > 0 else math.nan
+
+
 def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
     summary = compare(rows, SYSTEMS, {"tianji": meta["max_seconds"], "single": meta["single_max_seconds"]})
+    summary["actor_share_of_raw_ale"] = actor_share(rows, meta.get("raw_ale_config_env_steps_per_s", math.nan))
     (out / "vs_single.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
     units = {"time_to_target_s": "s", "env_steps_to_target": "1", "env_steps_per_s": "1/s"}
     ds = xr.Dataset(
@@ -307,26 +357,39 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="its env threads (and the raw ALE rate's)")
     p.add_argument("--ale-seconds", type=float, default=10.0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/vs_single"))
+    p.add_argument("--continue", dest="go_on", action="store_true", help="add the seeds to the race in --out")
     args = p.parse_args(argv)
     if not (ROOT / args.config).is_file():
         p.error(f"--config {args.config}: no such file under {ROOT}")
     args.single, envs, algo = single_command(args)  # a bad config stops here, before any run
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = {
         **run_meta(args),
         "single_max_seconds": args.single_max_seconds or args.max_seconds,
         "algo": algo,
         "single_command": args.single,
     }
-    meta["raw_ale_env_steps_per_s"] = raw_ale_rate(args.ale_seconds, envs, args.threads)
-    print(f"raw ALE: {meta['raw_ale_env_steps_per_s']:,.0f} env steps/s on {args.threads} threads", flush=True)
+    rows, todo, raw = continued(args.out, meta, args.seeds, args.go_on)
+    seeds = sorted({r["seed"] for r in rows}, key=[r["seed"] for r in rows].index) + todo
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(ROOT / args.config, args.overrides, check_env=False, check_device=False)
+    config_threads = cfg.env.atari_threads or 1
+    for who, n, threads in (("single", envs, args.threads), ("config", cfg.env.num_envs, config_threads)):
+        rate = raw_ale_rate(args.ale_seconds, n, threads)
+        raw.append({"for": who, "envs": n, "threads": threads, "env_steps_per_s": rate, "seeds": todo})
+        print(f"raw ALE: {rate:,.0f} env steps/s, {n} envs on {threads} threads ({who})", flush=True)
+    for who, key in (("single", "raw_ale_env_steps_per_s"), ("config", "raw_ale_config_env_steps_per_s")):
+        meta[key] = statistics.median(m["env_steps_per_s"] for m in raw if m["for"] == who)
+    meta["raw_ale"] = raw
 
     def run(system: str, seed: int) -> dict:
         if system == "single":
             return run_single(seed, args, args.out / f"single-seed{seed}.log")
         return run_tianji(seed, args, args.out / f"tianji-seed{seed}", args.out / f"tianji-seed{seed}.log")
 
-    summary = alternate(args.seeds, SYSTEMS, run, lambda rows: write(args.out, rows, meta, args.seeds))
+    def save(done: list[dict]) -> dict:
+        return write(args.out, done, meta, seeds)
+
+    summary = alternate(todo, SYSTEMS, run, save, rows) if todo else save(rows)
     print(json.dumps(summary, indent=2), flush=True)
     return 0
 

@@ -44,12 +44,13 @@ def test_the_replay_returns_n_step_returns_that_stop_at_an_episode_end():
 def test_a_short_run_on_the_cpu_trains_and_reports_json():
     r = subprocess.run(
         [sys.executable, str(SCRIPT), "--envs", "2", "--threads", "1", "--buffer-size", "4000",
-         "--learning-starts", "200", "--n-step", "3", "--max-seconds", "8", "--device", "cpu"],
+         "--learning-starts", "100", "--n-step", "3", "--max-env-steps", "140", "--max-seconds", "90",
+         "--device", "cpu"],
         capture_output=True, text=True, timeout=110,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert res["env_steps"] > 200 and res["updates"] > 0 and res["seconds_to_target"] is None
+    assert res["env_steps"] == 140 and res["updates"] > 0 and res["seconds_to_target"] is None
 
 
 def test_the_race_runs_the_single_script_with_the_configs_hyperparameters():
