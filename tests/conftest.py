@@ -193,6 +193,31 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
         time.sleep(interval)
 
 
+FORK_SERVER = "multiprocessing.forkserver import main"  # in the fork server's command line
+
+
+def worker_processes(root: int | None = None) -> list:
+    """The live Dask worker processes under process ``root`` (default: this one): spawned ones
+    (``spawn_main`` in their command line), and those forked from a fork server
+    (``tianji_dask.forked_workers``), whose command line is the server's: its children. Not the
+    fork server itself."""
+    import os
+
+    import psutil
+
+    out = []
+    for p in psutil.Process(root or os.getpid()).children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            line = " ".join(p.cmdline())
+            if "spawn_main" in line or (FORK_SERVER in line and FORK_SERVER in " ".join(p.parent().cmdline())):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):  # gone meanwhile (parent() None)
+            pass
+    return out
+
+
 @contextlib.contextmanager
 def ending(run, timeout: float = 60):
     """Yields ``run``; on the way out, whatever happened inside, a run still going is stopped
@@ -267,6 +292,7 @@ class _Helpers:
     cli_in_background = staticmethod(cli_in_background)
     wait_until = staticmethod(wait_until)
     ending = staticmethod(ending)
+    worker_processes = staticmethod(worker_processes)
     ppo_train_batch = staticmethod(ppo_train_batch)
 
 

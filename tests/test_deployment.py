@@ -120,6 +120,7 @@ def test_the_local_cluster_dashboard_listens_where_configured(monkeypatch):
 
     monkeypatch.setattr(cluster, "TianjiLocalCluster", lambda **kwargs: kwargs)
     monkeypatch.setattr(cluster, "spawned_ignoring_driver_signals", contextlib.nullcontext)
+    monkeypatch.setattr(cluster, "start_fork_server", lambda: None)
     with dask.config.set({"tianji.local-cluster.dashboard-address": "127.0.0.1:8787"}):
         assert cluster.local_cluster(2)["dashboard_address"] == "127.0.0.1:8787"
         assert cluster.local_cluster(2, dashboard=False)["dashboard_address"] is None

@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 import xarray as xr
+from conftest import worker_processes
 from distributed import Client, Future
 
 from tianji_dask.config import load_config
@@ -21,15 +22,8 @@ from tianji_dask.driver import train
 
 
 def _workers() -> dict[int, psutil.Process]:
-    """This process's Dask worker processes (multiprocessing spawn children), alive."""
-    out = {}
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(p.cmdline()):
-                out[p.pid] = p
-        except psutil.Error:
-            pass
-    return out
+    """This process's Dask worker processes, alive."""
+    return {p.pid: p for p in worker_processes()}
 
 
 def _pid_of(client: Client, address: str) -> int:

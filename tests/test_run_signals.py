@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 import xarray as xr
+from conftest import worker_processes
 
 pytestmark = pytest.mark.integration
 
@@ -126,15 +127,8 @@ class CliRun:
         pytest.fail(f"no line matching {pattern.pattern!r} (exit {self.proc.poll()}); stderr:\n{self.stderr}")
 
     def workers(self) -> list[psutil.Process]:
-        """The Dask worker processes (multiprocessing spawn children) of the CLI."""
-        out = []
-        for p in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                if "spawn_main" in " ".join(p.cmdline()):
-                    out.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        return out
+        """The Dask worker processes of the CLI."""
+        return worker_processes(self.proc.pid)
 
     def session(self) -> list[psutil.Process]:
         """Every live process of the CLI's session (the CLI, its workers, any orphan of theirs)."""

@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from conftest import FORK_SERVER, worker_processes
 
 from tianji_dask.worker_signals import DRIVER_SIGNALS, spawned_ignoring_driver_signals
 
@@ -44,13 +45,14 @@ def test_processes_spawned_inside_the_block_ignore_the_driver_signals_and_others
     assert outside == {int(s): False for s in DRIVER_SIGNALS}
 
 
-def _spawned_workers() -> list[psutil.Process]:
-    """This process's spawned children from the moment they exec (the launcher's shell, then
-    Python); before that they are forks of this process with the signals already blocked."""
-    out = []
+def _cluster_processes() -> list[psutil.Process]:
+    """This process's worker processes and fork server (``tianji_dask.forked_workers``), from the
+    moment they exist (a spawned one from its exec, before which it is a fork of this process
+    with the signals already blocked)."""
+    out = worker_processes()
     for p in psutil.Process().children():
         try:
-            if "spawn_main" in " ".join(p.cmdline()):
+            if FORK_SERVER in " ".join(p.cmdline()):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
@@ -75,8 +77,8 @@ def test_signals_while_a_runs_cluster_starts_kill_no_worker():
     starter = threading.Thread(target=start)
     starter.start()
     hit: dict[int, int] = {}
-    while starter.is_alive():  # signal every worker as soon as it exists, until the cluster is up
-        for p in _spawned_workers():
+    while starter.is_alive():  # signal every process as soon as it exists, until the cluster is up
+        for p in _cluster_processes():
             for sig in DRIVER_SIGNALS:
                 try:
                     p.send_signal(sig)
@@ -89,10 +91,10 @@ def test_signals_while_a_runs_cluster_starts_kill_no_worker():
     cluster = made["cluster"]
     try:
         pids = {n.pid for n in cluster.workers.values()}
-        assert len(hit) == 2 and min(hit.values()) >= 10, hit  # each was signalled during its start
-        assert set(hit) == pids, (hit, pids)
+        assert pids <= set(hit) and min(hit[pid] for pid in pids) >= 1, (hit, pids)  # each signalled as it started
         with Client(cluster) as client:
             assert sorted(client.run(os.getpid).values()) == sorted(pids)  # the same processes, alive
+        assert all(psutil.pid_exists(pid) for pid in hit)  # the fork server too
     finally:
         cluster.close()  # ends the workers, which ignore SIGTERM
-    assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+    assert not worker_processes()

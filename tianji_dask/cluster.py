@@ -12,19 +12,19 @@ import collections
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from distributed import LocalCluster
+from distributed import LocalCluster, Nanny
 from distributed.deploy.spec import SpecCluster
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.deployment import deployment_settings
+from tianji_dask.forked_workers import ForkedNanny, start_fork_server
 from tianji_dask.hosts import metrics_topic, stop_event_name
 from tianji_dask.restarts import HostLost, Key, LostWorker, RestartPolicy, lost_with, replay_lost
 from tianji_dask.roles.replay_state import ReplayState, merged
@@ -92,12 +92,13 @@ class TianjiLocalCluster(LocalCluster):
         return super(SpecCluster, self)._update_worker_status(op, msg)  # Cluster's: the bookkeeping only
 
     def close(self, timeout: float | None = None):
-        pids = [n.pid for n in self.workers.values() if getattr(n, "pid", None)]
+        processes = [_process(n.pid) for n in self.workers.values() if getattr(n, "pid", None)]
         try:
             return super().close(timeout)
         finally:
-            for pid in pids:
-                kill_and_reap(pid)
+            for proc in processes:
+                if proc is not None:
+                    kill_and_reap(proc)
 
 
 def local_cluster(
@@ -122,10 +123,15 @@ def local_cluster(
     # (the run checks before it starts that the replay fits: driver.check_replay_fits).
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
     # (tianji_dask.worker_signals).
+    # Their processes fork from a server that imported the roles (tianji_dask.forked_workers);
+    # the channel benchmark's spawn without importing them.
     preload = ["tianji_dask.worker_signals", *(["tianji_dask.worker_preload"] if preload_roles else [])]
     with spawned_ignoring_driver_signals():
+        if preload_roles:
+            start_fork_server()
         return TianjiLocalCluster(
             n_workers=n_workers,
+            worker_class=ForkedNanny if preload_roles else Nanny,
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
@@ -144,10 +150,18 @@ def _placed(host_workers: dict[Key, str]) -> str:
     return "; ".join(f"{', '.join(keys)} on {worker}" for worker, keys in by_worker.items())
 
 
-def kill_and_reap(pid: int) -> None:
+def _process(pid: int) -> psutil.Process | None:
     try:
-        proc = psutil.Process(pid)
-        if proc.ppid() != os.getpid():  # a recycled pid: not ours
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def kill_and_reap(proc: psutil.Process) -> None:
+    """Kill a worker process if it still runs (psutil knows the process by pid and start time:
+    a recycled pid is another process, left alone) and wait for it to end."""
+    try:
+        if not proc.is_running():
             return
         proc.kill()
         proc.wait(5)

@@ -1,0 +1,60 @@
+"""The run's own LocalCluster forks its worker processes from a fork server that imported torch,
+Dask and the roles once, instead of spawning each to import them again: a worker's start drops
+from seconds (the imports, about 4 s on a 2-core machine) to a fraction of one for every
+LocalCluster after a process's first, and for every worker a nanny restarts after it was killed.
+
+The fork server is multiprocessing's ``forkserver``, one per driver process; it ends with that
+process. :func:`start_fork_server` starts it inside
+:func:`~tianji_dask.worker_signals.spawned_ignoring_driver_signals`, so the server and every
+worker forked from it ignore SIGINT and SIGTERM from their first instruction (an ignored signal
+stays ignored across ``fork``), with Dask's pre-spawn environment (``MALLOC_TRIM_THRESHOLD_``,
+``OMP_NUM_THREADS``: read when a process starts, and a fork inherits the server's).
+
+Dask takes a nanny's start method from ``distributed.worker.multiprocessing-method``, one setting
+for the whole process: :class:`ForkedNanny` sets it to ``forkserver`` while it makes its worker
+process, one nanny at a time, so that other LocalClusters of the process keep spawning theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import weakref
+
+import dask
+from distributed import Nanny
+
+# imported once in the fork server: everything a worker of a run imports
+PRELOAD = ["distributed", "tianji_dask.worker_preload", "tianji_dask.hosts"]
+
+_instantiating: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def start_fork_server() -> None:
+    """Start the fork server with :data:`PRELOAD` imported, if it is not running."""
+    os.environ.update(pre_spawn_environ())
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+
+
+def pre_spawn_environ() -> dict[str, str]:
+    """What Dask's nanny puts in the parent's environment before it starts a worker process:
+    ``distributed.nanny.pre-spawn-environ`` (a variable already set wins), and a fixed
+    ``PYTHONHASHSEED`` for hashing that is the same in every worker."""
+    config = dask.config.get("distributed.nanny.pre-spawn-environ", default=None) or {}
+    env = {k: os.environ.get(k, str(v)) for k, v in config.items() if v is not None}
+    if env.get("PYTHONHASHSEED") in (None, "0"):
+        env["PYTHONHASHSEED"] = "6640"  # Dask's number
+    return env
+
+
+class ForkedNanny(Nanny):
+    """A nanny whose worker process is forked from the fork server (:func:`start_fork_server`)."""
+
+    async def instantiate(self):
+        lock = _instantiating.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        async with lock:
+            with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+                return await super().instantiate()
