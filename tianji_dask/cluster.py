@@ -92,13 +92,12 @@ class TianjiLocalCluster(LocalCluster):
         return super(SpecCluster, self)._update_worker_status(op, msg)  # Cluster's: the bookkeeping only
 
     def close(self, timeout: float | None = None):
-        processes = [_process(n.pid) for n in self.workers.values() if getattr(n, "pid", None)]
+        processes = [p for n in self.workers.values() if (p := _process(getattr(n, "pid", None)))]
         try:
             return super().close(timeout)
         finally:
             for proc in processes:
-                if proc is not None:
-                    kill_and_reap(proc)
+                kill_and_reap(proc)
 
 
 def local_cluster(
@@ -150,7 +149,10 @@ def _placed(host_workers: dict[Key, str]) -> str:
     return "; ".join(f"{', '.join(keys)} on {worker}" for worker, keys in by_worker.items())
 
 
-def _process(pid: int) -> psutil.Process | None:
+def _process(pid: int | None) -> psutil.Process | None:
+    """The running process ``pid``, or None (no pid, or it has ended)."""
+    if not pid:
+        return None
     try:
         return psutil.Process(pid)
     except psutil.NoSuchProcess:
