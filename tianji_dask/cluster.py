@@ -125,9 +125,9 @@ def local_cluster(
     # Their processes fork from a server that imported the roles (tianji_dask.forked_workers);
     # the channel benchmark's spawn without importing them.
     preload = ["tianji_dask.worker_signals", *(["tianji_dask.worker_preload"] if preload_roles else [])]
+    if preload_roles:
+        start_fork_server()
     with spawned_ignoring_driver_signals():
-        if preload_roles:
-            start_fork_server()
         return TianjiLocalCluster(
             n_workers=n_workers,
             worker_class=ForkedNanny if preload_roles else Nanny,

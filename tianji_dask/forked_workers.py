@@ -26,6 +26,8 @@ import weakref
 import dask
 from distributed import Nanny
 
+from tianji_dask.worker_signals import spawned_ignoring_driver_signals
+
 # imported once in the fork server: everything a worker of a run imports
 PRELOAD = ["distributed", "tianji_dask.worker_preload", "tianji_dask.hosts"]
 
@@ -33,10 +35,13 @@ _instantiating: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Loc
 
 
 def start_fork_server() -> None:
-    """Start the fork server with :data:`PRELOAD` imported, if it is not running."""
-    os.environ.update(pre_spawn_environ())
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    multiprocessing.forkserver.ensure_running()
+    """Start the fork server with :data:`PRELOAD` imported, if it is not running. It returns
+    at once: the server imports while the caller goes on, and the first fork waits for it, so a
+    driver that starts it early has its seconds of imports overlap its own."""
+    with spawned_ignoring_driver_signals():
+        os.environ.update(pre_spawn_environ())
+        multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+        multiprocessing.forkserver.ensure_running()
 
 
 def pre_spawn_environ() -> dict[str, str]:
