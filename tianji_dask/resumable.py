@@ -57,7 +57,6 @@ def check_resumable(
     ``stop`` and ``run``)."""
     import xarray as xr
 
-    from tianji_dask.checkpoint import CheckpointError, load_checkpoint
     from tianji_dask.results import missing_variables
 
     run_dir = Path(run_dir)
@@ -106,6 +105,8 @@ def check_resumable(
             f"the run was in mode {files['metrics.nc'].attrs.get('mode')!r}; --resume continues distributed runs "
             "(the serial reference is a measuring stick, run it again instead)",
         )
+    from tianji_dask.checkpoint import CheckpointError, load_checkpoint  # imports torch: after the cheap checks
+
     try:
         state, meta = load_checkpoint(run_dir / "checkpoint")
     except CheckpointError as exc:
