@@ -13,6 +13,7 @@ Slurm cells and saying so. With TIANJI_REQUIRE_SLURM=1 (CI) its Slurm cells must
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -25,10 +26,15 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 600  # per cell; 03's training cell runs its runs of at most 60 s each
 SLURM_RAN = "ran on Slurm:"  # 02_slurm prints this after its run on the Slurm jobs
 SLURM_SKIPPED = "Slurm cells skipped"
-# Set after a notebook's cell tagged "parameters" (papermill's convention): two seeds instead of
-# three and a target of 100 instead of 300 still give 03 a median and a spread per actor count,
-# its four runs 4-15 s each.
-TEST_PARAMETERS = {"03_compare_runs": "seeds = (0, 1)\ntarget_return = 100.0"}
+# Set after a notebook's cell tagged "parameters" (papermill's convention): a target of 100
+# instead of the config's 300 still shows every cell's output (a run to 300 takes 20-30 s here);
+# two seeds instead of three still give 03 a median and a spread per actor count, its four runs
+# 4-15 s each; 1 s per profile measurement still gives 02 a plan.
+TEST_PARAMETERS = {
+    "01_quickstart": "target_return = 100.0",
+    "02_slurm": "profile_seconds = 1.0\ntarget_return = 100.0",
+    "03_compare_runs": "seeds = (0, 1)\ntarget_return = 100.0",
+}
 
 
 def test_there_are_notebooks():
@@ -101,14 +107,19 @@ def _inject_parameters(nb, source: str) -> None:
     nb.cells.insert(tagged[0] + 1, cell)
 
 
-def test_injected_parameters_follow_the_parameters_cell():
+@pytest.mark.parametrize("stem", sorted(TEST_PARAMETERS))
+def test_injected_parameters_follow_the_parameters_cell_and_set_its_names(stem):
     import nbformat
 
-    nb = nbformat.read(ROOT / "notebooks" / "03_compare_runs.ipynb", as_version=4)
-    _inject_parameters(nb, TEST_PARAMETERS["03_compare_runs"])
+    nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+    _inject_parameters(nb, TEST_PARAMETERS[stem])
     at = next(i for i, c in enumerate(nb.cells) if "injected-parameters" in c.metadata.get("tags", []))
-    assert "parameters" in nb.cells[at - 1].metadata["tags"] and "seeds = (0, 1, 2)" in nb.cells[at - 1].source
-    assert "for seed in seeds:" in nb.cells[at + 1].source  # the runs cell reads what was set
+    assert "parameters" in nb.cells[at - 1].metadata["tags"]
+    declared = {line.split("=")[0].strip() for line in nb.cells[at - 1].source.splitlines() if "=" in line}
+    injected = {line.split("=")[0].strip() for line in TEST_PARAMETERS[stem].splitlines()}
+    assert injected <= declared, injected - declared  # no name the notebook does not read
+    later = "\n".join(c.source for c in nb.cells[at + 1 :] if c.cell_type == "code")
+    assert all(re.search(rf"\b{name}\b", later) for name in declared), declared  # each one used below
 
 
 def _slurm_env(env: dict) -> tuple[dict, bool]:
