@@ -18,6 +18,7 @@ import time
 import cloudpickle
 import psutil
 import pytest
+from conftest import FORK_SERVER
 from distributed import Client, LocalCluster
 
 from tianji_dask.config import load_config
@@ -35,12 +36,14 @@ def short_config(h, *extra: str):
 
 
 def children() -> set[int]:
-    """Child processes of this one, except multiprocessing's resource tracker, which lives as
-    long as this process once anything used the spawn context."""
+    """Child processes of this one, except multiprocessing's resource tracker and the fork server
+    of the runs' workers (tianji_dask.forked_workers), which live as long as this process once
+    started (the first run of the process starts them)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if "multiprocessing.resource_tracker" not in " ".join(p.cmdline()):
+            line = " ".join(p.cmdline())
+            if "multiprocessing.resource_tracker" not in line and not (FORK_SERVER in line and p.ppid() == os.getpid()):
                 out.add(p.pid)
         except psutil.NoSuchProcess:
             pass

@@ -45,6 +45,27 @@ def test_processes_spawned_inside_the_block_ignore_the_driver_signals_and_others
     assert outside == {int(s): False for s in DRIVER_SIGNALS}
 
 
+def _exit_zero() -> None:
+    pass
+
+
+@pytest.mark.slow  # spawns Python processes
+@pytest.mark.timeout(120)
+def test_a_process_spawned_as_the_block_ends_still_starts_through_the_launcher():
+    """A spawned process reads the launcher script after its spawner went on: as a fork server
+    started just before its block ends does. The launcher outlives the block."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = []
+    for _ in range(5):
+        with spawned_ignoring_driver_signals():
+            proc = ctx.Process(target=_exit_zero)
+            proc.start()
+        procs.append(proc)
+    for proc in procs:
+        proc.join(60)
+    assert [p.exitcode for p in procs] == [0] * 5
+
+
 def _cluster_processes() -> list[psutil.Process]:
     """This process's worker processes and fork server (``tianji_dask.forked_workers``), from the
     moment they exist (a spawned one from its exec, before which it is a fork of this process

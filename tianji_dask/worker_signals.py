@@ -22,11 +22,13 @@ Two pieces, for the two ways a worker comes to life:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import multiprocessing.spawn
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -57,6 +59,31 @@ def _launcher_text(python: str) -> str:
     return f"#!/bin/sh\ntrap '' {names}\nexec {shlex.quote(python)} \"$@\"\n"
 
 
+_launchers: dict[str, str] = {}  # python -> its launcher, made once per process
+
+
+def _launcher(python: str) -> str | None:
+    """The launcher of ``python``: made once and kept until this process exits, because a
+    process spawned through it reads the script after its spawner has gone on (the fork server,
+    started as its block ends). None where it cannot run (no ``/bin/sh``, or a temporary
+    directory mounted ``noexec``)."""
+    if python not in _launchers:
+        directory = tempfile.mkdtemp(prefix="tianji-dask-spawn-")
+        atexit.register(_remove_launchers, directory, os.getpid())
+        launcher = os.path.join(directory, "python")
+        with open(launcher, "w") as f:
+            f.write(_launcher_text(python))
+        os.chmod(launcher, 0o700)
+        _launchers[python] = launcher
+    launcher = _launchers[python]
+    return launcher if os.path.exists("/bin/sh") and os.access(launcher, os.X_OK) else None
+
+
+def _remove_launchers(directory: str, maker: int) -> None:
+    if os.getpid() == maker:  # not in a forked child that exits normally
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def spawned_ignoring_driver_signals() -> Iterator[None]:
     """Processes that ``multiprocessing``'s spawn method starts inside this block, and threads
@@ -68,15 +95,11 @@ def spawned_ignoring_driver_signals() -> Iterator[None]:
     # multiprocessing's resource tracker, when it starts, unblocks both signals in the thread
     # that starts it (Dask's IO loop, at the first worker): start it now, before the block
     resource_tracker.ensure_running()
-    previous = multiprocessing.spawn.get_executable()
-    python = os.fsdecode(previous) if previous is not None else sys.executable
-    with _spawn_lock, tempfile.TemporaryDirectory(prefix="tianji-dask-spawn-") as tmp:
-        launcher = os.path.join(tmp, "python")
-        with open(launcher, "w") as f:
-            f.write(_launcher_text(python))
-        os.chmod(launcher, 0o700)
-        usable = os.path.exists("/bin/sh") and os.access(launcher, os.X_OK)
-        if usable:
+    with _spawn_lock:  # one block at a time: each sees the executable the last one put back
+        previous = multiprocessing.spawn.get_executable()
+        launcher = _launcher(os.fsdecode(previous) if previous is not None else sys.executable)
+        usable = launcher is not None
+        if launcher is not None:
             multiprocessing.spawn.set_executable(launcher)
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, DRIVER_SIGNALS)
         try:
