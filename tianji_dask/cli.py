@@ -260,13 +260,6 @@ def cmd_train(args) -> int:
             f"--out {args.out} exists and is not an empty directory; choose a new directory (nothing was written)"
         )
 
-    if not (args.slurm or args.scheduler or args.serial):
-        from tianji_dask.forked_workers import start_fork_server
-
-        start_fork_server()  # the run's LocalCluster forks its workers from it: its imports overlap ours
-
-    import torch  # noqa: F401 - the driver saves the checkpoint with it; importing it at the end would delay shutdown by seconds
-
     from tianji_dask.driver import Run, train
     from tianji_dask.progress import Progress
 

@@ -343,6 +343,11 @@ class Run:
 
     def _run_distributed(self) -> None:
         from tianji_dask.cluster import RunCluster
+        from tianji_dask.forked_workers import start_fork_server
+
+        if self._client is None:
+            start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours
+        import torch  # noqa: F401 - the checkpoints are saved with it: imported now, not as the run ends
 
         with RunCluster(
             self.cfg, self._client, self.id, self._on_event, hurry=self._hurry, security=self.security

@@ -29,7 +29,12 @@ from distributed import Nanny
 from tianji_dask.worker_signals import spawned_ignoring_driver_signals
 
 # imported once in the fork server: everything a worker of a run imports
-PRELOAD = ["distributed", "tianji_dask.worker_preload", "tianji_dask.hosts"]
+PRELOAD = [
+    "distributed",
+    "tianji_dask.worker_preload",
+    "tianji_dask.hosts",
+    "tianji_dask.fork_server_frozen",  # last: gc.freeze() after the imports
+]
 
 _instantiating: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
