@@ -4,7 +4,6 @@ other when the hosts are created. Use with ``dask worker --preload tianji_dask.w
 
 import gymnasium  # noqa: F401
 import torch
-import torch._dynamo  # torch.optim's first optimizer imports it: seconds in the learner's build
 
 
 def dask_setup(worker) -> None:  # the preload hook Dask calls; importing was the point
