@@ -98,7 +98,6 @@ def spawned_ignoring_driver_signals() -> Iterator[None]:
     with _spawn_lock:  # one block at a time: each sees the executable the last one put back
         previous = multiprocessing.spawn.get_executable()
         launcher = _launcher(os.fsdecode(previous) if previous is not None else sys.executable)
-        usable = launcher is not None
         if launcher is not None:
             multiprocessing.spawn.set_executable(launcher)
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, DRIVER_SIGNALS)
@@ -106,5 +105,5 @@ def spawned_ignoring_driver_signals() -> Iterator[None]:
             yield
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            if usable:
+            if launcher is not None:
                 multiprocessing.spawn.set_executable(previous)
