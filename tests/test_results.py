@@ -14,7 +14,14 @@ import torch
 import xarray as xr
 
 from tianji_dask import checkpoint as ckpt_mod
-from tianji_dask.checkpoint import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
+from tianji_dask.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    load_checkpoint,
+    pack_state,
+    save_checkpoint,
+    unpack_state,
+)
 from tianji_dask.results import MetricsRecorder, git_commit
 from tianji_dask.rundir import RunDirExists, prepare_run_dir, run_name, write_config
 
@@ -487,6 +494,21 @@ def test_checkpoint_round_trip(tmp_path):
     assert type(raw) is dict and type(raw["q_net"]) is dict
 
 
+def test_a_packed_state_is_saved_as_the_state_itself(tmp_path):
+    """What a learner sends the driver (pack_state's bytes) makes the same checkpoint as its
+    state, and unpacks to it."""
+    state = _state(3)
+    packed = pack_state(state)
+    assert isinstance(packed, bytes)
+    _assert_state_equal(state, unpack_state(packed))
+    save_checkpoint(tmp_path / "from_state", state, {"n": 1})
+    save_checkpoint(tmp_path / "from_bytes", packed, {"n": 1})
+    assert (tmp_path / "from_bytes" / "tensors.pt").read_bytes() == packed
+    _assert_state_equal(load_checkpoint(tmp_path / "from_state")[0], load_checkpoint(tmp_path / "from_bytes")[0])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        pack_state({"net": {"w": np.zeros(2)}})
+
+
 def test_checkpoint_replaces_previous_and_leaves_no_temp(tmp_path):
     d = tmp_path / "checkpoint"
     save_checkpoint(d, _state(0), {"n": 1})
@@ -519,11 +541,15 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     d = tmp_path / "checkpoint"
     save_checkpoint(d, _state(0), {"n": 1})
 
-    def failing_save(obj, f):
-        f.write(b"half a checkpoint")
+    write = ckpt_mod._write_file
+
+    def failing_write(path, what):
+        if path.name != "tensors.pt":
+            return write(path, what)
+        path.with_name(".tensors.pt.tmp").write_bytes(b"half a checkpoint")
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt_mod.torch, "save", failing_save)
+    monkeypatch.setattr(ckpt_mod, "_write_file", failing_write)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(d, _state(1), {"n": 2})
     monkeypatch.undo()

@@ -221,6 +221,8 @@ def started(cli_run, algo: str, actors: int, *, terminal: bool) -> tuple[CliRun,
     assert len(workers) == actors + 1, [w.cmdline() for w in workers]
     # the workers share the CLI's process group: a signal to the group reaches them
     assert {os.getpgid(w.pid) for w in workers} == {run.proc.pid}
+    # the driver of a distributed run leaves torch to its workers: its learner packs what it saves
+    assert "libtorch" not in Path(f"/proc/{run.proc.pid}/maps").read_text(), "the CLI process imported torch"
     return run, psutil.Process(run.proc.pid).children(recursive=True)
 
 

@@ -5,19 +5,26 @@ A checkpoint is a directory holding ``tensors.pt`` (``torch.save`` of
 ``checkpoint.json`` (``format_version``, ``created``, versions, plus the caller's metadata,
 e.g. counters and the config). A save is built in a temporary sibling directory and renamed into
 place, so a crash mid-save leaves the previous checkpoint as it was.
+
+A learner sends its state to the driver packed (:func:`pack_state`: the bytes of ``tensors.pt``),
+so the driver of a distributed run writes checkpoints, and hands snapshots to re-created
+learners, without importing torch.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import io
 import json
 import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 FORMAT_VERSION = 1
 TENSORS_FILE = "tensors.pt"
@@ -29,8 +36,25 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, unreadable or of another format version."""
 
 
-def save_checkpoint(directory: Path, state: dict[str, dict[str, torch.Tensor]], metadata: dict) -> Path:
-    """Write ``state`` (component -> name -> tensor) and ``metadata`` into ``directory``.
+def pack_state(state: dict[str, dict[str, torch.Tensor]]) -> bytes:
+    """``state`` (component -> name -> tensor) as the bytes of ``tensors.pt``: detached, on CPU."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(_plain_state(state), buffer)
+    return buffer.getvalue()
+
+
+def unpack_state(packed: bytes) -> dict[str, dict[str, torch.Tensor]]:
+    """What :func:`pack_state` packed, on CPU."""
+    import torch
+
+    return torch.load(io.BytesIO(packed), map_location="cpu", weights_only=True)
+
+
+def save_checkpoint(directory: Path, state: dict[str, dict[str, torch.Tensor]] | bytes, metadata: dict) -> Path:
+    """Write ``state`` (component -> name -> tensor, or :func:`pack_state`'s bytes of it) and
+    ``metadata`` into ``directory``.
 
     Tensors are detached and copied to CPU. ``metadata`` must be JSON-serializable and must not
     use the reserved keys ``format_version``, ``created``, ``tianji_dask_version``,
@@ -38,7 +62,7 @@ def save_checkpoint(directory: Path, state: dict[str, dict[str, torch.Tensor]], 
     is complete. Not safe for two concurrent saves to the same directory. Returns ``directory``.
     """
     directory = Path(directory)
-    tensors = _plain_state(state)
+    packed = state if isinstance(state, bytes) else pack_state(state)
     clash = [k for k in _RESERVED if k in metadata]
     if clash:
         raise ValueError(f"checkpoint metadata may not set the reserved keys {clash}; rename them")
@@ -46,7 +70,7 @@ def save_checkpoint(directory: Path, state: dict[str, dict[str, torch.Tensor]], 
         "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "tianji_dask_version": _package_version("tianji-dask"),
-        "torch_version": torch.__version__,
+        "torch_version": _package_version("torch"),
         **metadata,
     }
     try:
@@ -61,7 +85,7 @@ def save_checkpoint(directory: Path, state: dict[str, dict[str, torch.Tensor]], 
     tmp = parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
-        _write_file(tmp / TENSORS_FILE, lambda f: torch.save(tensors, f))
+        _write_file(tmp / TENSORS_FILE, lambda f: f.write(packed))
         _write_file(tmp / METADATA_FILE, lambda f: f.write(meta_text.encode()))
         _fsync_dir(tmp)
         if directory.exists():
@@ -111,6 +135,8 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, dict[str, torch.Tensor]]
             f"this tianji_dask {_package_version('tianji-dask')} reads format_version {FORMAT_VERSION}. "
             "Load it with the tianji_dask version that wrote it."
         )
+    import torch
+
     try:
         state = torch.load(tensors_path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError... on bad files
@@ -124,6 +150,8 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, dict[str, torch.Tensor]]
 
 
 def _plain_state(state: dict) -> dict[str, dict[str, torch.Tensor]]:
+    import torch
+
     if not isinstance(state, dict):
         raise TypeError(f"checkpoint state must be a dict of dicts of tensors, got {type(state).__name__}")
     out: dict[str, dict[str, torch.Tensor]] = {}

@@ -206,7 +206,7 @@ class RunCluster:
         self._next_worker_check = 0.0
         self._deaths_since = time.time()
         self._policy = RestartPolicy(cfg.run.max_restarts, cfg.run.restart_window_s)
-        self._snapshots: dict[int, tuple[dict, dict]] = {}  # group -> its lead learner's (state, meta)
+        self._snapshots: dict[int, tuple[bytes, dict]] = {}  # group -> its lead learner's (packed state, meta)
         # (group, learner id) -> the snapshot asked for and not yet kept, and its buffer's incarnation
         self._pending_snapshots: dict[tuple[int, int], tuple[Any, int]] = {}
         self._snapshots_asked = 0.0
@@ -404,7 +404,7 @@ class RunCluster:
     def start_hosts(
         self,
         spaces,
-        restore: dict | None = None,
+        restore: bytes | None = None,
         prior: Callable[[Key, str], float] | None = None,
         *,
         totals: Callable[[str, int, str], float] = lambda role, hid, counter: 0.0,
@@ -721,9 +721,10 @@ class RunCluster:
     def final_heartbeats(self) -> list[dict]:
         return list(self._final)
 
-    def learner_checkpoint(self, timeout: float = 60.0) -> tuple[dict, dict] | None:
-        """The learner's final state. A learner lost as the run stopped gives its newest
-        snapshot instead, if there is one; with none, :class:`LearnerLost`."""
+    def learner_checkpoint(self, timeout: float = 60.0) -> tuple[bytes, dict] | None:
+        """The learner's final state, packed (:func:`~tianji_dask.checkpoint.pack_state`). A
+        learner lost as the run stopped gives its newest snapshot instead, if there is one; with
+        none, :class:`LearnerLost`."""
         try:
             return self.learner.checkpoint().result(timeout=timeout)
         except Exception as exc:
@@ -738,6 +739,6 @@ class RunCluster:
                 ) from None
             raise
 
-    def learner_snapshot(self) -> tuple[dict, dict]:
-        """The learner's state while it trains (a periodic checkpoint), as CPU tensors."""
+    def learner_snapshot(self) -> tuple[bytes, dict]:
+        """The learner's state while it trains (a periodic checkpoint), packed."""
         return self.learner.snapshot().result(timeout=90)

@@ -140,7 +140,8 @@ class Run:
         self._next_save = self.t0 + cfg.run.save_interval
         self._next_checkpoint = self.t0 + cfg.run.checkpoint_interval
         # (state, metadata) of the running learner, set by each mode while it runs
-        self._snapshot: Callable[[], tuple[dict, dict]] | None = None
+        # the learner's state (as tensors, or packed by a distributed run's learner) and metadata
+        self._snapshot: Callable[[], tuple[dict | bytes, dict]] | None = None
         self.recorder = MetricsRecorder(
             run_name=self.name,
             target_return=cfg.stop.target_return,
@@ -326,7 +327,7 @@ class Run:
     def _checkpoint_meta(self, learner) -> dict:
         return {**learner.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
 
-    def _save_checkpoint(self, state, meta, *, final: bool) -> None:
+    def _save_checkpoint(self, state: dict | bytes, meta: dict, *, final: bool) -> None:
         """``final``: written at the run's end; else a periodic one of a run still going."""
         if not self.cfg.run.checkpoint:
             return
@@ -347,7 +348,6 @@ class Run:
 
         if self._client is None:
             start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours
-        import torch  # noqa: F401 - the checkpoints are saved with it: imported now, not as the run ends
 
         with RunCluster(
             self.cfg, self._client, self.id, self._on_event, hurry=self._hurry, security=self.security
@@ -425,7 +425,7 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - the stop goes on; the latest periodic one stays
             self._on_event(f"final checkpoint skipped while stopping at once: {exc!r}")
 
-    def _save_learner_state(self, saved: tuple[dict, dict] | None) -> None:
+    def _save_learner_state(self, saved: tuple[bytes, dict] | None) -> None:
         if saved is None:
             self._on_event("no final checkpoint: the run stopped before its learner was built")
             return

@@ -33,6 +33,7 @@ PRELOAD = [
     "distributed",
     "tianji_dask.worker_preload",
     "tianji_dask.hosts",
+    "tianji_dask.dataparallel",  # imports torch, which the hosts module leaves to its learners
     "tianji_dask.fork_server_frozen",  # last: gc.freeze() after the imports
 ]
 

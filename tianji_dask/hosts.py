@@ -22,9 +22,8 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import gymnasium as gym
 import numpy as np
 import psutil
 from distributed import Actor, get_worker
@@ -32,8 +31,8 @@ from distributed.comm import get_address_host
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelService, QueueSender, TopicPublisher
+from tianji_dask.checkpoint import pack_state, unpack_state
 from tianji_dask.config import ExperimentConfig
-from tianji_dask.dataparallel import DataParallel, DataParallelUpdates
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.devices import on_slot_gpu
 from tianji_dask.gossip import GossipSync, GroupGossip
@@ -41,6 +40,11 @@ from tianji_dask.heartbeats import COUNTERS, Heartbeat
 from tianji_dask.roles.buffer import ReplayBufferRole
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from tianji_dask.dataparallel import DataParallelUpdates
 
 IDLE_S = 0.0002  # a learner with nothing to train on yields this long before looking again
 
@@ -339,10 +343,10 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         store_address: tuple[str, int] | None = None,
         gossip_peers: dict | None = None,
         incarnation: int = 0,
-        restore: dict | None = None,
+        restore: bytes | None = None,
     ):
-        """``restore``: a learner state (``state()`` of a snapshot or checkpoint) to continue
-        from, for a learner re-created after its worker was lost."""
+        """``restore``: a packed learner state (of a snapshot or checkpoint) to continue from,
+        for a learner re-created after its worker was lost."""
         super().__init__(run_id, config_json, host_id, incarnation)
         self._restore = restore
         buffer_host = self.worker.state.actors.get(buffer.key)
@@ -388,6 +392,8 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         if self.world_size > 1:
             if self._store_address is None:
                 raise ValueError(f"learner {self.id}: rank {self.rank} of a data-parallel group needs store_address")
+            from tianji_dask.dataparallel import DataParallel, DataParallelUpdates
+
             store_host, store_port = self._store_address
             device = self.cfg.learner.device
             dp = DataParallel(
@@ -414,7 +420,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             average_gradients=average_gradients,
         )
         if self._restore is not None:
-            role.restore(self._restore)
+            role.restore(unpack_state(self._restore))
             self._restore = None
         if self._gossip_spec:
             spec = self._gossip_spec
@@ -471,23 +477,28 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         """The learner's current network parameters as numpy arrays (tests, diagnostics)."""
         return self.role.policy_params() if self.role is not None else {}
 
-    async def checkpoint(self) -> tuple[dict, dict] | None:
-        """(tensors, metadata) of the learner's full state; call after ``stop``. None when the
-        run stopped before the learner was built: there is no state to save."""
-        return None if self.role is None else self._state()
+    async def checkpoint(self) -> tuple[bytes, dict] | None:
+        """(packed state, metadata) of the learner's full state; call after ``stop``. None when
+        the run stopped before the learner was built: there is no state to save."""
+        if self.role is None:
+            return None
+        state, meta = self._state()
+        return await asyncio.to_thread(pack_state, state), meta
 
-    async def snapshot(self, timeout: float = 60.0) -> tuple[dict, dict]:
+    async def snapshot(self, timeout: float = 60.0) -> tuple[bytes, dict]:
         """Like :meth:`checkpoint`, while the loop runs: the loop thread copies the state to CPU
-        between two updates."""
+        between two updates, and it is packed outside the loop."""
         if self._thread is None or not self._thread.is_alive():
-            return self._state()
-        return await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request()), timeout)
+            state, meta = self._state()
+        else:
+            state, meta = await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request()), timeout)
+        return await asyncio.to_thread(pack_state, state), meta
 
     async def group_snapshot(
         self, learner: bool, replay: tuple[ReplayMark | None, int] | None, timeout: float = 60.0
     ) -> dict:
         """What a group rebuilt after its worker was lost continues from, taken by the loop
-        thread between two updates: ``learner`` (if asked: :meth:`snapshot`'s state and
+        thread between two updates: ``learner`` (if asked: :meth:`snapshot`'s packed state and
         metadata) and, with ``replay = (since, max_bytes)``, ``replay``: the buffer's replay
         state (only what changed after the mark ``since``; None for a buffer without a replay,
         or one whose filled part is more than ``max_bytes``) and ``replay_bytes``, its filled part's
@@ -500,8 +511,13 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             return out
 
         if self._thread is None or not self._thread.is_alive():
-            return take()
-        return await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request(take)), timeout)
+            out = take()
+        else:
+            out = await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request(take)), timeout)
+        if out["learner"] is not None:
+            state, meta = out["learner"]
+            out["learner"] = await asyncio.to_thread(pack_state, state), meta
+        return out
 
     def _state_on_cpu(self) -> tuple[dict, dict]:
         state, meta = self._state()

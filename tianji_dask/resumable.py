@@ -29,7 +29,7 @@ class ResumePoint:
 
     run_dir: Path
     cfg: ExperimentConfig
-    state: dict  # the learner's, as ``state()`` returned it
+    state: bytes  # the learner's, packed (:func:`~tianji_dask.checkpoint.pack_state`)
     meta: dict  # the checkpoint's metadata
     metrics: Any  # xarray.Dataset of metrics.nc, loaded
     episodes: Any  # xarray.Dataset of episodes.nc, loaded
@@ -105,7 +105,7 @@ def check_resumable(
             f"the run was in mode {files['metrics.nc'].attrs.get('mode')!r}; --resume continues distributed runs "
             "(the serial reference is a measuring stick, run it again instead)",
         )
-    from tianji_dask.checkpoint import CheckpointError, load_checkpoint  # imports torch: after the cheap checks
+    from tianji_dask.checkpoint import CheckpointError, load_checkpoint, pack_state  # torch: after the cheap checks
 
     try:
         state, meta = load_checkpoint(run_dir / "checkpoint")
@@ -117,7 +117,7 @@ def check_resumable(
             f"its checkpoint is of {meta.get('algo')} on {meta.get('env_id')}, the config of {cfg.algo.name} "
             f"on {cfg.env.id}; the directory holds files of two runs",
         )
-    return ResumePoint(run_dir, cfg, state, meta, files["metrics.nc"], files["episodes.nc"])
+    return ResumePoint(run_dir, cfg, pack_state(state), meta, files["metrics.nc"], files["episodes.nc"])
 
 
 def _first_difference(saved: dict, given: dict, prefix: str = "") -> str | None:

@@ -121,7 +121,7 @@ class RunHosts:
         self.plan = place(workers, self.cfg.topology, self.run_id, self.cfg.seed)
         return self.plan
 
-    def build_all(self, restore: dict | None = None, prior: Callable[[Key, str], float] | None = None) -> None:
+    def build_all(self, restore: bytes | None = None, prior: Callable[[Key, str], float] | None = None) -> None:
         """Every group's hosts, then every loop started (a group's gossip peers must exist
         before any lead publishes to them). A continued run passes its learner state
         (``restore``, for every group) and what its hosts had counted (``prior``)."""
@@ -138,7 +138,7 @@ class RunHosts:
     def _build_group(
         self,
         group: int,
-        restore: dict | None,
+        restore: bytes | None,
         prior: Callable[[Key, str], float],
         replays: dict[int, ReplayState] | None = None,
     ) -> None:
@@ -345,7 +345,7 @@ class RunHosts:
     def build_group_again(
         self,
         group: int,
-        restore: dict | None,
+        restore: bytes | None,
         prior: Callable[[Key, str], float],
         replays: dict[int, ReplayState] | None = None,
     ) -> None:
