@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tianji_dask import forked_workers
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole_dqn.yaml"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
@@ -194,6 +196,12 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
 
 
 FORK_SERVER = "multiprocessing.forkserver import main"  # in the fork server's command line
+
+# Every run a test starts in this process forks its workers from this process's one fork server,
+# and each run's learner imports torch._dynamo as it builds its optimizer: imported in the server,
+# once a test process instead of once a run. (A run's own process keeps it out of the server: it
+# would delay the cluster's start, where in the learner it overlaps the actors' build.)
+forked_workers.PRELOAD.insert(forked_workers.PRELOAD.index("tianji_dask.fork_server_frozen"), "torch._dynamo")
 
 
 def worker_processes(root: int | None = None) -> list:
