@@ -40,7 +40,7 @@ def test_a_run_with_its_learner_and_actors_on_three_nodes_reaches_its_target_thr
     before = {k: link_bytes(k) for k in (1, 2, 3)}
     r = subprocess.run(
         [sys.executable, "-m", "tianji_dask.cli", "train", str(CONFIG), "--scheduler", scheduler,
-         "--set", "topology.actors=2", "--set", "stop.target_return=150", "--out", str(tmp_path / "run")],
+         "--set", "topology.actors=2", "--set", "stop.target_return=100", "--out", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=330, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
