@@ -43,7 +43,7 @@ def test_distributed_ppo_records_staleness(tmp_path):
     import xarray as xr
 
     cfg = load_config(
-        "configs/cartpole_ppo.yaml", ["stop.target_return=null", "stop.max_env_steps=60000", "stop.max_seconds=120"]
+        "configs/cartpole_ppo.yaml", ["stop.target_return=null", "stop.max_env_steps=20000", "stop.max_seconds=120"]
     )
     result = train(cfg, out=tmp_path / "run").wait()
     assert result.error is None, result.error
