@@ -171,6 +171,26 @@ def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProce
     )
 
 
+def cli_here(capfd, *args) -> subprocess.CompletedProcess:
+    """``tianji-dask ARGS`` called in this process, reported as :func:`cli` reports it: for the
+    refusals, which end before any work starts, without a second interpreter's seconds of
+    imports (``capfd``: the test's fixture). The SIGTERM handler the CLI installs is put back."""
+    import signal
+
+    from tianji_dask.cli import main
+
+    capfd.readouterr()
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's refusals
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 def cli_in_background(cmd: list[str], cwd: Path) -> subprocess.Popen:
     """``cmd`` (a CLI process) in a session of its own, as a batch system starts a job: stdin
     closed, stdout dropped, stderr a text pipe; signal the whole job with ``os.killpg``."""
@@ -297,6 +317,7 @@ class _Helpers:
     positive = staticmethod(positive)
     running_at_the_end = staticmethod(running_at_the_end)
     cli = staticmethod(cli)
+    cli_here = staticmethod(cli_here)
     cli_in_background = staticmethod(cli_in_background)
     wait_until = staticmethod(wait_until)
     ending = staticmethod(ending)

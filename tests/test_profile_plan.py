@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 import xarray as xr
-from conftest import CONFIG, SHORT
+from conftest import CONFIG, SHORT, cli_here
 
 from tianji_dask.planner import load_plan
 
@@ -84,41 +84,64 @@ def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
     assert f"learner_threads: {plan.learner_threads}" in saved and f"batch_size: {plan.batch_size}" in saved
 
 
-def test_plan_refusals(measured, tmp_path):
+def test_plan_refusals(measured, tmp_path, capfd):
+    """The first refusal as a process of its own (its exit status); the rest in this process."""
     path, _ = measured
     r = cli("plan", CONFIG, "--cores", "1", "--profile", path, "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "1 actor core + 1 learner core = 2 cores" in r.stderr
-    r = cli(
-        "plan", CONFIG, "--cores", "2", "--profile", path, "--memory-per-node", "1GiB", "--out", tmp_path / "p.yaml"
+    r = cli_here(
+        capfd,
+        "plan",
+        CONFIG,
+        "--cores",
+        "2",
+        "--profile",
+        path,
+        "--memory-per-node",
+        "1GiB",
+        "--out",
+        tmp_path / "p.yaml",
     )
     assert r.returncode == 2 and "no allocation fits in memory" in r.stderr and "GiB" in r.stderr
-    r = cli(
-        "plan", CONFIG.parent / "cartpole_ppo.yaml", "--cores", "2", "--profile", path, "--out", tmp_path / "p.yaml"
+    r = cli_here(
+        capfd,
+        "plan",
+        CONFIG.parent / "cartpole_ppo.yaml",
+        "--cores",
+        "2",
+        "--profile",
+        path,
+        "--out",
+        tmp_path / "p.yaml",
     )
     assert r.returncode == 2 and "measured dqn on CartPole-v1, the config is ppo" in r.stderr
     assert not (tmp_path / "p.yaml").exists()
-    r = cli("train", CONFIG, "--plan", tmp_path / "missing.yaml")
+    r = cli_here(capfd, "train", CONFIG, "--plan", tmp_path / "missing.yaml")
     assert r.returncode == 2 and "no such file" in r.stderr
     (tmp_path / "notes.txt").write_text("not a profile")
-    r = cli("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "notes.txt", "--out", tmp_path / "p.yaml")
+    r = cli_here(
+        capfd, "plan", CONFIG, "--cores", "2", "--profile", tmp_path / "notes.txt", "--out", tmp_path / "p.yaml"
+    )
     assert r.returncode == 2 and "is not a NetCDF file" in r.stderr and "tianji-dask profile CONFIG" in r.stderr
     xr.Dataset({"x": ("t", [1.0])}).to_netcdf(tmp_path / "other.nc", engine="h5netcdf")
-    r = cli("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "other.nc", "--out", tmp_path / "p.yaml")
+    r = cli_here(
+        capfd, "plan", CONFIG, "--cores", "2", "--profile", tmp_path / "other.nc", "--out", tmp_path / "p.yaml"
+    )
     assert r.returncode == 2 and "is not a tianji-dask profile (no actor_env_steps_per_s" in r.stderr
     for bad, message in (
         (["--max-actors", "0"], "--max-actors must be at least 1"),
         (["--seconds", "0"], "--seconds must be positive"),
         (["--batch-sizes", "64,x"], "--batch-sizes takes comma-separated positive integers"),
     ):
-        r = cli("profile", CONFIG, *bad, "--out", tmp_path / "prof.nc")
+        r = cli_here(capfd, "profile", CONFIG, *bad, "--out", tmp_path / "prof.nc")
         assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "prof.nc").exists()
     # what is already written is never replaced
     (tmp_path / "kept.yaml").write_text("mine")
-    r = cli("plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "kept.yaml")
+    r = cli_here(capfd, "plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "kept.yaml")
     assert r.returncode == 2 and "exists" in r.stderr and (tmp_path / "kept.yaml").read_text() == "mine"
     before = path.read_bytes()
-    r = cli("profile", CONFIG, "--out", path)
+    r = cli_here(capfd, "profile", CONFIG, "--out", path)
     assert r.returncode == 2 and "holds a profile already written" in r.stderr and path.read_bytes() == before
 
 
@@ -199,12 +222,12 @@ def test_plan_writes_under_runs_plans_beside_its_profile_and_never_replaces_it(m
 
 
 @pytest.mark.skipif(CUDA, reason="this machine has a GPU: the refusal needs one without")
-def test_gpu_measurements_without_a_gpu_are_refused_before_any_is_written(measured, tmp_path):
+def test_gpu_measurements_without_a_gpu_are_refused_before_any_is_written(measured, tmp_path, capfd):
     r = cli("profile", CONFIG, "--gpu", "--seconds", "0.5", "--out", tmp_path / "prof.nc")
     assert r.returncode == 2 and "sees no CUDA device" in r.stderr and "without --gpu" in r.stderr, r.stderr
     assert "TR_A" not in r.stderr  # refused before the first measurement
     path, _ = measured  # measured without --gpu
-    r = cli("plan", CONFIG, "--cores", "2", "--gpus", "1", "--profile", path, "--out", tmp_path / "p.yaml")
+    r = cli_here(capfd, "plan", CONFIG, "--cores", "2", "--gpus", "1", "--profile", path, "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "no GPU measurements" in r.stderr and "--gpu" in r.stderr, r.stderr
     assert not (tmp_path / "prof.nc").exists() and not (tmp_path / "p.yaml").exists()
 

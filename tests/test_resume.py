@@ -139,7 +139,7 @@ def _sets(*overrides: str) -> list[str]:
         ("with --out", "drop --out"),
     ],
 )
-def test_resume_refuses_bad_input_with_exit_2_and_changes_nothing(h, finished_run, tmp_path, case, message):
+def test_resume_refuses_bad_input_with_exit_2_and_changes_nothing(h, finished_run, tmp_path, capfd, case, message):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     args = ["train", "--resume", str(run_dir)]
@@ -161,7 +161,7 @@ def test_resume_refuses_bad_input_with_exit_2_and_changes_nothing(h, finished_ru
     elif case == "with --out":
         args += ["--out", str(tmp_path / "elsewhere")]
     before = _snapshot(run_dir)
-    p = h.cli(*args, cwd=tmp_path)
+    p = h.cli_here(capfd, *args)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert message in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert _snapshot(run_dir) == before
