@@ -139,8 +139,8 @@ class Run:
         self.t0 = time.time()
         self._next_save = self.t0 + cfg.run.save_interval
         self._next_checkpoint = self.t0 + cfg.run.checkpoint_interval
-        # (state, metadata) of the running learner, set by each mode while it runs
-        # the learner's state (as tensors, or packed by a distributed run's learner) and metadata
+        # (state, metadata) of the running learner, set by each mode while it runs: the state as
+        # tensors (serial) or packed by the learner's host (distributed)
         self._snapshot: Callable[[], tuple[dict | bytes, dict]] | None = None
         self.recorder = MetricsRecorder(
             run_name=self.name,
