@@ -482,17 +482,14 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         the run stopped before the learner was built: there is no state to save."""
         if self.role is None:
             return None
-        state, meta = self._state()
-        return await asyncio.to_thread(pack_state, state), meta
+        return await _packed(self._state())
 
     async def snapshot(self, timeout: float = 60.0) -> tuple[bytes, dict]:
         """Like :meth:`checkpoint`, while the loop runs: the loop thread copies the state to CPU
         between two updates, and it is packed outside the loop."""
         if self._thread is None or not self._thread.is_alive():
-            state, meta = self._state()
-        else:
-            state, meta = await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request()), timeout)
-        return await asyncio.to_thread(pack_state, state), meta
+            return await _packed(self._state())
+        return await _packed(await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request()), timeout))
 
     async def group_snapshot(
         self, learner: bool, replay: tuple[ReplayMark | None, int] | None, timeout: float = 60.0
@@ -515,8 +512,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         else:
             out = await asyncio.wait_for(asyncio.wrap_future(self.snapshots.request(take)), timeout)
         if out["learner"] is not None:
-            state, meta = out["learner"]
-            out["learner"] = await asyncio.to_thread(pack_state, state), meta
+            out["learner"] = await _packed(out["learner"])
         return out
 
     def _state_on_cpu(self) -> tuple[dict, dict]:
@@ -526,6 +522,12 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
     def _state(self) -> tuple[dict, dict]:
         role = self._built
         return role.state(), {**role.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
+
+
+async def _packed(state_and_meta: tuple[dict, dict]) -> tuple[bytes, dict]:
+    """A learner's (state, metadata) with the state packed, in a thread: not on the event loop."""
+    state, meta = state_and_meta
+    return await asyncio.to_thread(pack_state, state), meta
 
 
 class ActorHost(_LoopHost[ActorLoopRole]):
