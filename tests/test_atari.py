@@ -296,13 +296,14 @@ def test_a_device_replay_draws_stored_transitions_uniformly_on_the_device(pong_r
     assert 0 < valid.sum() < 300
     torch.manual_seed(0)
     counts = np.zeros(300, np.int64)
-    for _ in range(200):
+    for i in range(60):
         batch = on_device.sample_on_device(256)
         idx = batch["indices"].cpu().numpy()
         assert valid[idx].all()
-        want = host.get(idx)
-        for k in want:
-            np.testing.assert_array_equal(batch[k].cpu().numpy(), want[k], err_msg=k)
+        if i < 4:  # 1,024 rows compared whole (frame stacks are what make a comparison slow)
+            want = host.get(idx)
+            for k in want:
+                np.testing.assert_array_equal(batch[k].cpu().numpy(), want[k], err_msg=k)
         counts += np.bincount(idx, minlength=300)
     expected = counts.sum() / valid.sum()
     # each valid transition drawn about equally often: within 5 binomial standard deviations
