@@ -79,15 +79,15 @@ def test_distributed_ppo_records_staleness(tmp_path):
 @pytest.mark.integration
 @pytest.mark.timeout(330)
 def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
-    """PPO's Gaussian policy learns Pendulum-v1 on a LocalCluster: within 100,000 env steps the
-    mean return of the last 50 episodes is at least 400 above that of the first 50 (random play
-    scores about -1200, the config's target is -200). Rollouts of 256 steps instead of 1024 give
-    the learner four times the iterations in the budget, and the balance controller keeps the
+    """PPO's Gaussian policy learns Pendulum-v1 on a LocalCluster: the 100-episode mean return
+    reaches -800 within 100,000 env steps, from the first 50 episodes' mean below -1000 (random
+    play scores about -1200, the config's target is -200). Rollouts of 256 steps instead of 1024
+    give the learner four times the iterations in the budget, and the balance controller keeps the
     actor within two rollouts of each version, so the budget in env steps is a budget in training."""
     cfg = load_config(
         "configs/pendulum_ppo.yaml",
         [
-            "stop.target_return=null",
+            "stop.target_return=-800",
             "stop.max_env_steps=100000",
             "stop.max_seconds=300",  # a guard only: the budget is the env steps
             "algo.rollout_steps=256",
@@ -97,9 +97,7 @@ def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
     )
     result = train(cfg, out=tmp_path / "run").wait()
     assert result.error is None, result.error
-    assert result.status == "max_env_steps", (result.status, result.env_steps, result.wall_s)
+    assert result.status == "target_reached", (result.status, result.env_steps, result.wall_s)
     with xr.open_dataset(result.run_dir / "episodes.nc", engine="h5netcdf") as eps:
         returns = eps["return"].values
-    assert len(returns) >= 400  # 200-step episodes of 4 envs
-    first, last = returns[:50].mean(), returns[-50:].mean()
-    assert last >= first + 400, (first, last)
+    assert len(returns) >= 100 and returns[:50].mean() < -1000, returns[:50].mean()  # it started from random play
