@@ -1,8 +1,8 @@
 """benchmarks/chaos.py, small: one seed of DQN CartPole to a low target, calm and with one
 worker killed within its first 2 s of production (one kill: a worker killed again while its
-nanny still restarts it may not come back, see the closing notes), run as a script from another
-directory; both runs reach the target and the chaos run's kill and re-created hosts are in its
-files."""
+nanny still restarts it may not come back, see the closing notes), its main called from another
+directory (its refusal runs it as a script); both runs reach the target and the chaos run's kill
+and re-created hosts are in its files."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import pytest
 import xarray as xr
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "chaos.py"
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_chaos_kills_workers_and_both_runs_reach_the_target(tmp_path):
+def test_chaos_kills_workers_and_both_runs_reach_the_target(h, tmp_path):
     out = tmp_path / "chaos"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--algos", "dqn", "--seeds", "0"]
-    cmd += ["--target", "150", "--interval", "2", "--kills", "1", "--max-seconds", "150", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    args = ["--algos", "dqn", "--seeds", "0", "--target", "100", "--interval", "2", "--kills", "1"]
+    done = h.called_here(h.script_main(SCRIPT), *args, "--max-seconds", "150", "--out", out, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "chaos.json").read_text())
     runs = {r["mode"]: r for r in report["runs"]}
@@ -41,7 +41,7 @@ def test_chaos_kills_workers_and_both_runs_reach_the_target(tmp_path):
 
 def test_chaos_refuses_a_non_positive_interval(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--interval", "0", "--out", str(tmp_path / "c")],
+        [sys.executable, str(SCRIPT), "--interval", "0", "--out", str(tmp_path / "c")],
         capture_output=True,
         text=True,
         timeout=60,
