@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -171,24 +172,65 @@ def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProce
     )
 
 
-def cli_here(capfd, *args) -> subprocess.CompletedProcess:
-    """``tianji-dask ARGS`` called in this process, reported as :func:`cli` reports it: for the
-    refusals, which end before any work starts, without a second interpreter's seconds of
-    imports (``capfd``: the test's fixture). The SIGTERM handler the CLI installs is put back."""
+def called_here(main, *args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``main([ARGS])`` (a command's entry point) called in this process, in ``cwd`` if given,
+    and reported as :func:`cli` reports a process: for the tests that read what a command prints,
+    writes and returns, not how its process behaves (signals, process groups, what it imports),
+    without a second interpreter's seconds of imports and its own fork server. File descriptors
+    1 and 2 and ``sys.stdout``/``sys.stderr`` go to files for the call; the signal handlers a
+    run installs and the working directory are put back."""
     import signal
+    import tempfile
 
+    from tianji_dask.worker_signals import DRIVER_SIGNALS
+
+    handlers = {sig: signal.getsignal(sig) for sig in DRIVER_SIGNALS}
+    here = Path.cwd()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                if cwd is not None:
+                    os.chdir(cwd)
+                try:
+                    code = main([str(a) for a in args])
+                except SystemExit as exc:  # argparse's refusals
+                    code = exc.code if isinstance(exc.code, int) else 1
+                finally:
+                    out.flush()
+                    err.flush()
+        finally:
+            os.chdir(here)
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(list(args), code, out.read(), err.read())
+
+
+def cli_here(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``tianji-dask ARGS`` called in this process (:func:`called_here`)."""
     from tianji_dask.cli import main
 
-    capfd.readouterr()
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:  # argparse's refusals
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(list(args), code, out, err)
+    return called_here(main, *args, cwd=cwd)
+
+
+def script_main(path: Path):
+    """The ``main`` of a script under benchmarks/, loaded from its file, for :func:`called_here`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
 
 
 def cli_in_background(cmd: list[str], cwd: Path) -> subprocess.Popen:
@@ -203,6 +245,19 @@ def cli_in_background(cmd: list[str], cwd: Path) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+
+
+def forked_local_cluster(**kwargs):
+    """A ``distributed.LocalCluster`` of the caller's whose worker processes fork from this
+    process's fork server, as a run's own cluster's do: the imports a run's hosts need are done
+    once a test process instead of in every worker (seconds each). Spawned workers, as a user's
+    notebook starts them, are what the notebooks' and the README's tests run on."""
+    from distributed import LocalCluster
+
+    from tianji_dask.forked_workers import ForkedNanny, start_fork_server
+
+    start_fork_server()
+    return LocalCluster(worker_class=ForkedNanny, **kwargs)
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
@@ -318,7 +373,10 @@ class _Helpers:
     running_at_the_end = staticmethod(running_at_the_end)
     cli = staticmethod(cli)
     cli_here = staticmethod(cli_here)
+    called_here = staticmethod(called_here)
+    script_main = staticmethod(script_main)
     cli_in_background = staticmethod(cli_in_background)
+    forked_local_cluster = staticmethod(forked_local_cluster)
     wait_until = staticmethod(wait_until)
     ending = staticmethod(ending)
     worker_processes = staticmethod(worker_processes)

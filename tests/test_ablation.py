@@ -108,9 +108,9 @@ def test_rates_of_a_run_without_updates_or_with_one_row_are_nan_and_say_why():
 
 
 @pytest.mark.integration
-def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(tmp_path):
-    r = ablation(
-        tmp_path,
+def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(h, tmp_path):
+    r = h.called_here(  # its main, in this process: the refusals above run it as a script
+        h.script_main(SCRIPT),
         "--seeds",
         "0",
         "--seconds",
@@ -131,6 +131,11 @@ def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(tmp_pat
         "algo.learning_starts=200",
         "--set",
         "stop.max_env_steps=12000",
+        "--out",
+        tmp_path / "out",
+        "--runs",
+        tmp_path / "runs",
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "out"

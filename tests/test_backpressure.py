@@ -18,7 +18,7 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
 from tianji_dask.config import load_config
 from tianji_dask.driver import train
@@ -82,7 +82,7 @@ def test_bounded_memory_with_a_slow_learner(h, tmp_path):
     capacity = cfg.channel.capacity_bytes
     samples: list[dict] = []
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
+        h.forked_local_cluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
         Client(cluster) as client,
     ):
         run = train(cfg, client, out=tmp_path / "slow")

@@ -35,7 +35,7 @@ def cli(*args, timeout=300, cwd=None):
 def measured(tmp_path_factory):
     """A profile written where ``tianji-dask profile`` puts it without --out."""
     cwd = tmp_path_factory.mktemp("profile")
-    r = cli("profile", CONFIG, "--seconds", "0.5", "--batch-sizes", "64,128", cwd=cwd)
+    r = cli_here("profile", CONFIG, "--seconds", "0.5", "--batch-sizes", "64,128", cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
     default = Path("runs") / "profiles" / f"cartpole_dqn-{len(os.sched_getaffinity(0))}cores.nc"
     assert f"profile: {default}" in r.stderr and sorted(p.name for p in cwd.iterdir()) == ["runs"]
@@ -59,12 +59,12 @@ def test_profile_writes_the_documented_dataset(measured):
 
 def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
     path, _ = measured
-    r = cli("plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "plan.yaml")
+    r = cli_here("plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "plan.yaml")
     assert r.returncode == 0, r.stderr
     assert "bottleneck" in r.stdout and "another core" in r.stdout
     plan = load_plan(tmp_path / "plan.yaml")
     assert plan.cores_used == 2 and plan.groups == 1 and plan.actors + plan.learner_threads == 2
-    run = cli(
+    run = cli_here(
         "train",
         CONFIG,
         "--plan",
@@ -84,13 +84,12 @@ def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
     assert f"learner_threads: {plan.learner_threads}" in saved and f"batch_size: {plan.batch_size}" in saved
 
 
-def test_plan_refusals(measured, tmp_path, capfd):
+def test_plan_refusals(measured, tmp_path):
     """The first refusal as a process of its own (its exit status); the rest in this process."""
     path, _ = measured
     r = cli("plan", CONFIG, "--cores", "1", "--profile", path, "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "1 actor core + 1 learner core = 2 cores" in r.stderr
     r = cli_here(
-        capfd,
         "plan",
         CONFIG,
         "--cores",
@@ -104,7 +103,6 @@ def test_plan_refusals(measured, tmp_path, capfd):
     )
     assert r.returncode == 2 and "no allocation fits in memory" in r.stderr and "GiB" in r.stderr
     r = cli_here(
-        capfd,
         "plan",
         CONFIG.parent / "cartpole_ppo.yaml",
         "--cores",
@@ -116,38 +114,34 @@ def test_plan_refusals(measured, tmp_path, capfd):
     )
     assert r.returncode == 2 and "measured dqn on CartPole-v1, the config is ppo" in r.stderr
     assert not (tmp_path / "p.yaml").exists()
-    r = cli_here(capfd, "train", CONFIG, "--plan", tmp_path / "missing.yaml")
+    r = cli_here("train", CONFIG, "--plan", tmp_path / "missing.yaml")
     assert r.returncode == 2 and "no such file" in r.stderr
     (tmp_path / "notes.txt").write_text("not a profile")
-    r = cli_here(
-        capfd, "plan", CONFIG, "--cores", "2", "--profile", tmp_path / "notes.txt", "--out", tmp_path / "p.yaml"
-    )
+    r = cli_here("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "notes.txt", "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "is not a NetCDF file" in r.stderr and "tianji-dask profile CONFIG" in r.stderr
     xr.Dataset({"x": ("t", [1.0])}).to_netcdf(tmp_path / "other.nc", engine="h5netcdf")
-    r = cli_here(
-        capfd, "plan", CONFIG, "--cores", "2", "--profile", tmp_path / "other.nc", "--out", tmp_path / "p.yaml"
-    )
+    r = cli_here("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "other.nc", "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "is not a tianji-dask profile (no actor_env_steps_per_s" in r.stderr
     for bad, message in (
         (["--max-actors", "0"], "--max-actors must be at least 1"),
         (["--seconds", "0"], "--seconds must be positive"),
         (["--batch-sizes", "64,x"], "--batch-sizes takes comma-separated positive integers"),
     ):
-        r = cli_here(capfd, "profile", CONFIG, *bad, "--out", tmp_path / "prof.nc")
+        r = cli_here("profile", CONFIG, *bad, "--out", tmp_path / "prof.nc")
         assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "prof.nc").exists()
     # what is already written is never replaced
     (tmp_path / "kept.yaml").write_text("mine")
-    r = cli_here(capfd, "plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "kept.yaml")
+    r = cli_here("plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "kept.yaml")
     assert r.returncode == 2 and "exists" in r.stderr and (tmp_path / "kept.yaml").read_text() == "mine"
     before = path.read_bytes()
-    r = cli_here(capfd, "profile", CONFIG, "--out", path)
+    r = cli_here("profile", CONFIG, "--out", path)
     assert r.returncode == 2 and "holds a profile already written" in r.stderr and path.read_bytes() == before
 
 
 def make_plan_file(profile, path, cores: int, *overrides: str):
     sets = [arg for o in overrides for arg in ("--set", o)]
-    r = cli("plan", CONFIG, "--cores", cores, "--profile", profile, "--out", path, *sets)
+    r = cli_here("plan", CONFIG, "--cores", cores, "--profile", profile, "--out", path, *sets)
     assert r.returncode == 0, r.stderr
     return load_plan(path)
 
@@ -156,7 +150,7 @@ def test_a_plan_for_more_cores_than_this_process_may_use_warns_and_runs(measured
     cores = len(os.sched_getaffinity(0))
     plan = make_plan_file(measured[0], tmp_path / "plan.yaml", cores + 1)
     assert plan.cores_used > cores
-    run = cli(
+    run = cli_here(
         "train",
         CONFIG,
         "--plan",
@@ -178,7 +172,7 @@ def test_a_plan_needing_more_memory_than_this_machine_is_refused(measured, tmp_p
         per_transition = float(ds.replay_bytes_per_transition)
     total = psutil.virtual_memory().total
     make_plan_file(measured[0], tmp_path / "plan.yaml", 2, f"algo.buffer_size={int(2 * total / per_transition)}")
-    run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "run")
+    run = cli_here("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--out", tmp_path / "run")
     assert run.returncode == 2, run.stderr[-3000:]
     assert f"more than the {total / 2**30:.2f} GiB of this machine" in run.stderr, run.stderr
     assert f"--memory-per-node {total // 2**30}GiB" in run.stderr
@@ -199,7 +193,9 @@ def test_a_plan_larger_than_the_schedulers_cluster_is_named_with_its_numbers(mea
         dashboard_address="127.0.0.1:0",
     ) as cluster:
         address = cluster.scheduler_address
-        run = cli("train", CONFIG, "--plan", tmp_path / "plan.yaml", "--scheduler", address, "--out", tmp_path / "run")
+        run = cli_here(
+            "train", CONFIG, "--plan", tmp_path / "plan.yaml", "--scheduler", address, "--out", tmp_path / "run"
+        )
     assert run.returncode == 2, run.stderr[-3000:]
     assert f"uses 2 cores, more than the 1 worker threads of the cluster at {address}" in run.stderr, run.stderr
     assert f"more than the 1.00 GiB of the cluster at {address}" in run.stderr
@@ -210,24 +206,24 @@ def test_plan_writes_under_runs_plans_beside_its_profile_and_never_replaces_it(m
     plan, profile = Path("runs/plans/cartpole_dqn-2cores.yaml"), Path("runs/plans/cartpole_dqn-2cores.profile.nc")
     (tmp_path / profile).parent.mkdir(parents=True)
     shutil.copy(measured[0], tmp_path / profile)
-    r = cli("plan", CONFIG, "--cores", "2", cwd=tmp_path)
+    r = cli_here("plan", CONFIG, "--cores", "2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"planning from the profile {profile}" in r.stderr and "measuring" not in r.stderr
     assert f"plan: {plan}" in r.stdout and load_plan(tmp_path / plan).cores_used == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     written = (tmp_path / plan).read_bytes()
-    r = cli("plan", CONFIG, "--cores", "2", cwd=tmp_path)
+    r = cli_here("plan", CONFIG, "--cores", "2", cwd=tmp_path)
     assert r.returncode == 2 and f"{plan} exists; it holds a plan already written" in r.stderr, r.stderr
     assert (tmp_path / plan).read_bytes() == written
 
 
 @pytest.mark.skipif(CUDA, reason="this machine has a GPU: the refusal needs one without")
-def test_gpu_measurements_without_a_gpu_are_refused_before_any_is_written(measured, tmp_path, capfd):
-    r = cli("profile", CONFIG, "--gpu", "--seconds", "0.5", "--out", tmp_path / "prof.nc")
+def test_gpu_measurements_without_a_gpu_are_refused_before_any_is_written(measured, tmp_path):
+    r = cli_here("profile", CONFIG, "--gpu", "--seconds", "0.5", "--out", tmp_path / "prof.nc")
     assert r.returncode == 2 and "sees no CUDA device" in r.stderr and "without --gpu" in r.stderr, r.stderr
     assert "TR_A" not in r.stderr  # refused before the first measurement
     path, _ = measured  # measured without --gpu
-    r = cli_here(capfd, "plan", CONFIG, "--cores", "2", "--gpus", "1", "--profile", path, "--out", tmp_path / "p.yaml")
+    r = cli_here("plan", CONFIG, "--cores", "2", "--gpus", "1", "--profile", path, "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "no GPU measurements" in r.stderr and "--gpu" in r.stderr, r.stderr
     assert not (tmp_path / "prof.nc").exists() and not (tmp_path / "p.yaml").exists()
 
@@ -236,7 +232,7 @@ def test_gpu_measurements_without_a_gpu_are_refused_before_any_is_written(measur
 def test_a_profile_on_the_gpu_measures_the_learner_and_the_actor_there_and_plans_with_them(tmp_path):
     small = CONFIG.parent / "pong_ppo_small.yaml"
     cores = len(os.sched_getaffinity(0))
-    r = cli(
+    r = cli_here(
         "plan", small, "--cores", cores, "--gpus", "1", "--seconds", "1", "--max-actors", "2",
         "--max-threads", "1", "--out", tmp_path / "plan.yaml", timeout=600,
     )  # fmt: skip

@@ -116,7 +116,7 @@ def _snapshot(path: Path) -> dict[str, str]:
 def finished_run(tmp_path_factory, h) -> Path:
     """A short CartPole DQN run that ended by itself (max_env_steps), with its checkpoint."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    p = h.cli("train", str(h.CONFIG), *_sets(*h.SHORT, "stop.max_env_steps=1500"), "--out", str(out), cwd=out.parent)
+    p = h.cli_here("train", h.CONFIG, *_sets(*h.SHORT, "stop.max_env_steps=1500"), "--out", out, cwd=out.parent)
     assert p.returncode == 0, p.stderr
     return out
 
@@ -139,7 +139,7 @@ def _sets(*overrides: str) -> list[str]:
         ("with --out", "drop --out"),
     ],
 )
-def test_resume_refuses_bad_input_with_exit_2_and_changes_nothing(h, finished_run, tmp_path, capfd, case, message):
+def test_resume_refuses_bad_input_with_exit_2_and_changes_nothing(h, finished_run, tmp_path, case, message):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     args = ["train", "--resume", str(run_dir)]
@@ -161,7 +161,7 @@ def test_resume_refuses_bad_input_with_exit_2_and_changes_nothing(h, finished_ru
     elif case == "with --out":
         args += ["--out", str(tmp_path / "elsewhere")]
     before = _snapshot(run_dir)
-    p = h.cli_here(capfd, *args)
+    p = h.cli_here(*args)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert message in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert _snapshot(run_dir) == before
@@ -215,9 +215,9 @@ def test_a_run_stopped_by_sigterm_goes_on_with_resume_in_its_own_directory(h, tm
     assert metrics0.attrs["status"] == "stopped" and meta0["updates"] > 0 and episodes0.sizes["episode"] > 0
 
     target = int(metrics0.env_steps[-1]) + 3000
-    second = _Cli(h, tmp_path, "train", "--resume", str(run_dir), *_sets(f"stop.max_env_steps={target}"))
-    assert second.finish(timeout=150) == 0, "".join(second.lines)
-    assert any("continuing" in line for line in second.lines), "".join(second.lines)
+    # the resumed run is called in this process: its process's behaviour is the first run's
+    second = h.cli_here("train", "--resume", run_dir, *_sets(f"stop.max_env_steps={target}"), cwd=tmp_path)
+    assert second.returncode == 0 and "continuing" in second.stderr, second.stderr
     metrics, episodes, meta = _files(run_dir)
 
     assert metrics.attrs["status"] == "max_env_steps", metrics.attrs["error"]
@@ -242,8 +242,8 @@ def test_a_run_stopped_by_sigterm_goes_on_with_resume_in_its_own_directory(h, tm
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_the_notebook_api_resumes_a_run_on_a_cluster_of_the_users(finished_run, tmp_path):
-    from distributed import Client, LocalCluster
+def test_the_notebook_api_resumes_a_run_on_a_cluster_of_the_users(h, finished_run, tmp_path):
+    from distributed import Client
 
     import tianji_dask
 
@@ -252,7 +252,7 @@ def test_the_notebook_api_resumes_a_run_on_a_cluster_of_the_users(finished_run, 
     metrics0, episodes0, meta0 = _files(run_dir)
     target = int(metrics0.env_steps[-1]) + 1500
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
+        h.forked_local_cluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
         Client(cluster) as client,
     ):
         with pytest.raises(ConfigError, match="changes the experiment"):

@@ -18,7 +18,7 @@ import time
 import cloudpickle
 import psutil
 import pytest
-from conftest import FORK_SERVER
+from conftest import FORK_SERVER, forked_local_cluster
 from distributed import Client, LocalCluster
 
 from tianji_dask.config import load_config
@@ -314,7 +314,7 @@ def test_a_dead_workers_cause_is_quoted():
 def test_cli_bad_input_exits_2_and_writes_nothing(h, tmp_path, overrides, message):
     out = tmp_path / "out"
     args = ["train", str(h.CONFIG), *(a for o in overrides for a in ("--set", o)), "--out", str(out)]
-    p = h.cli(*args, cwd=tmp_path)
+    p = h.cli_here(*args, cwd=tmp_path)  # in this process: the next test's refusal is a process's
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert message in p.stderr, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
@@ -342,7 +342,7 @@ def test_cli_refuses_a_non_empty_out_dir(h, tmp_path):
 def given_client():
     """The caller's cluster: 2 single-threaded worker processes (the lead's machine has 2 cores)."""
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
+        forked_local_cluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
         Client(cluster) as client,
     ):
         yield client

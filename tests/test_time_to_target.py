@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +15,11 @@ SCRIPT = ROOT / "benchmarks" / "time_to_target.py"
 
 
 @pytest.mark.integration
-def test_a_run_lands_in_the_results_with_its_start_up_lines(tmp_path):
-    cmd = [sys.executable, str(SCRIPT), "configs/cartpole_ppo.yaml", "--modes", "distributed", "--seeds", "3"]
-    cmd += ["--set", "stop.target_return=40", "--set", "stop.max_env_steps=200000", "--set", "run.checkpoint=false"]
-    cmd += ["--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+def test_a_run_lands_in_the_results_with_its_start_up_lines(h, tmp_path):
+    args = ["configs/cartpole_ppo.yaml", "--modes", "distributed", "--seeds", "3"]
+    args += ["--set", "stop.target_return=40", "--set", "stop.max_env_steps=200000", "--set", "run.checkpoint=false"]
+    args += ["--out", tmp_path / "out", "--runs", tmp_path / "runs"]
+    r = h.called_here(h.script_main(SCRIPT), *args, cwd=ROOT)  # its main, in this process
     assert r.returncode == 0, r.stderr[-3000:]
     ready = re.search(r"distributed seed 3: +([0-9.]+) s  hosts ready \(the slowest of each role\): ", r.stdout)
     assert ready, r.stdout[-3000:]

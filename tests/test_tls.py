@@ -107,7 +107,7 @@ def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificat
     ids=["serial", "scheduler"],
 )
 def test_tls_where_it_cannot_apply_is_bad_input(h, tmp_path, extra, message):
-    p = h.cli("train", str(h.CONFIG), "--tls", *extra, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    p = h.cli_here("train", h.CONFIG, "--tls", *extra, "--out", tmp_path / "out", cwd=tmp_path)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert message in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert os.listdir(tmp_path) == []
