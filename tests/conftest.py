@@ -363,6 +363,20 @@ def _one_system_test_at_a_time(request, tmp_path_factory):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@pytest.fixture(autouse=True)
+def _dask_scheduler_setting_left_as_found():
+    """A default ``Client`` sets Dask's ``scheduler`` setting as it starts and puts it back as it
+    closes; one never closed, or closed out of the order they were made in, leaves
+    ``"dask.distributed"`` behind with no client, and every later ``compute`` in the process
+    (``to_netcdf`` included) fails with "no Client active". The test that did it fails here."""
+    import dask
+
+    before = dask.config.get("scheduler", None)
+    yield
+    after = dask.config.get("scheduler", None)
+    assert after == before, f"Dask's scheduler setting was {before!r} before this test and is {after!r} after it"
+
+
 class _Helpers:
     ROOT = ROOT
     CONFIG = CONFIG

@@ -16,6 +16,7 @@ import threading
 import time
 
 import cloudpickle
+import dask
 import psutil
 import pytest
 from conftest import FORK_SERVER, forked_local_cluster
@@ -149,6 +150,24 @@ def test_another_client_opened_while_the_hosts_start_and_closed_leaves_the_run_g
     assert h.running_at_the_end(n), n["end_rates"]
 
 
+@pytest.mark.timeout(90)
+def test_a_users_client_that_outlives_the_run_leaves_dasks_settings_as_they_were(h, tmp_path):
+    """The run's own client is not Dask's default: a user's Client made during the run and closed
+    after it would otherwise put back the setting the run's client made (scheduler
+    "dask.distributed" with no client left), and every later ``compute`` in the notebook would
+    fail with "no Client active". conftest's autouse check asserts the setting after the test."""
+    cfg = short_config(h, "stop.max_env_steps=3000")
+    with h.ending(train(cfg, out=tmp_path / "run")) as run:
+        assert h.wait_until(lambda: run.scheduler_address is not None or run.done, timeout=60)
+        client = Client(run.scheduler_address, timeout="10s")
+        try:
+            result = run.wait(timeout=60)
+        finally:
+            client.close()
+    assert result is not None and result.status == "max_env_steps", result
+    assert dask.config.get("scheduler", None) is None
+
+
 @pytest.mark.timeout(180)
 def test_a_client_failing_to_connect_while_the_hosts_start_leaves_the_run_going(h, tmp_path):
     """A notebook's Client to a wrong address is Dask's default client for as long as it tries to
@@ -166,6 +185,7 @@ def test_a_client_failing_to_connect_while_the_hosts_start_leaves_the_run_going(
 
     with h.ending(train(cfg, out=tmp_path / "run", on_event=on_event)) as run:
         result = run.wait(timeout=150)
+        assert h.wait_until(lambda: failed, timeout=30), "the failing Client never gave up"
     assert connecting == [True], "the failing Client never became the default client while connecting"
     assert result is not None and result.status == "max_env_steps" and result.error is None, result and (
         result.status,
@@ -173,7 +193,7 @@ def test_a_client_failing_to_connect_while_the_hosts_start_leaves_the_run_going(
     )
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert n["env_steps"] >= 3000 and n["updates"] > 0, n
-    assert h.wait_until(lambda: failed, timeout=30) and isinstance(failed[0], OSError), failed
+    assert isinstance(failed[0], OSError), failed
 
 
 def _client_that_fails(timeout: str) -> Exception:

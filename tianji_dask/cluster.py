@@ -23,6 +23,7 @@ from distributed.deploy.spec import SpecCluster
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelPlugin
+from tianji_dask.client_context import current_client
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.forked_workers import ForkedNanny, start_fork_server
 from tianji_dask.hosts import metrics_topic, stop_event_name
@@ -223,12 +224,12 @@ class RunCluster:
 
             began = time.monotonic()
             self._own_cluster = self._start_local_cluster()
-            self.client = Client(self._own_cluster, security=self._security)
+            self.client = Client(self._own_cluster, security=self._security, set_as_default=False)
             self._on_event(f"LocalCluster of {self._own_workers()} workers started in {time.monotonic() - began:.1f} s")
         # An actor handle binds to the process's current client when it arrives; any Client made
         # in this process since, even one that failed to connect, would otherwise be that one.
-        self._as_current = self.client.as_current()
-        self._as_current.__enter__()
+        self._current_client = current_client(self.client)
+        self._current_client.__enter__()
         self.dashboard_link = self.client.dashboard_link
         self.scheduler_address = self.client.scheduler.address
         self._on_event(f"scheduler: {self.scheduler_address}")
@@ -247,7 +248,7 @@ class RunCluster:
                 Event(stop_event_name(self.run_id), client=self.client).clear()
             self.hosts = None
         finally:
-            self._as_current.__exit__(None, None, None)
+            self._current_client.__exit__(None, None, None)
             if self._own_cluster is not None:
                 self.client.close()
                 self._own_cluster.close()

@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tianji_dask.client_context import current_client
 from tianji_dask.deployment import deployment_settings
 from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost
 from tianji_dask.placement import Placement, moved, place
@@ -254,9 +255,8 @@ class RunHosts:
             raise HostLost(f"the scheduler cancelled a host's task on {worker}")
         # A host's actor handle binds, as it arrives, to the current client (Dask's Actor asks
         # get_client()): outside this block, in whatever thread waits here, that is the newest
-        # Client of the process, which may be another the user made (a notebook's, or one that
-        # failed to connect and lingers as the default).
-        with self.client.as_current():
+        # Client of the process, which may be another the user made (tianji_dask.client_context).
+        with current_client(self.client):
             return fut.result()
 
     # --- re-creating --------------------------------------------------------------------
