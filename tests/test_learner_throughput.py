@@ -100,8 +100,14 @@ def test_a_source_that_fails_to_measure_is_reported(tmp_path):
         (["configs/cartpole_dqn.yaml", "--variant", "a", str(ROOT), "--variant", "a", str(ROOT)], "names must differ"),
     ],
 )
-def test_bad_input_is_refused_with_the_fix(tmp_path, args, message):
-    r = bench(*args, "--out", str(tmp_path / "out"), timeout=30)
+def test_bad_input_is_refused_with_the_fix(h, tmp_path, args, message):
+    # the first refusal as the script's own process (its exit status), the rest called here
+    first = args == ["configs/nope.yaml"]
+    r = (
+        bench(*args, "--out", str(tmp_path / "out"), timeout=30)
+        if first
+        else h.called_here(h.script_main(SCRIPT), *args, "--out", tmp_path / "out", cwd=ROOT)
+    )
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
 

@@ -85,7 +85,9 @@ def test_the_budget_bounds_what_counts(runs, tmp_path):
         (["--ppo", str(RESULTS / PPO[0]), "--budget", "0"], "--budget 0: must be positive"),
     ],
 )
-def test_bad_input_is_refused_with_the_fix(tmp_path, args, message):
-    r = summary(*args, "--out", str(tmp_path / "out"))
+def test_bad_input_is_refused_with_the_fix(h, tmp_path, args, message):
+    # the first refusal as the script's own process (its exit status), the rest called here
+    run = summary if not args else lambda *a: h.called_here(h.script_main(SCRIPT), *a, cwd=ROOT)
+    r = run(*args, "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "out" / "pong_summary.json").exists()
