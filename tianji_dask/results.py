@@ -11,6 +11,7 @@ defines each of them.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as _dt
 import importlib.metadata
 import json
@@ -726,6 +727,17 @@ def write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
     write_netcdf_files_atomic({Path(path): ds})
 
 
+def _no_dask_scheduler() -> bool:
+    """Dask's settings name a scheduler it cannot give (the distributed one, with no Client)."""
+    from dask.base import get_scheduler
+
+    try:
+        get_scheduler()
+    except RuntimeError:
+        return True
+    return False
+
+
 def write_netcdf_files_atomic(datasets: dict[Path, xr.Dataset]) -> None:
     """Write every dataset to a temporary file, then rename each over its path: a failure while
     writing (a full disk) replaces none of them."""
@@ -735,7 +747,9 @@ def write_netcdf_files_atomic(datasets: dict[Path, xr.Dataset]) -> None:
         # The data are numpy arrays, but xarray asks Dask for the active scheduler to pick its
         # file lock, and a process whose distributed Client failed to connect or was closed can
         # still name "dask.distributed" in its config: the write would fail for want of a Client.
-        with dask.config.set(scheduler="synchronous"):
+        # Only then is the setting changed: it is process-wide, and a write runs in the run's
+        # thread while the user's code goes on in others.
+        with dask.config.set(scheduler="synchronous") if _no_dask_scheduler() else contextlib.nullcontext():
             for path, ds in datasets.items():
                 ds.to_netcdf(tmps[path], engine="h5netcdf")
         for path, tmp in tmps.items():
