@@ -436,22 +436,6 @@ def test_results_write_in_a_process_whose_dask_config_names_a_closed_client(tmp_
         assert ds.attrs["run_name"] == "test-run"
 
 
-def test_a_write_leaves_dasks_settings_alone_where_they_name_no_missing_client(tmp_path, monkeypatch):
-    """Dask's settings are process-wide and the run writes in its own thread: a write changes
-    them only where the scheduler they name cannot be had."""
-    import dask
-
-    seen, write = [], xr.Dataset.to_netcdf
-
-    def seeing_the_setting(self, *args, **kwargs):
-        seen.append(dask.config.get("scheduler", None))
-        return write(self, *args, **kwargs)
-
-    monkeypatch.setattr(xr.Dataset, "to_netcdf", seeing_the_setting)
-    recorder().write(tmp_path)
-    assert seen == [None, None]  # metrics.nc and episodes.nc
-
-
 def test_concurrent_add_and_row():
     m = recorder()
     n = 300

@@ -11,7 +11,6 @@ defines each of them.
 from __future__ import annotations
 
 import collections
-import contextlib
 import datetime as _dt
 import importlib.metadata
 import json
@@ -25,7 +24,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import dask
 import numpy as np
 import xarray as xr
 
@@ -727,15 +725,22 @@ def write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
     write_netcdf_files_atomic({Path(path): ds})
 
 
-def _no_dask_scheduler() -> bool:
-    """Dask's settings name a scheduler it cannot give (the distributed one, with no Client)."""
-    from dask.base import get_scheduler
+def _write_netcdf(ds: xr.Dataset, path: Path) -> None:
+    """``ds.to_netcdf(path, engine="h5netcdf")`` without asking Dask for its scheduler. The data
+    are numpy arrays, but ``to_netcdf`` picks its file lock by the process's Dask scheduler: with
+    a user's default Client about (in a notebook), a distributed lock taken through that client
+    (which fails once its scheduler is gone), and "no Client active" where a Client that failed or
+    was closed left the setting behind. Changing the setting around the write is no way out:
+    it is process-wide, and this runs in the run's thread beside the user's code. The store gets
+    xarray's HDF5 lock itself."""
+    from xarray.backends import H5NetCDFStore
+    from xarray.backends.locks import HDF5_LOCK
 
+    store = H5NetCDFStore.open(path, mode="w", lock=HDF5_LOCK)
     try:
-        get_scheduler()
-    except RuntimeError:
-        return True
-    return False
+        ds.dump_to_store(store)
+    finally:
+        store.close()
 
 
 def write_netcdf_files_atomic(datasets: dict[Path, xr.Dataset]) -> None:
@@ -744,14 +749,8 @@ def write_netcdf_files_atomic(datasets: dict[Path, xr.Dataset]) -> None:
     # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
     tmps = {path: path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp") for path in datasets}
     try:
-        # The data are numpy arrays, but xarray asks Dask for the active scheduler to pick its
-        # file lock, and a process whose distributed Client failed to connect or was closed can
-        # still name "dask.distributed" in its config: the write would fail for want of a Client.
-        # Only then is the setting changed: it is process-wide, and a write runs in the run's
-        # thread while the user's code goes on in others.
-        with dask.config.set(scheduler="synchronous") if _no_dask_scheduler() else contextlib.nullcontext():
-            for path, ds in datasets.items():
-                ds.to_netcdf(tmps[path], engine="h5netcdf")
+        for path, ds in datasets.items():
+            _write_netcdf(ds, tmps[path])
         for path, tmp in tmps.items():
             os.replace(tmp, path)
     finally:
