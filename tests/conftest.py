@@ -222,15 +222,20 @@ def cli_here(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return called_here(main, *args, cwd=cwd)
 
 
-def script_main(path: Path):
-    """The ``main`` of a script under benchmarks/, loaded from its file, for :func:`called_here`."""
+def script_module(path: Path):
+    """A script under benchmarks/ loaded from its file as a module (not put in ``sys.modules``)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.main
+    return module
+
+
+def script_main(path: Path):
+    """The ``main`` of a script under benchmarks/, for :func:`called_here`."""
+    return script_module(path).main
 
 
 def cli_in_background(cmd: list[str], cwd: Path) -> subprocess.Popen:

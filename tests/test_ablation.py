@@ -4,7 +4,6 @@ before anything starts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "ablation.py"
@@ -48,10 +48,7 @@ def test_repeated_names_and_a_bad_override_are_refused_before_any_run(tmp_path):
 
 
 def ablation_module():
-    spec = importlib.util.spec_from_file_location("ablation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(SCRIPT)
 
 
 def rows(time, **columns) -> xr.Dataset:

@@ -1,7 +1,6 @@
 """benchmarks/dqn_pong_single.py, the single-process DQN that tianji-dask's Pong DQN is raced
 against: its replay's n-step returns on a hand-computed case, and a short real run on the CPU."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,15 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import script_module
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "dqn_pong_single.py"
 
 
 def single():
-    spec = importlib.util.spec_from_file_location("dqn_pong_single", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(SCRIPT)
 
 
 def test_the_replay_returns_n_step_returns_that_stop_at_an_episode_end():
@@ -59,9 +56,7 @@ def test_the_race_runs_the_single_script_with_the_configs_hyperparameters():
     peer, and refuses a config the script cannot follow, before any run."""
     import argparse
 
-    spec = importlib.util.spec_from_file_location("vs_single", SCRIPT.with_name("vs_single.py"))
-    vs_single = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vs_single)
+    vs_single = script_module(SCRIPT.with_name("vs_single.py"))
     args = argparse.Namespace(
         config="configs/pong_dqn.yaml",
         overrides=["algo.lr=0.0003", "topology.actors=3"],

@@ -3,7 +3,6 @@ shrinking host holds), and bad input refused before any run starts."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "soak.py"
 
 
 def _soak():
-    spec = importlib.util.spec_from_file_location("soak", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(SCRIPT)
 
 
 def _series(rss_end: float, fds_end: float) -> xr.Dataset:

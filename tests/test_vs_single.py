@@ -3,17 +3,14 @@ and the actor's share of the raw ALE rate, on races written as the script writes
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_single.py"
-spec = importlib.util.spec_from_file_location("vs_single", SCRIPT)
-assert spec is not None and spec.loader is not None
-vs_single = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(vs_single)
+vs_single = script_module(SCRIPT)
 
 META = {
     "config": "configs/pong_ppo.yaml",
