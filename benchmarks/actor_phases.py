@@ -4,7 +4,8 @@ streams, episode statistics, training signals, rollout bookkeeping), per vector 
     python benchmarks/actor_phases.py configs/pong_ppo.yaml --seconds 20
     python benchmarks/actor_phases.py configs/pong_ppo_small.yaml --set actor.device=cpu
 
-One real :class:`~tianji_dask.algos.ppo.actor.PPOActorRole` in this process, no cluster: it
+One real PPO actor role in this process (the config's: :class:`~tianji_dask.algos.ppo.actor.PPOActorRole`,
+or with ``env.async_batch`` :class:`~tianji_dask.algos.ppo.async_actor.PPOAsyncActorRole`), no cluster: it
 pushes its rollouts into a local queue that is drained (and dropped) as they arrive, with the
 parameters of a freshly initialised policy. Every call of ``policy.act``, ``policy.value`` and
 of each step group's ``step``/``send``/``recv`` is timed (the GPU work inside ``act`` included:
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tianji_dask.algos.ppo.actor import PPOActorRole
+    from tianji_dask.algos.ppo.spec import ppo_actor_role
     from tianji_dask.channels import LocalQueue, LocalTopic
     from tianji_dask.config import load_config
     from tianji_dask.config.schema import PPOConfig
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{a.config} is not a PPO config (algo.name: {cfg.algo.name})")
     torch.set_num_threads(cfg.topology.torch_threads)
     queue, topic = LocalQueue(capacity_bytes=1 << 34), LocalTopic()
-    actor = PPOActorRole(cfg, 0, cfg.seed, queue, topic.subscribe(), n_actors=1, balance=False)
+    actor = ppo_actor_role(cfg, 0, cfg.seed, queue, topic.subscribe(), n_actors=1, balance=False)
     # the actor's own freshly initialised weights, as a learner's first version would be
     topic.publish(0, {"params": {k: v.cpu().numpy() for k, v in actor.policy.net.state_dict().items()}})
     actor.wait_for_params(5.0)
@@ -114,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict[str, float] = defaultdict(float)
     for name, label in (("act", "inference"), ("value", "inference")):
         timed(actor.policy, name, totals, label)
-    groups = actor.env.envs  # the step groups' vector envs
-    two_calls = actor.chooses_ahead or (len(groups) > 1 and hasattr(groups[0], "send"))
+    # the step groups' vector envs, or the one asynchronous env (env.async_batch)
+    groups = getattr(actor.env, "envs", [actor.env])
+    two_calls = actor.chooses_ahead or cfg.env.async_batch > 0 or (len(groups) > 1 and hasattr(groups[0], "send"))
     for env in groups:  # ale-py's step calls its own send: time either step or send and recv
         for name in ("send", "recv") if two_calls else ("step",):
             timed(env, name, totals, "env")

@@ -678,10 +678,11 @@ TINY_DQN = [
 TINY_RUNS = {
     "dqn": (DQN_SMALL, TINY_DQN),
     "dqn_prioritized": (DQN_SMALL, [*TINY_DQN, "algo.replay=prioritized"]),
-    "ppo": (
+    "ppo": (  # the actor on an asynchronous env: the other env steps while the policy chooses for one
         PPO_SMALL,
         [
             "env.num_envs=2",
+            "env.async_batch=1",
             "algo.rollout_steps=128",
             "algo.epochs=1",
             "algo.minibatches=2",

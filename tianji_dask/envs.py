@@ -53,8 +53,9 @@ def action_count(space: gym.Space) -> int:
 class EpisodeTracker:
     """Accumulates per-env returns and lengths; hands out finished episodes.
 
-    Call ``update(rewards, dones)`` after each vector step; ``drain()`` returns
-    ``[[return, length, unix_time], ...]`` finished since the previous drain.
+    Call ``update(rewards, dones)`` after each vector step (``envs``: the envs the arrays' rows
+    are, where only some stepped); ``drain()`` returns ``[[return, length, unix_time], ...]``
+    finished since the previous drain.
     """
 
     def __init__(self, num_envs: int):
@@ -63,15 +64,17 @@ class EpisodeTracker:
         self._finished: list[list[float]] = []
         self.count = 0
 
-    def update(self, rewards: np.ndarray, dones: np.ndarray, now: float) -> None:
-        self._returns += rewards
-        self._lengths += 1
+    def update(self, rewards: np.ndarray, dones: np.ndarray, now: float, envs: np.ndarray | None = None) -> None:
+        rows = np.arange(len(self._returns)) if envs is None else np.asarray(envs)
+        self._returns[rows] += rewards
+        self._lengths[rows] += 1
         if dones.any():
-            for i in np.flatnonzero(dones):
+            ended = rows[dones]
+            for i in ended:
                 self._finished.append([float(self._returns[i]), int(self._lengths[i]), now])
-            self.count += int(dones.sum())
-            self._returns[dones] = 0.0
-            self._lengths[dones] = 0
+            self.count += len(ended)
+            self._returns[ended] = 0.0
+            self._lengths[ended] = 0
 
     def drain(self) -> list[list[float]]:
         out, self._finished = self._finished, []
@@ -143,7 +146,7 @@ def atari_rom(env_id: str) -> str:
 
 
 def make_atari_vector_env(
-    env_id: str, num_envs: int, backend: str = "ale_vector", threads: int = 1
+    env_id: str, num_envs: int, backend: str = "ale_vector", threads: int = 1, batch_size: int = 0
 ) -> gym.vector.VectorEnv:
     """``num_envs`` copies of an Atari game with the DeepMind preprocessing.
 
@@ -159,6 +162,10 @@ def make_atari_vector_env(
     ``AtariPreprocessing`` + ``FrameStackObservation`` (needs opencv). The caller's first
     ``reset(seed=s)`` seeds the envs ``s, s+1, ...``; it is left to the caller because a reset of
     many envs costs seconds at start-up.
+
+    ``batch_size`` (``ale_vector`` only; 0: all envs) below ``num_envs`` makes the env
+    asynchronous: ``reset`` and each ``recv`` return the first ``batch_size`` envs whose reset or
+    step is done (``info["env_id"]``), and ``send`` gives exactly those envs their next actions.
     """
     rom = atari_rom(env_id)
     if backend == "ale_vector":
@@ -166,6 +173,7 @@ def make_atari_vector_env(
             rom,
             num_envs,
             num_threads=threads,
+            batch_size=batch_size,
             max_num_frames_per_episode=ATARI_MAX_FRAMES,
             repeat_action_probability=0.0,
             full_action_space=False,
@@ -182,6 +190,8 @@ def make_atari_vector_env(
             reward_clipping=False,
             use_fire_reset=False,
         )
+    elif batch_size:
+        raise ValueError(f"an asynchronous batch needs the ale_vector backend, not {backend!r}")
     elif backend == "gymnasium":
         env = gym.vector.SyncVectorEnv(
             [lambda: _gymnasium_atari(env_id) for _ in range(num_envs)],
@@ -429,7 +439,8 @@ class AtariTrainingSignals:
     ``(rewards, terminated, dones)`` as the learner should see them: rewards clipped to their
     sign, and a lost life (``info["lives"]`` went down, the game goes on) counted as a
     termination. The env itself, and the episode statistics, keep the raw full-game view.
-    ``lives_lost`` counts the life losses seen so far.
+    ``lives_lost`` counts the life losses seen so far. Where only some envs stepped, ``envs``
+    names the envs the arrays' rows are, and :meth:`start` records an env's lives as it begins.
     """
 
     def __init__(self, lives, clip_rewards: bool = True, episodic_life: bool = True):
@@ -438,13 +449,17 @@ class AtariTrainingSignals:
         self.episodic_life = episodic_life
         self.lives_lost = 0
 
-    def __call__(self, rewards, terminated, truncated, infos):
+    def start(self, envs: np.ndarray, lives: np.ndarray) -> None:
+        self.lives[envs] = lives
+
+    def __call__(self, rewards, terminated, truncated, infos, envs: np.ndarray | None = None):
+        rows = slice(None) if envs is None else envs
         rewards = np.asarray(rewards)
         out = np.sign(rewards).astype(np.float32) if self.clip_rewards else rewards.astype(np.float32)
         lives = np.asarray(infos["lives"], dtype=np.int64)
         # with same-step autoreset a finished env already reports its new game's lives
-        lost = (lives < self.lives) & ~(terminated | truncated)
-        self.lives = lives.copy()
+        lost = (lives < self.lives[rows]) & ~(terminated | truncated)
+        self.lives[rows] = lives
         self.lives_lost += int(lost.sum())
         if self.episodic_life:
             terminated = terminated | lost

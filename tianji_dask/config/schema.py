@@ -75,6 +75,14 @@ class EnvConfig(_Section):
         "stepping while the policy chooses the next group's actions (PPO actors; overlapped with "
         "atari_backend=ale_vector, other envs step the groups in turn); num_envs must be a multiple",
     )
+    async_batch: int = Field(
+        0,
+        ge=0,
+        description="kind=atari, ale_vector, PPO only: the actor takes the first async_batch envs "
+        "whose step is done, chooses their next actions and sends them while the other envs go on "
+        "stepping (ale-py's batch_size), so no emulator waits for the policy; each env fills its "
+        "own rows of a rollout; 0 steps all num_envs together",
+    )
 
     @property
     def frame_stacks(self) -> bool:
@@ -94,6 +102,28 @@ class EnvConfig(_Section):
             raise problem(
                 f"env.num_envs={self.num_envs} does not split into env.step_groups={self.step_groups} "
                 f"equal groups: make num_envs a multiple of step_groups"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_async_batch(self) -> EnvConfig:
+        if not self.async_batch:
+            return self
+        if not self.stepping_threads:
+            raise problem(
+                f"env.async_batch={self.async_batch} needs ale-py's vector env (env.kind=atari, "
+                f"env.atari_backend=ale_vector), not kind={self.kind!r}, backend={self.atari_backend!r}: "
+                "set env.async_batch=0"
+            )
+        if self.async_batch >= self.num_envs:
+            raise problem(
+                f"env.async_batch={self.async_batch} must be below env.num_envs={self.num_envs} (the other "
+                f"envs step while a batch is chosen for): e.g. env.async_batch={max(1, self.num_envs // 2)}"
+            )
+        if self.step_groups != 1:
+            raise problem(
+                f"env.async_batch={self.async_batch} and env.step_groups={self.step_groups} are two ways "
+                "to overlap the emulators with the policy: keep one (env.step_groups=1)"
             )
         return self
 
@@ -569,6 +599,11 @@ class ExperimentConfig(_Section):
             raise problem(
                 f"algo.precision={precision} applies to the Nature CNN trunk, and "
                 f"env.kind={self.env.kind!r} trains an MLP: set env.kind=atari or algo.precision=fp32"
+            )
+        if self.env.async_batch and self.algo.name != "ppo":
+            raise problem(
+                f"env.async_batch={self.env.async_batch} is for PPO's actors, which fill each env's rows "
+                f"of a rollout; algo.name={self.algo.name!r} steps all envs together: set env.async_batch=0"
             )
         if getattr(self.algo, "replay_device", "cpu") == "learner" and not self.env.frame_stacks:
             raise problem(

@@ -73,7 +73,7 @@ class ActorBase(ABC):
         self.should_stop = should_stop
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
-        self.env = make_env_groups(cfg.env, seed)
+        self.env = self._make_env(seed)
         obs_space = self.env.single_observation_space
         assert obs_space.shape is not None, obs_space
         # the config check (check_env) admitted it for this algorithm
@@ -86,6 +86,10 @@ class ActorBase(ABC):
         self.training_signals = identity_training_signals
         self.counters = self.counters_class()
         self._setup(seed)
+
+    def _make_env(self, seed: int) -> Any:
+        """The actor's envs: the config's step groups (:class:`~tianji_dask.envs.EnvGroups`)."""
+        return make_env_groups(self.cfg.env, seed)
 
     @abstractmethod
     def _setup(self, seed: int) -> None:

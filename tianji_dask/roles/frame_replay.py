@@ -69,7 +69,9 @@ class FrameStreams:
     ``start(obs)`` once with the first observations; then per vector step
     ``real_next = step(next_obs, dones, infos)`` returns the id stacks of the true next
     observations (``final_obs`` where an episode ended) and moves ``ids`` on to the stacks of
-    ``next_obs``. ``take()`` hands out the frames emitted since the previous call.
+    ``next_obs``. ``take()`` hands out the frames emitted since the previous call. Where only
+    some envs stepped, ``envs`` names the envs the arrays' rows are; ``restart(envs, stacks)``
+    emits those envs' stacks whole again (a rollout that starts needs no earlier frame).
     """
 
     def __init__(self, actor_id: int, num_envs: int, stack: int = 4):
@@ -111,22 +113,35 @@ class FrameStreams:
     def start(self, obs: np.ndarray) -> None:
         self._begin_episode(np.arange(self.num_envs), obs)
 
-    def step(self, next_obs: np.ndarray, dones: np.ndarray, infos: dict) -> np.ndarray:
-        real_next = np.empty_like(self.ids)
-        real_next[:, :-1] = self.ids[:, 1:]
+    def restart(self, envs: np.ndarray, stacks: np.ndarray) -> None:
+        self._begin_episode(np.asarray(envs), stacks)
+
+    def step(self, next_obs: np.ndarray, dones: np.ndarray, infos: dict, envs: np.ndarray | None = None) -> np.ndarray:
+        rows = np.arange(self.num_envs) if envs is None else np.asarray(envs)
+        real_next = np.empty((len(rows), self.stack), np.int64)
+        real_next[:, :-1] = self.ids[rows, 1:]
         going = np.flatnonzero(~dones)
         ended = np.flatnonzero(dones)
         if len(ended):
             last = np.stack([np.asarray(infos["final_obs"][e])[-1] for e in ended])
             newest = np.concatenate([next_obs[going, -1], last])
-            ids = self._emit(np.concatenate([going, ended]), newest)
+            ids = self._emit(rows[np.concatenate([going, ended])], newest)
         else:
-            ids = self._emit(going, next_obs[:, -1])
+            ids = self._emit(rows[going], next_obs[:, -1])
         real_next[np.concatenate([going, ended]), -1] = ids
-        self.ids = real_next.copy()
+        self.ids = self.ids.copy()  # a new array: callers keep the stacks they read before the step
+        self.ids[rows] = real_next
         if len(ended):
-            self._begin_episode(ended, next_obs[ended])
+            self._begin_episode(rows[ended], next_obs[ended])
         return real_next
+
+    def first_seq(self, envs: np.ndarray) -> np.ndarray:
+        """The sequence number the next frame of each of ``envs`` will get."""
+        return self._next_seq[envs].copy()
+
+    def env_and_seq(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(env, sequence number) of frame ``ids`` of this actor's streams."""
+        return (ids >> SEQ_BITS) - (self._base[0] >> SEQ_BITS), ids & SEQ_MASK
 
     def take(self) -> tuple[np.ndarray, np.ndarray]:
         """``(frames (F, H, W) uint8, frame_ids (F,) int64)`` emitted since the last call."""

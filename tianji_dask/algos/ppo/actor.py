@@ -45,11 +45,7 @@ class PPOActorRole(ActorBase):
         self.obs = self.policy.normalize(self.raw_obs)
         self.T = self.algo.rollout_steps
         self.learner_consumed = 0
-        algo, topo = self.algo, cfg.topology
-        share = algo.rollouts_per_update * topo.learners / (self.n_actors * algo.sample_reuse)
-        # its share of a version within the band, plus the one rollout it makes while the
-        # learner trains on the previous one (without it actor and learner would alternate)
-        self.quota = max(1, int(share * (1.0 + (algo.ratio_tolerance or 0.0)))) + 1
+        self.quota = self._rollout_quota()
         self._rollouts_this_version = 0
         self._t = 0
         self.frames = FrameStreams(self.id, self.num_envs, stack=self.obs_shape[0]) if cfg.env.frame_stacks else None
@@ -59,6 +55,13 @@ class PPOActorRole(ActorBase):
         self.chooses_ahead = self.env.overlaps and self.policy.chooses_ahead
         self._next_choice: tuple[np.ndarray, ...] | None = None  # chosen and sent, not yet received
         self._new_rollout()
+
+    def _rollout_quota(self) -> int:
+        algo = self.algo
+        share = algo.rollouts_per_update * self.cfg.topology.learners / (self.n_actors * algo.sample_reuse)
+        # its share of a version within the band, plus the one rollout it makes while the
+        # learner trains on the previous one (without it actor and learner would alternate)
+        return max(1, int(share * (1.0 + (algo.ratio_tolerance or 0.0)))) + 1
 
     def _new_rollout(self) -> None:
         T, N = self.T, self.num_envs
@@ -149,11 +152,7 @@ class PPOActorRole(ActorBase):
         """(this rollout's frames, each observation's frames as positions into them)."""
         assert self.frames is not None
         frames, ids = self.frames.take()
-        order = np.argsort(ids)
-        pos = order[np.minimum(np.searchsorted(ids[order], obs_ids), len(ids) - 1)]
-        if not np.array_equal(ids[pos], obs_ids):  # a frame the rollout never emitted: a bug, not bad input
-            raise RuntimeError(f"actor {self.id}: a rollout refers to frames it does not carry")
-        return frames, pos.astype(np.int32)
+        return frame_positions(frames, ids, obs_ids, self.id)
 
     def unsent(self) -> int:
         return self._t * self.num_envs
@@ -177,3 +176,15 @@ class PPOActorRole(ActorBase):
         self._new_rollout()
         if self.synchronous:
             self.wait_for_newer_params()
+
+
+def frame_positions(
+    frames: np.ndarray, ids: np.ndarray, obs_ids: np.ndarray, actor_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(``frames``, each observation's frame ids ``obs_ids`` as positions into ``frames``,
+    whose ids are ``ids``)."""
+    order = np.argsort(ids)
+    pos = order[np.minimum(np.searchsorted(ids[order], obs_ids), len(ids) - 1)]
+    if not np.array_equal(ids[pos], obs_ids):  # a frame the rollout never emitted: a bug, not bad input
+        raise RuntimeError(f"actor {actor_id}: a rollout refers to frames it does not carry")
+    return frames, pos.astype(np.int32)

@@ -20,9 +20,7 @@ class PPOSpec:
     keeps_replay = False
 
     def actor_role(self) -> Callable[..., ActorLoopRole]:
-        from tianji_dask.algos.ppo.actor import PPOActorRole
-
-        return PPOActorRole
+        return ppo_actor_role
 
     def action_space_problem(self, cfg: ExperimentConfig, action_space) -> str | None:
         """A ``Discrete`` space gets the categorical policy, a one-dimensional ``Box`` the
@@ -106,3 +104,15 @@ class PPOSpec:
         # parameters it acted with; beyond max_policy_lag it is dropped.
         algo = cfg.algo_as(PPOConfig)
         return algo.max_policy_lag * algo.rollouts_per_update
+
+
+def ppo_actor_role(cfg: ExperimentConfig, *args, **kwargs) -> ActorLoopRole:
+    """The PPO actor of ``cfg``: on an asynchronous vector env where ``env.async_batch`` is set
+    (:mod:`tianji_dask.algos.ppo.async_actor`), else stepping all its envs together."""
+    if cfg.env.async_batch:
+        from tianji_dask.algos.ppo.async_actor import PPOAsyncActorRole
+
+        return PPOAsyncActorRole(cfg, *args, **kwargs)
+    from tianji_dask.algos.ppo.actor import PPOActorRole
+
+    return PPOActorRole(cfg, *args, **kwargs)
