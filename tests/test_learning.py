@@ -93,6 +93,9 @@ def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
             "algo.rollout_steps=256",
             "algo.minibatches=16",
             "algo.ratio_tolerance=0.25",
+            # learning is the subject: under a load average of 8 on 2 cores the learner once went
+            # 5 s without a heartbeat, the config's limit, and the run was ended as stuck
+            "run.heartbeat_timeout=30.0",
         ],
     )
     result = train(cfg, out=tmp_path / "run").wait()

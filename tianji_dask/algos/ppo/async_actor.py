@@ -16,13 +16,14 @@ holds the next rollout, an env that has finished its column plays on outside any
 steps only the envs it was sent actions for, and every env is held once none has. A rollout is
 tagged with the version it opened with; envs still finishing it act with any newer version
 probed meanwhile, each step with its own log-probability, so the tag is never newer than what
-acted. Frames: each env's column starts with its whole stack (:meth:`FrameStreams.restart`);
-frames emitted for a column of a later rollout are kept for that rollout.
+acted. Frames: each env's column starts with its whole stack (:meth:`FrameStreams.restart`),
+and each frame an env emits goes to the rollout whose column it continues (or nowhere).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,9 +35,22 @@ from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.frame_replay import FrameStreams
 
 
+def by_value(keys: np.ndarray) -> Iterator[tuple[int, np.ndarray | slice]]:
+    """``(value, selection)`` for each distinct value of ``keys``; a batch's envs are nearly
+    always in one rollout, so all-equal keys take one pair and no sort."""
+    if not len(keys):
+        return
+    if keys.min() == keys.max():
+        yield int(keys[0]), slice(None)
+        return
+    for k in np.unique(keys):
+        yield int(k), keys == k
+
+
 @dataclass
 class _Columns:
-    """One rollout's arrays, ``(T, N)`` each env's column, filled at each env's own pace."""
+    """One rollout's arrays, ``(T, N)`` each env's column, filled at each env's own pace, and the
+    frames its columns emitted."""
 
     T: int
     N: int
@@ -44,13 +58,11 @@ class _Columns:
     version: int
     finished: int = 0  # envs that made their T steps in it
     data: dict[str, np.ndarray] = field(default_factory=dict)
-    first_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each column's first frame
-    started: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # the columns begun
+    frames: list[np.ndarray] = field(default_factory=list)
+    frame_ids: list[np.ndarray] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         T, N = self.T, self.N
-        self.first_seq = np.zeros(N, np.int64)
-        self.started = np.zeros(N, bool)
         self.data = {
             "obs_ids": np.empty((T, N, self.stack), np.int64),
             "actions": np.empty((T, N), np.int64),
@@ -95,10 +107,9 @@ class PPOAsyncActorRole(PPOActorRole):
         # was sent there (-1: the action is not recorded; the env waits for its next column)
         self._rollout_of = np.full(N, -1, np.int64)
         self._row = np.full(N, -1, np.int64)
-        self._open: dict[int, _Columns] = {}
-        self._opened = 0  # rollouts opened so far; the next one to open has this index
-        self._pushed = 0  # rollouts pushed so far; the next one to push has this index
-        self._carried: tuple[np.ndarray, np.ndarray] | None = None  # frames of rollouts not yet pushed
+        self._open: dict[int, _Columns] = {}  # rollouts _pushed .. _opened - 1
+        self._opened = 0
+        self._pushed = 0
         self._unpushed = 0  # env steps made into rollouts not yet pushed
         self.chooses_ahead = False  # the other envs step while a batch is chosen for
         obs, infos = self.env.reset(seed=seed)
@@ -118,21 +129,20 @@ class PPOAsyncActorRole(PPOActorRole):
         obs, envs, finishing = self._received
         waiting = self._row[envs] < 0
         next_rollout = self._rollout_of[envs] + 1
-        for k in np.unique(next_rollout[waiting]):
-            if k == self._opened and not self._open_rollout(int(k)):
-                break
-        starting = waiting & np.isin(next_rollout, list(self._open))
+        if waiting.any() and next_rollout[waiting].max() >= self._opened:
+            self._open_rollout()
+        starting = waiting & (next_rollout < self._opened)
         # no env has a row to fill: every env is held, as the balance controller says
         hold = bool((waiting & ~starting).any() and (self._row < 0).all())
         if hold and not finishing.any():
             return self._held()
         actions, logp, values = self.policy.act(obs, envs)
         if finishing.any():  # these values are the last values of the columns just finished
-            for k in np.unique(self._rollout_of[envs[finishing]]):
-                sel = finishing & (self._rollout_of[envs] == k)
-                columns = self._open[int(k)]
-                columns.data["last_values"][envs[sel]] = values[sel]
-                columns.finished += int(sel.sum())
+            done, done_values = envs[finishing], values[finishing]
+            for k, sel in by_value(self._rollout_of[done]):
+                columns = self._open[k]
+                columns.data["last_values"][done[sel]] = done_values[sel]
+                columns.finished += len(done[sel])
             self._received = (obs, envs, np.zeros_like(finishing))
             self.flush()
         if hold:
@@ -142,17 +152,17 @@ class PPOAsyncActorRole(PPOActorRole):
         # the emulators step these envs again while the choices are written
         if starting.any():
             begin, k = envs[starting], next_rollout[starting]
-            for rollout in np.unique(k):
-                columns, these = self._open[int(rollout)], begin[k == rollout]
-                columns.first_seq[these], columns.started[these] = self._streams.first_seq(these), True
-            self._streams.restart(begin, obs[starting])  # a column starts with its whole stack
             self._rollout_of[begin], self._row[begin] = k, 0
+            self._streams.restart(begin, obs[starting])  # a column starts with its whole stack
+            self._route_frames()
         recorded = self._row[envs] >= 0
-        for k in np.unique(self._rollout_of[envs[recorded]]):
-            sel = recorded & (self._rollout_of[envs] == k)
-            d, e, r = self._open[int(k)].data, envs[sel], self._row[envs[sel]]
-            d["obs_ids"][r, e] = self._streams.ids[e]
-            d["actions"][r, e], d["logp"][r, e], d["values"][r, e] = actions[sel], logp[sel], values[sel]
+        e, a, lp, v = envs[recorded], actions[recorded], logp[recorded], values[recorded]
+        rows = self._row[e]
+        for k, sel in by_value(self._rollout_of[e]):
+            d = self._open[k].data
+            d["obs_ids"][rows[sel], e[sel]] = self._streams.ids[e[sel]]
+            d["actions"][rows[sel], e[sel]], d["logp"][rows[sel], e[sel]] = a[sel], lp[sel]
+            d["values"][rows[sel], e[sel]] = v[sel]
         return True
 
     def _held(self) -> bool:
@@ -167,35 +177,37 @@ class PPOAsyncActorRole(PPOActorRole):
         obs, rewards, terminated, truncated, infos = self.env.recv()
         envs = np.asarray(infos["env_id"], np.int64)
         first = ~self._seen[envs]
+        stepped = ~first
         if first.any():  # a reset's result: nothing stepped
             self._start_envs(envs[first], {k: v[first] for k, v in infos.items()})
-        stepped = ~first
-        recorded = self._row[envs] >= 0
-        if stepped.any():
-            self._record_results(
-                envs[stepped],
+            obs_s, rewards, terminated, truncated = (
                 obs[stepped],
                 rewards[stepped],
                 terminated[stepped],
                 truncated[stepped],
-                {k: v[stepped] for k, v in infos.items()},
-                recorded[stepped],
             )
-        self.counters.env_steps += int(recorded.sum())
-        self.counters.idle_env_steps += int((stepped & ~recorded).sum())
-        self._unpushed += int(recorded.sum())
+            infos = {k: v[stepped] for k, v in infos.items()}
+        else:
+            obs_s = obs
+        recorded = self._row[envs] >= 0
+        if stepped.any():
+            self._record_results(envs[stepped], obs_s, rewards, terminated, truncated, infos, recorded[stepped])
+        made = int(recorded.sum())
+        self.counters.env_steps += made
+        self.counters.idle_env_steps += int(stepped.sum()) - made
+        self._unpushed += made
         row = self._row[envs] + 1
         finishing = recorded & (row == self.T)
         self._row[envs] = np.where(recorded & ~finishing, row, -1)
         return obs, envs, finishing
 
-    def _open_rollout(self, k: int) -> bool:
-        """Opens rollout ``k`` (the next to open) with the newest parameters, unless the balance
-        controller holds it."""
+    def _open_rollout(self) -> bool:
+        """Opens the next rollout with the newest parameters, unless the balance controller
+        holds it."""
         self.probe_params()
         if self.balance and self.ahead_of_learner():
             return False
-        self._open[k] = _Columns(self.T, self.num_envs, self.obs_shape[0], self.policy.version)
+        self._open[self._opened] = _Columns(self.T, self.num_envs, self.obs_shape[0], self.policy.version)
         self._opened += 1
         self._rollouts_this_version += 1
         return True
@@ -205,18 +217,34 @@ class PPOAsyncActorRole(PPOActorRole):
         their rows where their actions were ``recorded``."""
         ended = terminated | truncated
         self._streams.step(next_obs, ended, infos, envs)
+        self._route_frames()
         self.tracker.update(rewards, ended, time.time(), envs)  # the env's own rewards
         rewards, terminated, dones = self._signals(rewards, terminated, truncated, infos, envs)
         rewards = rewards.astype(np.float32)
         bootstrap = truncated & ~terminated & recorded
         if bootstrap.any():  # a time limit is not a terminal state: bootstrap from the final obs
             rewards[bootstrap] += self.algo.gamma * self.policy.value(infos["final_obs"][bootstrap])
-        rollouts, rows = self._rollout_of[envs], self._row[envs]
-        for k in np.unique(rollouts[recorded]):
-            sel = recorded & (rollouts == k)
-            d = self._open[int(k)].data
-            d["rewards"][rows[sel], envs[sel]] = rewards[sel]
-            d["dones"][rows[sel], envs[sel]] = dones[sel]
+        e, r, dn = envs[recorded], rewards[recorded], dones[recorded]
+        rows = self._row[e]
+        for k, sel in by_value(self._rollout_of[e]):
+            d = self._open[k].data
+            d["rewards"][rows[sel], e[sel]], d["dones"][rows[sel], e[sel]] = r[sel], dn[sel]
+
+    def _route_frames(self) -> None:
+        """The frames emitted since the last call, each to the rollout whose column its env is
+        filling (the newest frame after a column's last row belongs to no column: the next
+        column starts with its whole stack again)."""
+        frames, ids = self._streams.take()
+        if not len(ids):
+            return
+        env, _ = self._streams.env_and_seq(ids)
+        filling = (self._row >= 0) & (self._row < self.T - 1) | (self._row == 0)
+        dest = np.where(filling, self._rollout_of, -1)[env]
+        for k, sel in by_value(dest):
+            if k >= 0:
+                columns = self._open[k]
+                columns.frames.append(frames[sel])
+                columns.frame_ids.append(ids[sel])
 
     def _on_new_version(self) -> None:
         self._rollouts_this_version = 0
@@ -234,20 +262,9 @@ class PPOAsyncActorRole(PPOActorRole):
 
     def _push(self, columns: _Columns) -> None:
         r = columns.data
-        frames, ids = self._streams.take()
-        if self._carried is not None:
-            frames, ids = np.concatenate([self._carried[0], frames]), np.concatenate([self._carried[1], ids])
-        obs_ids = r.pop("obs_ids")
-        needed = np.isin(ids, obs_ids)
-        # frames of the columns begun in later rollouts: each such column's frames from its first on
-        keep_from = np.full(self.num_envs, np.iinfo(np.int64).max)
-        for later_columns in self._open.values():
-            began = later_columns.started
-            keep_from[began] = np.minimum(keep_from[began], later_columns.first_seq[began])
-        env, seq = self._streams.env_and_seq(ids)
-        later = ~needed & (seq >= keep_from[env])
-        self._carried = (frames[later], ids[later])
-        r["frames"], r["obs_frames"] = frame_positions(frames[needed], ids[needed], obs_ids, self.id)
+        frames = np.concatenate(columns.frames) if len(columns.frames) > 1 else columns.frames[0]
+        ids = np.concatenate(columns.frame_ids) if len(columns.frame_ids) > 1 else columns.frame_ids[0]
+        r["frames"], r["obs_frames"] = frame_positions(frames, ids, r.pop("obs_ids"), self.id)
         self._unpushed -= self.T * self.num_envs
         r["version"] = np.array(columns.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
