@@ -132,8 +132,10 @@ class PPOAsyncActorRole(PPOActorRole):
         if waiting.any() and next_rollout[waiting].max() >= self._opened:
             self._open_rollout()
         starting = waiting & (next_rollout < self._opened)
-        # no env has a row to fill: every env is held, as the balance controller says
-        hold = bool((waiting & ~starting).any() and (self._row < 0).all())
+        # every env, in this batch or in flight, waits for the rollout the controller holds: none
+        # could fill a row, so every env is held (an env in flight whose next rollout is open,
+        # its reset included, would start a column there when it comes back)
+        hold = bool((self._row < 0).all() and (self._rollout_of + 1 == self._opened).all())
         if hold and not finishing.any():
             return self._held()
         actions, logp, values = self.policy.act(obs, envs)
