@@ -69,6 +69,28 @@ def timed(obj, name: str, totals: dict[str, float], label: str) -> None:
     setattr(obj, name, wrapper)
 
 
+def timed_halves(obj, name: str, totals: dict[str, float], label: str) -> None:
+    """Times a call that launches work and returns the call that waits for it (``act_async``):
+    the launch and the wait count, the host's work in between does not."""
+    launch = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        wait = launch(*args, **kwargs)
+        totals[label] += time.perf_counter() - t
+
+        def timed_wait():
+            t = time.perf_counter()
+            try:
+                return wait()
+            finally:
+                totals[label] += time.perf_counter() - t
+
+        return timed_wait
+
+    setattr(obj, name, wrapper)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config")
@@ -115,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict[str, float] = defaultdict(float)
     for name, label in (("act", "inference"), ("value", "inference")):
         timed(actor.policy, name, totals, label)
+    if cfg.env.async_batch and actor.policy.device.type == "cuda":
+        # the asynchronous actor launches its inference and waits for it later (on the CPU,
+        # act_async is act, timed above)
+        timed_halves(actor.policy, "act_async", totals, "inference")
     # the step groups' vector envs, or the one asynchronous env (env.async_batch)
     groups = getattr(actor.env, "envs", [actor.env])
     two_calls = actor.chooses_ahead or cfg.env.async_batch > 0 or (len(groups) > 1 and hasattr(groups[0], "send"))

@@ -117,7 +117,12 @@ class PPOAsyncActorRole(PPOActorRole):
         self.training_signals = self._signals
         envs = np.asarray(infos["env_id"], np.int64)
         self._start_envs(envs, infos)
-        self._received: tuple[np.ndarray, np.ndarray, np.ndarray] | None = (obs, envs, np.zeros(len(envs), bool))
+        self._received: tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None] | None = (
+            obs,
+            envs,
+            np.zeros(len(envs), bool),
+            None,
+        )
 
     def _start_envs(self, envs: np.ndarray, infos: dict) -> None:
         self._seen[envs] = True
@@ -126,7 +131,7 @@ class PPOAsyncActorRole(PPOActorRole):
     def step(self) -> bool:
         if self._received is None:
             self._received = self._receive()
-        obs, envs, finishing = self._received
+        obs, envs, finishing, results = self._received
         waiting = self._row[envs] < 0
         next_rollout = self._rollout_of[envs] + 1
         if waiting.any() and next_rollout[waiting].max() >= self._opened:
@@ -137,17 +142,23 @@ class PPOAsyncActorRole(PPOActorRole):
         # its reset included, would start a column there when it comes back)
         hold = bool((self._row < 0).all() and (self._rollout_of + 1 == self._opened).all())
         if hold and not finishing.any():
+            if results is not None:
+                self._record_results(*results)
+                self._received = (obs, envs, finishing, None)
             return self._held()
-        actions, logp, values = self.policy.act(obs, envs)
+        chosen = self.policy.act_async(obs, envs)
+        if results is not None:  # while the device infers
+            self._record_results(*results)
+        actions, logp, values = chosen()
         if finishing.any():  # these values are the last values of the columns just finished
             done, done_values = envs[finishing], values[finishing]
             for k, sel in by_value(self._rollout_of[done]):
                 columns = self._open[k]
                 columns.data["last_values"][done[sel]] = done_values[sel]
                 columns.finished += len(done[sel])
-            self._received = (obs, envs, np.zeros_like(finishing))
             self.flush()
         if hold:
+            self._received = (obs, envs, np.zeros_like(finishing), None)
             return self._held()
         self._received = None
         self.env.send(self.policy.env_actions(actions))
@@ -156,7 +167,9 @@ class PPOAsyncActorRole(PPOActorRole):
             begin, k = envs[starting], next_rollout[starting]
             self._rollout_of[begin], self._row[begin] = k, 0
             self._streams.restart(begin, obs[starting])  # a column starts with its whole stack
-            self._route_frames()
+            dest = np.full(self.num_envs, -1, np.int64)
+            dest[begin] = k
+            self._route_frames(dest)
         recorded = self._row[envs] >= 0
         e, a, lp, v = envs[recorded], actions[recorded], logp[recorded], values[recorded]
         rows = self._row[e]
@@ -173,9 +186,10 @@ class PPOAsyncActorRole(PPOActorRole):
         self.counters.throttled_s += time.perf_counter() - t
         return False
 
-    def _receive(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The next batch's results, written into the rows their actions were recorded in;
-        returns ``(observations, envs, whether each env just made the last step of its column)``."""
+    def _receive(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None]:
+        """The next batch: ``(observations, envs, whether each env just made the last step of
+        its column, its step results for :meth:`_record_results`)``. Each env moves on to its
+        next row here; the results carry the rollouts and rows their actions were recorded in."""
         obs, rewards, terminated, truncated, infos = self.env.recv()
         envs = np.asarray(infos["env_id"], np.int64)
         first = ~self._seen[envs]
@@ -192,8 +206,11 @@ class PPOAsyncActorRole(PPOActorRole):
         else:
             obs_s = obs
         recorded = self._row[envs] >= 0
+        results = None
         if stepped.any():
-            self._record_results(envs[stepped], obs_s, rewards, terminated, truncated, infos, recorded[stepped])
+            e = envs[stepped]
+            where = (self._rollout_of[e], self._row[e], recorded[stepped])
+            results = (e, *where, obs_s, rewards, terminated, truncated, infos)
         made = int(recorded.sum())
         self.counters.env_steps += made
         self.counters.idle_env_steps += int(stepped.sum()) - made
@@ -201,7 +218,7 @@ class PPOAsyncActorRole(PPOActorRole):
         row = self._row[envs] + 1
         finishing = recorded & (row == self.T)
         self._row[envs] = np.where(recorded & ~finishing, row, -1)
-        return obs, envs, finishing
+        return obs, envs, finishing, results
 
     def _open_rollout(self) -> bool:
         """Opens the next rollout with the newest parameters, unless the balance controller
@@ -214,35 +231,36 @@ class PPOAsyncActorRole(PPOActorRole):
         self._rollouts_this_version += 1
         return True
 
-    def _record_results(self, envs, next_obs, rewards, terminated, truncated, infos, recorded) -> None:
+    def _record_results(self, envs, rollouts, rows, recorded, next_obs, rewards, terminated, truncated, infos) -> None:
         """Step results of ``envs``: their episodes, frames and training signals; written into
-        their rows where their actions were ``recorded``."""
+        rows ``rows`` of rollouts ``rollouts`` where their actions were ``recorded``."""
         ended = terminated | truncated
         self._streams.step(next_obs, ended, infos, envs)
-        self._route_frames()
+        # a frame continues its env's column, except the one after the column's last row: the
+        # next column starts with its whole stack again
+        dest = np.full(self.num_envs, -1, np.int64)
+        filling = recorded & (rows < self.T - 1)
+        dest[envs[filling]] = rollouts[filling]
+        self._route_frames(dest)
         self.tracker.update(rewards, ended, time.time(), envs)  # the env's own rewards
         rewards, terminated, dones = self._signals(rewards, terminated, truncated, infos, envs)
         rewards = rewards.astype(np.float32)
         bootstrap = truncated & ~terminated & recorded
         if bootstrap.any():  # a time limit is not a terminal state: bootstrap from the final obs
             rewards[bootstrap] += self.algo.gamma * self.policy.value(infos["final_obs"][bootstrap])
-        e, r, dn = envs[recorded], rewards[recorded], dones[recorded]
-        rows = self._row[e]
-        for k, sel in by_value(self._rollout_of[e]):
+        e, r, dn, at = envs[recorded], rewards[recorded], dones[recorded], rows[recorded]
+        for k, sel in by_value(rollouts[recorded]):
             d = self._open[k].data
-            d["rewards"][rows[sel], e[sel]], d["dones"][rows[sel], e[sel]] = r[sel], dn[sel]
+            d["rewards"][at[sel], e[sel]], d["dones"][at[sel], e[sel]] = r[sel], dn[sel]
 
-    def _route_frames(self) -> None:
-        """The frames emitted since the last call, each to the rollout whose column its env is
-        filling (the newest frame after a column's last row belongs to no column: the next
-        column starts with its whole stack again)."""
+    def _route_frames(self, dest: np.ndarray) -> None:
+        """The frames emitted since the last call, each to rollout ``dest[env]`` of its env
+        (-1: none)."""
         frames, ids = self._streams.take()
         if not len(ids):
             return
         env, _ = self._streams.env_and_seq(ids)
-        filling = (self._row >= 0) & (self._row < self.T - 1) | (self._row == 0)
-        dest = np.where(filling, self._rollout_of, -1)[env]
-        for k, sel in by_value(dest):
+        for k, sel in by_value(dest[env]):
             if k >= 0:
                 columns = self._open[k]
                 columns.frames.append(frames[sel])

@@ -124,6 +124,7 @@ class PPOPolicy:
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
         self._graphed = GraphedStep(self._infer, lambda: None) if self.device.type == "cuda" else None
+        self._pinned: dict[tuple[int, ...], torch.Tensor] = {}  # act_async's host buffers, by shape
 
     def load(self, version: int, params: dict) -> None:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in params.items()})
@@ -141,13 +142,39 @@ class PPOPolicy:
     def exploration_step(self, t: int) -> None:
         """The categorical policy draws afresh at every step."""
 
-    def act(self, obs: np.ndarray, envs: slice = slice(None)):
+    def act(self, obs: np.ndarray, envs: slice | np.ndarray = slice(None)):
         inputs = {
             "obs": torch.from_numpy(obs).to(self.device),
             "uniforms": torch.rand(len(obs), generator=self.generator).to(self.device),
         }
         out = (self._graphed(inputs) if self._graphed is not None else self._infer(inputs)).cpu().numpy()
         return out[0].astype(np.int64), out[1], out[2]
+
+    def act_async(self, obs: np.ndarray, envs: slice | np.ndarray = slice(None)):
+        """:meth:`act` in two halves: the inference is launched now, and the returned call gives
+        its results. On a GPU the host is free in between (the copy back is queued behind the
+        graph, into pinned memory); on the CPU it is :meth:`act`."""
+        if self._graphed is None:
+            chosen = self.act(obs, envs)
+            return lambda: chosen
+        inputs = {
+            "obs": torch.from_numpy(obs).to(self.device),
+            "uniforms": torch.rand(len(obs), generator=self.generator).to(self.device),
+        }
+        out = self._graphed(inputs)
+        host = self._pinned.get(tuple(out.shape))
+        if host is None:
+            host = self._pinned[tuple(out.shape)] = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def result() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            done.synchronize()
+            rows = host.numpy()
+            return rows[0].astype(np.int64), rows[1].copy(), rows[2].copy()
+
+        return result
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
