@@ -135,13 +135,9 @@ class FrameStreams:
             self._begin_episode(rows[ended], next_obs[ended])
         return real_next
 
-    def first_seq(self, envs: np.ndarray) -> np.ndarray:
-        """The sequence number the next frame of each of ``envs`` will get."""
-        return self._next_seq[envs].copy()
-
-    def env_and_seq(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(env, sequence number) of frame ``ids`` of this actor's streams."""
-        return (ids >> SEQ_BITS) - (self._base[0] >> SEQ_BITS), ids & SEQ_MASK
+    def env_of(self, ids: np.ndarray) -> np.ndarray:
+        """The env of each frame id of this actor's streams."""
+        return (ids >> SEQ_BITS) - (self._base[0] >> SEQ_BITS)
 
     def take(self) -> tuple[np.ndarray, np.ndarray]:
         """``(frames (F, H, W) uint8, frame_ids (F,) int64)`` emitted since the last call."""

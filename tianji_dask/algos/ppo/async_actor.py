@@ -259,8 +259,7 @@ class PPOAsyncActorRole(PPOActorRole):
         frames, ids = self._streams.take()
         if not len(ids):
             return
-        env, _ = self._streams.env_and_seq(ids)
-        for k, sel in by_value(dest[env]):
+        for k, sel in by_value(dest[self._streams.env_of(ids)]):
             if k >= 0:
                 columns = self._open[k]
                 columns.frames.append(frames[sel])
