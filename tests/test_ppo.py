@@ -915,8 +915,17 @@ def test_ppo_learner_on_cuda_iteration_graph_trains_as_the_eager_loop(monkeypatc
     Python), over iterations whose frame counts vary: one eager iteration, a capture, replays,
     and a second capture when a batch holds more frames than the first graph's buffer."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    # precision tf32 allows TF32 matmuls for the process: restored after the test
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    # precision tf32 allows TF32 matmuls for the process: restored after the test, by hand, as
+    # monkeypatch's undo deletes what it finds outside an instance's __dict__ and cuBLASModule
+    # keeps this switch in cuBLAS, not in its __dict__
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        _graph_against_eager(precision)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _graph_against_eager(precision: str) -> None:
     cfg = PPOConfig(
         name="ppo",
         epochs=2,
