@@ -255,7 +255,7 @@ def main(argv=None) -> int:
         },
         attrs={k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()},
     )
-    ds.to_netcdf(args.out / "ablation.nc", engine="h5netcdf")
+    ds.to_netcdf(args.out / "ablation.nc", engine="netcdf4")
     plot(args.out / "ablation.png", runs, rows, names, runs[0][2].attrs.get("target_return") if runs else None)
     return 0
 

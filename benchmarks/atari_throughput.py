@@ -60,7 +60,7 @@ def run_rates(cfg, seconds: float, out: Path) -> dict:
         ["stop.target_return=null", "stop.max_env_steps=null", f"stop.max_seconds={seconds}", "run.checkpoint=false"],
     )
     res = train(validate_config(data), out=out).wait()
-    with xr.open_dataset(Path(res.run_dir) / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(Path(res.run_dir) / "metrics.nc", engine="netcdf4") as ds:
         t = ds.time.values
         warm = ds.updates.values > 0  # the learner trains: warm-up is over
         keep = warm & (t < t[-1] - 1.0)

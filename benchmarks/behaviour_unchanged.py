@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         coords={"commit": commits, "config": args.configs, "seed": args.seeds},
         attrs=meta,
     )
-    ds.to_netcdf(args.out / "behaviour_unchanged.nc", engine="h5netcdf")
+    ds.to_netcdf(args.out / "behaviour_unchanged.nc", engine="netcdf4")
     return 0 if all(not math.isnan(r["time_to_target_s"]) for r in rows) else 1
 
 

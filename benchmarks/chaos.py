@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ds = to_dataset(rows, args.algos, args.seeds)
     ds.attrs.update(target=args.target, interval_s=args.interval, summary=json.dumps(summary))
     with dask.config.set(scheduler="synchronous"):  # the chaos threads' clients set Dask's default
-        ds.to_netcdf(args.out / "chaos.nc", engine="h5netcdf")
+        ds.to_netcdf(args.out / "chaos.nc", engine="netcdf4")
     for algo, s in summary.items():
         print(
             f"{algo}: median time to target calm {s['median_calm_s']:.1f} s, chaos {s['median_chaos_s']:.1f} s: "

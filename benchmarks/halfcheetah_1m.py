@@ -47,7 +47,7 @@ def one_run(config: str, overrides: list[str], seed: int, env_steps: int, runs: 
     stop = ["stop.target_return=null", f"stop.max_env_steps={env_steps}", "stop.max_seconds=86400"]
     cfg = load_config(config, [*stop, *overrides, f"seed={seed}"])
     res = train(cfg, out=runs / f"seed{seed}").wait()
-    with xr.open_dataset(res.run_dir / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(res.run_dir / "metrics.nc", engine="netcdf4") as ds:
         stale = float(ds["stale_dropped"].values[-1])
     # the final checkpoint's metadata counts the learner's samples (the run's checkpoint is on)
     final = res.run_dir / "checkpoint" / "checkpoint.json"
@@ -86,7 +86,7 @@ def write(out: Path, rows: list[dict], meta: dict) -> dict:
         coords={"seed": seeds},
         attrs={k: json.dumps(v) if not isinstance(v, (int, float, str)) else v for k, v in meta.items()},
     )
-    ds.to_netcdf(out / "halfcheetah_1m.nc", engine="h5netcdf")
+    ds.to_netcdf(out / "halfcheetah_1m.nc", engine="netcdf4")
     return summary
 
 

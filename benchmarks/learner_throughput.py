@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{config}: " + ", ".join(f"{n} {med[n]:,.0f} samples/s ({med[n] / med[names[0]]:.2f}x)" for n in names))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    ds.to_netcdf(out / "learner_throughput.nc", engine="h5netcdf")
+    ds.to_netcdf(out / "learner_throughput.nc", engine="netcdf4")
     (out / "learner_throughput.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out / 'learner_throughput.json'} and {out / 'learner_throughput.nc'}")
     return 0

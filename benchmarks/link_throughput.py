@@ -163,7 +163,7 @@ def save(rows: list[dict], out: Path, meta: dict) -> None:
         attrs={"title": "throughput between two network-namespace nodes (paper Fig. 5d)", **meta},
     )
     out.mkdir(parents=True, exist_ok=True)
-    ds.to_netcdf(out / "link_throughput.nc", engine="h5netcdf")
+    ds.to_netcdf(out / "link_throughput.nc", engine="netcdf4")
     (out / "link_throughput.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     import matplotlib
 

@@ -88,7 +88,7 @@ def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
         coords={"system": list(SYSTEMS), "seed": seeds},
         attrs={k: json.dumps(v) if not isinstance(v, (int, float, str)) else v for k, v in meta.items()},
     )
-    ds.to_netcdf(out / "pendulum_vs_sb3.nc", engine="h5netcdf")
+    ds.to_netcdf(out / "pendulum_vs_sb3.nc", engine="netcdf4")
     return summary
 
 

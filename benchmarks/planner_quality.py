@@ -65,7 +65,7 @@ def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path, startup
     res = train(run_cfg, out=out_root / f"G{G}-A{A}-T{T}").wait()
     import xarray as xr
 
-    with xr.open_dataset(Path(res.run_dir) / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(Path(res.run_dir) / "metrics.nc", engine="netcdf4") as ds:
         t = ds.time.values
         fps, sps = ds.train_fps.values, ds.env_fps.values
         training = np.nonzero(ds.updates.values > 0)[0]

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if result.status != "max_seconds":
         print(f"soak: the run ended {result.status}: {result.error}", file=sys.stderr)
         return 1
-    with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as metrics:
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as metrics:
         names = [f"{role}_{s}" for role in ("actor", "buffer", "learner") for s in SERIES]
         ds = metrics[names].load()
     end_s = float(ds["time"].max())
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         cpus=os.cpu_count(),
     )
     ds.attrs.update(config=a.config, warmup_s=a.warmup_minutes * 60, held=int(figures["held"]))
-    ds.to_netcdf(a.out / "soak.nc", engine="h5netcdf")
+    ds.to_netcdf(a.out / "soak.nc", engine="netcdf4")
     (a.out / "soak.json").write_text(json.dumps(figures, indent=2))
     plot(ds, a.warmup_minutes * 60, a.out / "soak.png")
     for host, series in figures["hosts"].items():

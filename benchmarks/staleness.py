@@ -273,7 +273,7 @@ def main(argv=None) -> int:
         },
         attrs={k: (v if isinstance(v, str) else json.dumps(v)) for k, v in meta.items()},
     )
-    out.to_netcdf(args.out / "staleness.nc", engine="h5netcdf")
+    out.to_netcdf(args.out / "staleness.nc", engine="netcdf4")
     plot(
         out,
         args.out / "staleness.png",

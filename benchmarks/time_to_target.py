@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         coords={"mode": modes, "seed": seeds},
         attrs={k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in meta.items()},
     )
-    ds.to_netcdf(args.out / "time_to_target.nc", engine="h5netcdf")
+    ds.to_netcdf(args.out / "time_to_target.nc", engine="netcdf4")
     return 0 if all(s["reached"] == s["runs"] for s in summary) else 1
 
 

@@ -315,7 +315,7 @@ def write(out: Path, rows: list[dict], meta: dict, seeds: list[int]) -> dict:
         coords={"system": list(SYSTEMS), "seed": seeds},
         attrs={k: json.dumps(v) if not isinstance(v, (int, float, str)) else v for k, v in meta.items()},
     )
-    ds.to_netcdf(out / "vs_single.nc", engine="h5netcdf")
+    ds.to_netcdf(out / "vs_single.nc", engine="netcdf4")
     plot(out / "return.png", rows, meta.get("target", 18.0), meta["algo"])
     return summary
 

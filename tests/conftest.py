@@ -73,9 +73,9 @@ def check_run_dir(run_dir: Path, cfg, *, mode: str, checkpoint: bool = True) -> 
     assert load_config(run_dir / "config.yaml") == cfg  # the resolved config round-trips
 
     docs = documented_tables()
-    with xr.open_dataset(run_dir / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(run_dir / "metrics.nc", engine="netcdf4") as ds:
         ds.load()
-    with xr.open_dataset(run_dir / "episodes.nc", engine="h5netcdf") as eps:
+    with xr.open_dataset(run_dir / "episodes.nc", engine="netcdf4") as eps:
         eps.load()
     for name, data, table in (("metrics.nc", ds, docs["metrics.nc"]), ("episodes.nc", eps, docs["episodes.nc"])):
         missing = sorted(set(table) - set(data.data_vars))

@@ -136,7 +136,7 @@ def test_three_variants_land_in_one_dataset_with_their_rates_and_returns(h, tmp_
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "out"
-    ds = xr.open_dataset(out / "ablation.nc", engine="h5netcdf")
+    ds = xr.open_dataset(out / "ablation.nc", engine="netcdf4")
     assert list(ds.variant.values) == ["relaxed", "relaxed_twin", "synchronous"]
     assert list(ds["mode"].values) == ["relaxed", "relaxed", "synchronous"]
     for rate in ("train_fps", "env_fps", "receive_fps", "updates_per_s"):

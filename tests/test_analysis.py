@@ -130,7 +130,7 @@ def test_open_run_merges_metrics_episodes_and_config(runs):
 @integration
 def test_a_run_written_before_the_renames_opens_under_the_current_names(h, runs):
     old = h.ROOT / "benchmarks" / "results" / "pong_ppo_16core_gpu"  # a Pong run of an earlier tianji_dask
-    with xr.open_dataset(old / "metrics.nc", engine="h5netcdf") as raw:
+    with xr.open_dataset(old / "metrics.nc", engine="netcdf4") as raw:
         raw.load()
     assert set(RENAMED) <= set(raw.data_vars) and not set(RENAMED.values()) & set(raw.data_vars)
     ds = open_run(old)
@@ -194,8 +194,8 @@ def test_combined_dataset_saves_and_reopens(runs, tmp_path):
     import xarray as xr
 
     ds = open_runs([d for d, _ in runs.values()])
-    ds.to_netcdf(tmp_path / "runs.nc", engine="h5netcdf")
-    back = xr.load_dataset(tmp_path / "runs.nc", engine="h5netcdf")
+    ds.to_netcdf(tmp_path / "runs.nc", engine="netcdf4")
+    back = xr.load_dataset(tmp_path / "runs.nc", engine="netcdf4")
     np.testing.assert_array_equal(back.tianji.time_to_target().values, ds.tianji.time_to_target().values)
     assert back.tianji.settings == ds.tianji.settings
 
@@ -234,10 +234,10 @@ def test_runs_written_before_the_status_was_recorded_open_as_unknown(ended_runs,
     for name in ("config.yaml", "metrics.nc", "episodes.nc"):
         (old / name).write_bytes((ended_runs["max_env_steps"] / name).read_bytes())
     for name in ("metrics.nc", "episodes.nc"):
-        ds = xr.load_dataset(old / name, engine="h5netcdf")
+        ds = xr.load_dataset(old / name, engine="netcdf4")
         for attr in ("status", "error", "env_id", "seed"):
             del ds.attrs[attr]
-        ds.to_netcdf(old / name, engine="h5netcdf")
+        ds.to_netcdf(old / name, engine="netcdf4")
     assert open_run(old).attrs["status"] == "unknown" and open_run(old).attrs["error"] == ""
     ds = open_runs([old, ended_runs["failed"]])
     assert list(ds["status"].values) == ["unknown", "failed"]

@@ -632,7 +632,7 @@ def _check_files(h, run_dir, cfg) -> dict:
     assert {"config.yaml", "metrics.nc", "episodes.nc", "checkpoint"} <= {p.name for p in run_dir.iterdir()}
     assert load_config(run_dir / "config.yaml") == cfg
     docs = h.documented_tables()
-    with xr.open_dataset(run_dir / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(run_dir / "metrics.nc", engine="netcdf4") as ds:
         assert set(docs["metrics.nc"]) <= set(ds.data_vars)
         assert ds.attrs["mode"] == "distributed" and ds.sizes["time"] >= 2
         assert np.all(np.diff(ds["env_steps"].values) >= 0)
@@ -652,7 +652,7 @@ def _check_atari_run(h, result, cfg, algo: str) -> dict:
     else:
         n = _check_files(h, result.run_dir, cfg)
     assert n["updates"] > 0 and n["env_steps"] >= cfg.stop.max_env_steps
-    with xr.open_dataset(result.run_dir / "episodes.nc", engine="h5netcdf") as eps:
+    with xr.open_dataset(result.run_dir / "episodes.nc", engine="netcdf4") as eps:
         returns, lengths = eps["return"].values, eps["length"].values
     # full Pong games: one side reached 21 points, hundreds of agent steps, integer returns
     assert len(returns) >= 1, "no Pong game ended"

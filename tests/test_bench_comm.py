@@ -151,7 +151,7 @@ def test_smallest_run_writes_documented_results(tmp_path):
     run(cfg, tmp_path, log=lambda s: None)
     for name in ("comm.nc", "comm.json", "comm.png"):
         assert (tmp_path / name).stat().st_size > 0
-    with xr.open_dataset(tmp_path / "comm.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(tmp_path / "comm.nc", engine="netcdf4") as ds:
         ds.load()
     assert list(ds["transport"].values) == ["raw_tcp", "channel", "raw_tcp", "channel"]
     assert json.loads(ds.attrs["errors"]) == []

@@ -34,7 +34,7 @@ def test_chaos_kills_workers_and_both_runs_reach_the_target(h, tmp_path):
     if first_kill_s + 2 < chaos["time_to_target_s"]:  # noticed (within a second) before the end
         assert chaos["actor_restarts"] + chaos["learner_restarts"] >= 1, chaos
     assert report["summary"]["dqn"]["ratio"] > 0
-    with xr.open_dataset(out / "chaos.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(out / "chaos.nc", engine="netcdf4") as ds:
         assert float(ds.kills.sel(algo="dqn", mode="chaos", seed=0)) == chaos["kills"]
     assert "dqn: median time to target calm" in done.stdout
 

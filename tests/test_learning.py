@@ -29,7 +29,7 @@ def test_cartpole_reaches_150_within_budget(tmp_path, algo, serial):
     assert result.env_steps <= 300000
     # The target was reached by a window of 100 episodes, in the order they arrived. The mean at
     # the end may be lower: episodes that finished while the hosts were stopping count too.
-    with xr.open_dataset(result.run_dir / "episodes.nc", engine="h5netcdf") as eps:
+    with xr.open_dataset(result.run_dir / "episodes.nc", engine="netcdf4") as eps:
         returns = eps["return"].values
     windows = np.convolve(returns, np.ones(100) / 100, mode="valid")
     assert len(windows) and windows.max() >= 150 - 1e-9, (len(returns), windows.max() if len(windows) else None)
@@ -48,7 +48,7 @@ def test_distributed_ppo_records_staleness(tmp_path):
     result = train(cfg, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "max_env_steps"
-    with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
         ds.load()
     for var, units in (
         ("policy_lag_mean", "1"),
@@ -101,6 +101,6 @@ def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
     result = train(cfg, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "target_reached", (result.status, result.env_steps, result.wall_s)
-    with xr.open_dataset(result.run_dir / "episodes.nc", engine="h5netcdf") as eps:
+    with xr.open_dataset(result.run_dir / "episodes.nc", engine="netcdf4") as eps:
         returns = eps["return"].values
     assert len(returns) >= 100 and returns[:50].mean() < -1000, returns[:50].mean()  # it started from random play

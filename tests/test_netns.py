@@ -44,7 +44,7 @@ def test_a_run_with_its_learner_and_actors_on_three_nodes_reaches_its_target_thr
         capture_output=True, text=True, timeout=330, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    with xr.open_dataset(tmp_path / "run" / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(tmp_path / "run" / "metrics.nc", engine="netcdf4") as ds:
         assert ds.attrs["status"] == "target_reached", ds.attrs["status"]
         env_steps = int(ds.env_steps.max())
     sent = sum(link_bytes(k)[0] - before[k][0] for k in (2, 3))  # out of the actors' nodes
@@ -67,6 +67,6 @@ def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path)
         capture_output=True, text=True, timeout=280, cwd=CONFIG.parent.parent,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    with xr.open_dataset(out / "link_throughput.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(out / "link_throughput.nc", engine="netcdf4") as ds:
         raw, channel = float(ds.raw_tcp_bytes_per_s.item()), float(ds.channel_bytes_per_s.item())
     assert 6e6 < raw < 14e6 and 6e6 < channel < 14e6, (raw, channel)  # 100 Mbit/s = 12.5 MB/s

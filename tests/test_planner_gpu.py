@@ -140,12 +140,12 @@ def test_a_gpu_profile_reads_back_from_its_netcdf(tmp_path: Path):
         coords={"actors": [1, 2], "threads": [1], "batch_size": [8192], "env_threads": [1, 2, 4]},
         attrs={"algo": cfg.algo.name, "env_id": cfg.env.id},
     )
-    ds.to_netcdf(tmp_path / "p.nc", engine="h5netcdf")
+    ds.to_netcdf(tmp_path / "p.nc", engine="netcdf4")
     prof = Profile.load(tmp_path / "p.nc", cfg)
     assert prof.tr_l_gpu(8192) == 46_000 and prof.tr_a_gpu(3) == pytest.approx(2_750)
     assert prof.tr_a_gpu(16) == 3_500  # flat beyond what was measured
     cpu_only = ds.drop_vars(["gpu_learner_samples_per_s", "gpu_actor_env_steps_per_s", "env_threads"])
-    cpu_only.to_netcdf(tmp_path / "cpu.nc", engine="h5netcdf")
+    cpu_only.to_netcdf(tmp_path / "cpu.nc", engine="netcdf4")
     assert not Profile.load(tmp_path / "cpu.nc", cfg).gpu_learner
 
 

@@ -67,7 +67,7 @@ def test_small_race_runs_in_the_background_and_stops_with_both_results(tmp_path)
         for algo in ("ppo", "dqn"):
             log = (out / f"{algo}.log").read_text()
             assert "results:" in log and "Traceback" not in log, log
-            with xr.open_dataset(out / algo / "metrics.nc", engine="h5netcdf") as ds:
+            with xr.open_dataset(out / algo / "metrics.nc", engine="netcdf4") as ds:
                 assert ds.sizes["time"] > 0
                 assert float(ds.env_steps.max()) > 0
     finally:

@@ -41,14 +41,14 @@ def test_figures_agree_with_the_recorder(runs, tmp_path):
     out = json.loads((tmp_path / "pong_summary.json").read_text())
     by_dir = {s["dir"]: s for s in out["runs"]}
     for name in PPO:
-        with xr.open_dataset(runs / name / "metrics.nc", engine="h5netcdf") as ds:
+        with xr.open_dataset(runs / name / "metrics.nc", engine="netcdf4") as ds:
             recorded = float(ds.attrs["time_to_target_s"])
         assert by_dir[name]["time_to_target_s"] == pytest.approx(recorded, abs=0.01)
     times = sorted(by_dir[p]["time_to_target_s"] for p in PPO)
     assert out["ppo"]["median_time_to_target_s"] == times[1]
     assert out["ppo"]["reached_target"] == 3
 
-    with xr.open_dataset(runs / DQN / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(runs / DQN / "metrics.nc", engine="netcdf4") as ds:
         best = float(ds["return_mean_100"].max())
         assert np.isnan(float(ds.attrs["time_to_target_s"]))
     dqn = by_dir[DQN]

@@ -44,7 +44,7 @@ def measured(tmp_path_factory):
 
 def test_profile_writes_the_documented_dataset(measured):
     path, r = measured
-    with xr.open_dataset(path, engine="h5netcdf") as ds:
+    with xr.open_dataset(path, engine="netcdf4") as ds:
         assert list(ds.actors.values) == [1, 2]
         assert list(ds.batch_size.values) == [64, 128]
         assert ds.learner_samples_per_s.dims == ("threads", "batch_size")
@@ -119,7 +119,7 @@ def test_plan_refusals(measured, tmp_path):
     (tmp_path / "notes.txt").write_text("not a profile")
     r = cli_here("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "notes.txt", "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "is not a NetCDF file" in r.stderr and "tianji-dask profile CONFIG" in r.stderr
-    xr.Dataset({"x": ("t", [1.0])}).to_netcdf(tmp_path / "other.nc", engine="h5netcdf")
+    xr.Dataset({"x": ("t", [1.0])}).to_netcdf(tmp_path / "other.nc", engine="netcdf4")
     r = cli_here("plan", CONFIG, "--cores", "2", "--profile", tmp_path / "other.nc", "--out", tmp_path / "p.yaml")
     assert r.returncode == 2 and "is not a tianji-dask profile (no actor_env_steps_per_s" in r.stderr
     for bad, message in (
@@ -168,7 +168,7 @@ def test_a_plan_for_more_cores_than_this_process_may_use_warns_and_runs(measured
 
 
 def test_a_plan_needing_more_memory_than_this_machine_is_refused(measured, tmp_path):
-    with xr.open_dataset(measured[0], engine="h5netcdf") as ds:
+    with xr.open_dataset(measured[0], engine="netcdf4") as ds:
         per_transition = float(ds.replay_bytes_per_transition)
     total = psutil.virtual_memory().total
     make_plan_file(measured[0], tmp_path / "plan.yaml", 2, f"algo.buffer_size={int(2 * total / per_transition)}")
@@ -237,7 +237,7 @@ def test_a_profile_on_the_gpu_measures_the_learner_and_the_actor_there_and_plans
         "--max-threads", "1", "--out", tmp_path / "plan.yaml", timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    with xr.open_dataset(tmp_path / "plan.profile.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(tmp_path / "plan.profile.nc", engine="netcdf4") as ds:
         assert (ds.gpu_learner_samples_per_s > 0).all() and (ds.gpu_actor_env_steps_per_s > 0).all()
         assert int(ds.env_threads.max()) == min(cores - 1, 4)  # at most one thread per env
         assert ds.attrs["gpu"] != "none"

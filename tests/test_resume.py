@@ -196,8 +196,8 @@ def _files(run_dir: Path):
     from tianji_dask.checkpoint import load_checkpoint
 
     with (
-        xr.open_dataset(run_dir / "metrics.nc", engine="h5netcdf") as m,
-        xr.open_dataset(run_dir / "episodes.nc", engine="h5netcdf") as e,
+        xr.open_dataset(run_dir / "metrics.nc", engine="netcdf4") as m,
+        xr.open_dataset(run_dir / "episodes.nc", engine="netcdf4") as e,
     ):
         return m.load(), e.load(), load_checkpoint(run_dir / "checkpoint")[1]
 

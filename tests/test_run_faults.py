@@ -101,9 +101,9 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
     assert "host lost while the hosts were created" in said, said
     assert "no final checkpoint: the learner's worker" in said, said
     for name in ("metrics.nc", "episodes.nc"):
-        with xr.open_dataset(result.run_dir / name, engine="h5netcdf") as ds:
+        with xr.open_dataset(result.run_dir / name, engine="netcdf4") as ds:
             assert ds.attrs["status"] == "stopped" and ds.attrs["error"] == "", (name, ds.attrs["error"])
-    with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
         last = ds.isel(time=-1).load()
     assert int(last.env_steps) > 2000 and int(last.updates) > 0 and int(last.actor_restarts) >= 1, last
     # every worker process of both LocalClusters, the nannies' restarts included, is gone

@@ -244,7 +244,7 @@ def test_results_are_written_while_the_run_goes_on(h, tmp_path):
 
     def interim_with_rows() -> bool:  # the first write may come before the first row
         if metrics.exists():
-            interims.append(xr.load_dataset(metrics, engine="h5netcdf"))
+            interims.append(xr.load_dataset(metrics, engine="netcdf4"))
         return bool(interims) and interims[-1].sizes["time"] > 0 or run.done
 
     with h.ending(run):
@@ -257,7 +257,7 @@ def test_results_are_written_while_the_run_goes_on(h, tmp_path):
         run.stop()
         result = run.wait(timeout=45)
     assert result is not None and result.error is None, result and result.error
-    final = xr.load_dataset(metrics, engine="h5netcdf")
+    final = xr.load_dataset(metrics, engine="netcdf4")
     assert 0 < interim.sizes["time"] < final.sizes["time"]
     assert interim.attrs["status"] == "running" and final.attrs["status"] == result.status == "stopped"
     assert not [p for p in run.run_dir.iterdir() if p.name.endswith(".tmp")]
@@ -273,7 +273,7 @@ def test_a_failed_last_write_fails_the_run_and_the_files_say_so(h, tmp_path):
     result = run.wait(timeout=45)
     assert result is not None and result.status == "failed", result
     assert result.error.startswith(f"writing results to {run.run_dir} failed: IsADirectoryError"), result.error
-    attrs = xr.load_dataset(run.run_dir / "metrics.nc", engine="h5netcdf").attrs
+    attrs = xr.load_dataset(run.run_dir / "metrics.nc", engine="netcdf4").attrs
     assert (attrs["status"], attrs["error"]) == ("failed", result.error.splitlines()[0])
 
 

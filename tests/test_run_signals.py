@@ -204,7 +204,7 @@ def assert_results_open(run_dir: Path, status: str) -> dict:
     for name in ("metrics.nc", "episodes.nc"):
         path = run_dir / name
         assert path.is_file(), sorted(q.name for q in run_dir.iterdir())
-        with xr.open_dataset(path, engine="h5netcdf") as ds:
+        with xr.open_dataset(path, engine="netcdf4") as ds:
             ds.load()
             sizes[name] = dict(ds.sizes)
             assert ds.attrs["status"] == status, (name, ds.attrs["status"], ds.attrs["error"])

@@ -26,6 +26,6 @@ def test_a_run_lands_in_the_results_with_its_start_up_lines(h, tmp_path):
     run = json.loads((tmp_path / "out" / "time_to_target.json").read_text())["runs"][0]
     assert run["status"] == "target_reached" and 0 < run["env_steps_to_target"] <= run["env_steps"]
     assert 0 < float(ready.group(1)) < run["time_to_target_s"] <= run["wall_s"]
-    ds = xr.open_dataset(tmp_path / "out" / "time_to_target.nc", engine="h5netcdf")
+    ds = xr.open_dataset(tmp_path / "out" / "time_to_target.nc", engine="netcdf4")
     assert dict(ds.sizes) == {"mode": 1, "seed": 1}
     assert float(ds.time_to_target_s.sel(mode="distributed", seed=3)) == pytest.approx(run["time_to_target_s"])

@@ -90,7 +90,7 @@ def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificat
         result = run.wait(timeout=60)
     assert result is not None and result.status == "stopped", (result, events)
     assert learned >= 100, (learned, result)
-    with xr.open_dataset(result.run_dir / "metrics.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
         assert ds.attrs["scheduler_address"] == address
         hosts = json.loads(ds.attrs["worker_addresses"])
     # the hosts, and so their channels (they answer on the workers' listeners), were on tls://

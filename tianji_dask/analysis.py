@@ -70,10 +70,10 @@ def open_run(path: str | Path) -> xr.Dataset:
     their current names.
     """
     run_dir = _check_run_dir(Path(path))
-    ds = xr.load_dataset(run_dir / "metrics.nc", engine="h5netcdf")
+    ds = xr.load_dataset(run_dir / "metrics.nc", engine="netcdf4")
     ds = ds.rename({old: new for old, new in RENAMED.items() if old in ds.variables and new not in ds.variables})
     if (run_dir / "episodes.nc").exists():
-        eps = xr.load_dataset(run_dir / "episodes.nc", engine="h5netcdf")
+        eps = xr.load_dataset(run_dir / "episodes.nc", engine="netcdf4")
         eps = eps.rename({v: EPISODE_PREFIX + str(v) for v in eps.data_vars})
         ds = ds.merge(eps, combine_attrs="override")  # same attrs in both files; metrics' win
     if "config_json" in ds.attrs:

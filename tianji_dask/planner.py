@@ -87,7 +87,7 @@ class Profile:
         if not path.is_file():
             raise PlanError(f"--profile {path}: no such file; {make}")
         try:
-            with xr.open_dataset(path, engine="h5netcdf") as ds:
+            with xr.open_dataset(path, engine="netcdf4") as ds:
                 ds.load()
         except Exception as exc:  # noqa: BLE001 - h5py/xarray raise many kinds for a non-netCDF file
             raise PlanError(f"--profile {path} is not a NetCDF file ({type(exc).__name__}); {make}") from None

@@ -87,7 +87,7 @@ def check_resumable(
     for name in ("metrics.nc", "episodes.nc"):
         path = run_dir / name
         try:
-            with xr.open_dataset(path, engine="h5netcdf") as ds:
+            with xr.open_dataset(path, engine="netcdf4") as ds:
                 files[name] = ds.load()
         except FileNotFoundError:
             raise _refuse(run_dir, f"{name} is missing; only a run that wrote its results can be continued") from None

@@ -154,7 +154,7 @@ def replot(out: Path) -> Path:
     import xarray as xr
 
     out = Path(out)
-    with xr.open_dataset(out / "comm.nc", engine="h5netcdf") as ds:
+    with xr.open_dataset(out / "comm.nc", engine="netcdf4") as ds:
         ds.load()
     plot(ds, out / "comm.png", plot_title(ds))
     return out / "comm.png"

@@ -88,7 +88,7 @@ def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         tmp = out / "comm.nc.tmp"
-        ds.to_netcdf(tmp, engine="h5netcdf")
+        ds.to_netcdf(tmp, engine="netcdf4")
         os.replace(tmp, out / "comm.nc")
         meta = {
             k: (json.loads(v) if k in ("config", "transports", "errors", "worker_env") else v) for k, v in attrs.items()
