@@ -595,7 +595,7 @@ class MetricsRecorder:
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def write(self, run_dir: Path) -> None:
-        """Write ``run_dir/metrics.nc`` and ``run_dir/episodes.nc`` atomically (netCDF-4 files, through netCDF4).
+        """Write ``run_dir/metrics.nc`` and ``run_dir/episodes.nc`` atomically (through netCDF4).
 
         Both are written in full to temporary files before either is renamed over its old file,
         so a failure while writing them (a full disk) replaces neither.
@@ -735,9 +735,9 @@ def _write_netcdf(ds: xr.Dataset, path: Path) -> None:
     xarray's lock for the netCDF-C library itself (it is not thread-safe), the one xarray's own
     netCDF4 reads and writes take.
 
-    netCDF4 (the netCDF-C library) rather than h5netcdf: the same netCDF-4 file, written and read
-    in a sixth of the time for datasets of many variables (h5netcdf walks its dimension scales
-    in Python for each variable)."""
+    netCDF4 (the netCDF-C library) rather than h5netcdf: the same netCDF-4 file, but h5netcdf
+    walks its dimension scales in Python for each variable, which makes a dataset of many
+    variables several times slower to write and to read (docs/benchmarks.md)."""
     from xarray.backends import NetCDF4DataStore
     from xarray.backends.netCDF4_ import NETCDF4_PYTHON_LOCK
 
