@@ -10,13 +10,14 @@ Per seed, both systems train to a 100-episode mean return of ``--target`` (18) o
 after the other, the order alternating from seed to seed so both see the same machine
 conditions: the single process (PPO: ``benchmarks/peers/ppo_pong_single.py``; DQN:
 ``benchmarks/dqn_pong_single.py`` with the config's hyperparameters and as many envs as the
-config's actors have; one synchronous process, the ale-py vector env on all cores, inference and
+config's actors have (PPO: as many as one learner iteration's rollouts hold); one synchronous process, the ale-py vector env on all cores, inference and
 training on the GPU; its clock starts just before its env and network are built) and
 ``benchmarks/time_to_target.py`` on ``--config`` (its clock starts just before the LocalCluster
 is built). Before them, the raw rate of the emulator: ale-py's vector env stepping random
 actions for ``--ale-seconds``, with the single script's envs on all cores, and with the
-config's envs on its ``env.atari_threads`` (what tianji-dask's actor makes is compared with
-this one: ``actor_share_of_raw_ale``, its median ``env_fps`` after the first update over it).
+config's envs on its ``env.atari_threads`` (every actor's envs on all their threads: what
+tianji-dask's actors make together is compared with this one: ``actor_share_of_raw_ale``, their
+median ``env_fps`` after the first update over it).
 
 ``--continue`` adds seeds to the race already in ``--out`` (same config, overrides, target and
 limits; the runs it has are kept, and the order goes on alternating): a race longer than one
@@ -79,7 +80,9 @@ def single_command(args) -> tuple[list[str], int, str]:
     algo = cfg.algo
     if algo.name == "ppo":
         script = HERE / "peers" / "ppo_pong_single.py"
-        envs = args.envs or cfg.env.num_envs
+        # a learner iteration trains on rollouts_per_update rollouts of num_envs envs each: the
+        # single process steps that many envs, so an update holds the same transitions
+        envs = args.envs or cfg.env.num_envs * algo.rollouts_per_update
         hyper = {
             "--envs": envs,
             "--steps": algo.rollout_steps,
@@ -372,8 +375,11 @@ def main(argv=None) -> int:
     seeds = sorted({r["seed"] for r in rows}, key=[r["seed"] for r in rows].index) + todo
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(ROOT / args.config, args.overrides, check_env=False, check_device=False)
-    config_threads = cfg.env.atari_threads or 1
-    for who, n, threads in (("single", envs, args.threads), ("config", cfg.env.num_envs, config_threads)):
+    # all the actors' envs on all their threads (at most the machine's cores)
+    actors = cfg.topology.actors
+    config_envs = actors * cfg.env.num_envs
+    config_threads = min(actors * (cfg.env.atari_threads or 1), os.cpu_count() or 1)
+    for who, n, threads in (("single", envs, args.threads), ("config", config_envs, config_threads)):
         rate = raw_ale_rate(args.ale_seconds, n, threads)
         raw.append({"for": who, "envs": n, "threads": threads, "env_steps_per_s": rate, "seeds": todo})
         print(f"raw ALE: {rate:,.0f} env steps/s, {n} envs on {threads} threads ({who})", flush=True)

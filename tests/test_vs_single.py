@@ -95,3 +95,30 @@ def test_actor_share_is_the_median_in_run_rate_over_the_raw_rate():
     rows = [row("tianji", s, median_env_fps=f) for s, f in ((1, 8.0), (2, 9.0), (3, 30.0))] + [row("single", 1)]
     assert vs_single.actor_share(rows, 10.0) == pytest.approx(0.9)
     assert vs_single.actor_share([row("single", 1)], 10.0) != vs_single.actor_share([row("single", 1)], 10.0)  # NaN
+
+
+@pytest.mark.parametrize(
+    "overrides, envs",
+    [
+        ([], 64),
+        (["topology.actors=2", "algo.rollouts_per_update=2", "env.num_envs=64", "algo.rollout_steps=64"], 128),
+    ],
+)
+def test_the_single_ppo_steps_the_envs_of_one_learner_iteration(overrides, envs):
+    """Two actors of 64 envs, a learner iteration taking one rollout of each: the single process
+    steps 128 envs, so its update holds as many transitions as tianji-dask's."""
+    from argparse import Namespace
+
+    args = Namespace(
+        config="configs/pong_ppo.yaml",
+        overrides=overrides,
+        envs=None,
+        threads=16,
+        target=18.0,
+        max_seconds=150.0,
+        single_max_seconds=None,
+    )
+    cmd, n, algo = vs_single.single_command(args)
+    flags = dict(zip(cmd[1::2], cmd[2::2]))
+    steps = 64 if overrides else 128
+    assert (algo, n, flags["--envs"], flags["--steps"]) == ("ppo", envs, str(envs), str(steps))
