@@ -10,14 +10,14 @@ Per seed, both systems train to a 100-episode mean return of ``--target`` (18) o
 after the other, the order alternating from seed to seed so both see the same machine
 conditions: the single process (PPO: ``benchmarks/peers/ppo_pong_single.py``; DQN:
 ``benchmarks/dqn_pong_single.py`` with the config's hyperparameters and as many envs as the
-config's actors have (PPO: as many as one learner iteration's rollouts hold); one synchronous process, the ale-py vector env on all cores, inference and
-training on the GPU; its clock starts just before its env and network are built) and
-``benchmarks/time_to_target.py`` on ``--config`` (its clock starts just before the LocalCluster
-is built). Before them, the raw rate of the emulator: ale-py's vector env stepping random
-actions for ``--ale-seconds``, with the single script's envs on all cores, and with the
-config's envs on its ``env.atari_threads`` (every actor's envs on all their threads: what
-tianji-dask's actors make together is compared with this one: ``actor_share_of_raw_ale``, their
-median ``env_fps`` after the first update over it).
+config's actors have (PPO: as many as one learner iteration's rollouts hold); one synchronous
+process, the ale-py vector env on all cores, inference and training on the GPU; its clock starts
+just before its env and network are built) and ``benchmarks/time_to_target.py`` on ``--config``
+(its clock starts just before the LocalCluster is built). Before them, the raw rate of the
+emulator: ale-py's vector env stepping random actions for ``--ale-seconds``, with the single
+script's envs on all cores, and with the config's envs on its ``env.atari_threads`` (every
+actor's envs on all their threads: what tianji-dask's actors make together is compared with this
+one: ``actor_share_of_raw_ale``, their median ``env_fps`` after the first update over it).
 
 ``--continue`` adds seeds to the race already in ``--out`` (same config, overrides, target and
 limits; the runs it has are kept, and the order goes on alternating): a race longer than one
