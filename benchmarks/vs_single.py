@@ -150,9 +150,14 @@ def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
     if rc != 0 or not result.exists():
         return {"system": "tianji", "seed": seed, "error": f"exit {rc}, see {log}"}
     row = json.loads(result.read_text())["runs"][0]
-    ds = xr.open_dataset(Path(row["run_dir"]) / "metrics.nc")
-    steady = ds.where(ds.updates > 0) if "updates" in ds else ds
-    rec = {
+    with xr.open_dataset(Path(row["run_dir"]) / "metrics.nc") as ds:
+        curve = {
+            "time": ds.time.values.tolist(),
+            "env_steps": ds.env_steps.values.tolist(),
+            "return": ds.return_mean_100.values.tolist(),
+        }
+        rates = in_run_rates(ds)
+    return {
         "system": "tianji",
         "seed": seed,
         "time_to_target_s": row["time_to_target_s"],
@@ -161,18 +166,24 @@ def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
         "env_steps": row["env_steps"],
         "env_steps_per_s": row["env_steps"] / row["wall_s"],
         "run_dir": row["run_dir"],
-        "curve": {
-            "time": ds.time.values.tolist(),
-            "env_steps": ds.env_steps.values.tolist(),
-            "return": ds.return_mean_100.values.tolist(),
-        },
+        "curve": curve,
+        **rates,
     }
-    for name in ("env_fps", "train_fps", "receive_fps", "policy_lag_mean", "stale_dropped"):
-        if name in steady:
-            v = steady[name]
-            rec[f"median_{name}"] = float(v.median()) if name != "stale_dropped" else float(ds[name].max())
-    ds.close()
-    return rec
+
+
+def in_run_rates(ds: xr.Dataset) -> dict[str, float]:
+    """A tianji-dask run's rates once its learner has updated (medians over the metrics rows:
+    the actors' env steps/s, the learner's samples/s per wall second and per second of update
+    time, its busy share, ...) and the env steps it dropped as stale in all."""
+    steady = ds.where(ds.updates > 0) if "updates" in ds else ds
+    out = {
+        f"median_{name}": float(steady[name].median())
+        for name in ("env_fps", "train_fps", "train_fps_in_updates", "train_busy", "receive_fps", "policy_lag_mean")
+        if name in steady
+    }
+    if "stale_dropped" in ds:
+        out["median_stale_dropped"] = float(ds.stale_dropped.max())
+    return out
 
 
 def medians(rows: list[dict], system: str, max_seconds: float) -> dict:

@@ -101,11 +101,14 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
     assert [e for e in events if re.fullmatch(r"3 hosts created and started in [0-9.]+ s", e)], events
     (ready,) = [e for e in events if e.startswith("hosts ready")]
     times = {
-        role: (float(s), float(built))
-        for role, s, built in re.findall(r"(\w+ \d+) in ([0-9.]+) s \(built in ([0-9.]+) s\)", ready)
+        role: (float(s), float(built), float(envs or 0))
+        for role, s, built, envs in re.findall(
+            r"(\w+ \d+) in ([0-9.]+) s \(built in ([0-9.]+) s(?:, its envs ([0-9.]+) s)?\)", ready
+        )
     }
     assert times.keys() == {"actor 0", "buffer 0", "learner 0"}, ready
-    assert all(0 <= built <= s < 60 for s, built in times.values()), ready
+    assert all(0 <= envs <= built <= s < 60 for s, built, envs in times.values()), ready
+    assert "actor 0 in" in ready and ", its envs " in ready.split("actor 0 in")[1].split(")")[0], ready
 
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert h.running_at_the_end(n), n["end_rates"]

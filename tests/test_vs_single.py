@@ -122,3 +122,18 @@ def test_the_single_ppo_steps_the_envs_of_one_learner_iteration(overrides, envs)
     flags = dict(zip(cmd[1::2], cmd[2::2]))
     steps = 64 if overrides else 128
     assert (algo, n, flags["--envs"], flags["--steps"]) == ("ppo", envs, str(envs), str(steps))
+
+
+def test_a_runs_rates_are_read_from_its_metrics_once_the_learner_has_updated():
+    """The rates a race reports of a tianji-dask run, read from a committed run's metrics
+    (the H100 race's seed 13, whose figures docs/benchmarks.md quotes)."""
+    import xarray as xr
+
+    metrics = SCRIPT.parents[1] / "benchmarks/results/ppo_vs_single_h100_20261128/tianji-seed13/metrics.nc"
+    with xr.open_dataset(metrics) as ds:
+        rates = vs_single.in_run_rates(ds)
+    assert rates["median_env_fps"] == pytest.approx(12_859, abs=1)
+    assert rates["median_train_fps_in_updates"] == pytest.approx(43_178, abs=1)
+    assert rates["median_train_busy"] == pytest.approx(0.35, abs=0.005)
+    assert rates["median_policy_lag_mean"] == 1.0
+    assert rates["median_stale_dropped"] == 8192

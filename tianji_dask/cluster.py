@@ -294,8 +294,8 @@ class RunCluster:
     def _say_ready(self) -> None:
         """Once every host the run started with has begun its loop: how long each role took
         (the slowest host of each), from its loop thread's start, and of that how long building
-        the role took (a learner's network; an actor's envs and policy): the rest of an actor's
-        is its wait for the first parameters."""
+        the role took (a learner's network; an actor's envs and policy, and of that its envs): the
+        rest of an actor's is its wait for the first parameters."""
         if self.hosts is None or not self.hosts.handles:
             return
         beats = {key: self._last_hb.get(key, {}) for key in self.hosts.handles}
@@ -306,10 +306,12 @@ class RunCluster:
         for (role, hid), hb in beats.items():
             mine = (float(hb["ready_s"]), float(hb.get("built_s") or 0.0), hid)
             slowest[role] = max(slowest.get(role, mine), mine)
-        parts = [
-            f"{role} {hid} in {s:.1f} s (built in {b:.1f} s)"
-            for role, (s, b, hid) in sorted(slowest.items(), key=lambda kv: kv[1])
-        ]
+        parts = []
+        for role, (s, b, hid) in sorted(slowest.items(), key=lambda kv: kv[1]):
+            of_it = "".join(
+                f", its {part} {t:.1f} s" for part, t in (beats[role, hid].get("build_parts") or {}).items()
+            )
+            parts.append(f"{role} {hid} in {s:.1f} s (built in {b:.1f} s{of_it})")
         self._on_event("hosts ready (the slowest of each role): " + ", ".join(parts))
 
     def _death_reasons(self, since: float, wait_s: float = 1.0) -> str:

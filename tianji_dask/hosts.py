@@ -190,6 +190,7 @@ class _LoopHost(ABC, Generic[R]):
         if self._ready_s is not None:
             hb["ready_s"] = self._ready_s
             hb["built_s"] = self._built_s
+            hb["build_parts"] = dict(getattr(self.role, "build_parts", {}))
         self._last = hb
         self.worker.log_event(metrics_topic(self.run_id), hb)
 

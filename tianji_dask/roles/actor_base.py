@@ -73,7 +73,10 @@ class ActorBase(ABC):
         self.should_stop = should_stop
         self.n_actors = n_actors or cfg.topology.actors
         self.num_envs = cfg.env.num_envs
+        began = time.monotonic()
         self.env = self._make_env(seed)
+        # the part of the build that start-up reports apart: emulators are built one at a time
+        self.build_parts = {"envs": time.monotonic() - began}
         obs_space = self.env.single_observation_space
         assert obs_space.shape is not None, obs_space
         # the config check (check_env) admitted it for this algorithm
