@@ -62,6 +62,9 @@ def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
     r = cli_here("plan", CONFIG, "--cores", "2", "--profile", path, "--out", tmp_path / "plan.yaml")
     assert r.returncode == 0, r.stderr
     assert "bottleneck" in r.stdout and "another core" in r.stdout
+    # off a terminal a line is never wrapped: the command it suggests can be pasted
+    out = tmp_path / "plan.yaml"
+    assert f"plan: {out}  (tianji-dask train {CONFIG} --plan {out})" in r.stdout.splitlines(), r.stdout
     plan = load_plan(tmp_path / "plan.yaml")
     assert plan.cores_used == 2 and plan.groups == 1 and plan.actors + plan.learner_threads == 2
     run = cli_here(

@@ -470,7 +470,6 @@ def _refuse_existing(path: Path, what: str) -> None:
 
 def cmd_plan(args) -> int:
     from dask.utils import parse_bytes
-    from rich.console import Console
 
     from tianji_dask.config import ConfigError, load_config
     from tianji_dask.planner import (
@@ -484,6 +483,7 @@ def cmd_plan(args) -> int:
         save_plan,
     )
     from tianji_dask.profiling import ProfileError
+    from tianji_dask.progress import plain_console
 
     args.gpu = args.gpus > 0
     try:
@@ -511,7 +511,7 @@ def cmd_plan(args) -> int:
         plan = make_plan(cfg, Profile.load(path, cfg), res)
     except (PlanError, ProfileError) as exc:
         return _bad_input(str(exc))
-    console = Console(stderr=False)
+    console = plain_console(stderr=False)
     console.print(plan_table(plan))
     for line in plan.explanation:
         console.print(f"  {line}")

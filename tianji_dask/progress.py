@@ -27,11 +27,19 @@ def progress_line(row: dict, target: float | None) -> str:
     )
 
 
+def plain_console(stderr: bool = True) -> Console:
+    """A rich console that wraps lines only on a terminal: off one (a log file, a pipe) a
+    message, and the command it suggests, stays on its line."""
+    console = Console(stderr=stderr)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
 class Progress:
     """``update(row)`` from any thread; ``event(text)`` prints a message line; ``close()``."""
 
     def __init__(self, target: float | None, console: Console | None = None, every_s: float = 5.0):
-        self.console = console or Console(stderr=True)
+        self.console = console or plain_console()
         self.target = target
         self.every_s = every_s
         self._last_print = 0.0
