@@ -98,6 +98,24 @@ def test_dev_train_trains_the_reference_config(tmp_path):
     assert (out / "metrics.nc").is_file()
 
 
+def test_dev_train_resume_brings_no_config_of_its_own(tmp_path):
+    """``./dev train --resume RUN_DIR`` continues with the run's own config, whatever config
+    made it: ./dev adds its default config only when neither a config nor --resume is given.
+    A run of configs/cartpole_ppo.yaml without results is refused for those, not its config."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(ROOT / "configs" / "cartpole_ppo.yaml", run / "config.yaml")
+    res = subprocess.run(
+        [str(DEV), "train", "--resume", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        stdin=subprocess.DEVNULL,
+    )
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "metrics.nc is missing" in res.stderr and "cartpole_dqn" not in res.stderr, res.stderr
+
+
 def test_installed_torch_is_the_pin_and_pyproject_admits_it():
     from packaging.requirements import Requirement
 
