@@ -27,9 +27,7 @@ def _kill_worker_of(run, cfg, pick, ready=lambda: True) -> str:
     """SIGKILL the worker process that ``pick(placement)`` names, once the run is producing
     and ``ready()``."""
     t0 = time.monotonic()
-    while run.scheduler_address is None and time.monotonic() - t0 < 60:
-        time.sleep(0.05)
-    with Client(run.scheduler_address, timeout="10s") as client:
+    with Client(run.wait_for_cluster(), timeout="10s") as client:
         while (run.recorder.env_steps < 6000 or not ready()) and not run.done and time.monotonic() - t0 < 90:
             time.sleep(0.1)
         assert not run.done, run.result

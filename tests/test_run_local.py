@@ -137,8 +137,7 @@ def test_another_client_opened_while_the_hosts_start_and_closed_leaves_the_run_g
     cfg = short_config(h, "stop.max_env_steps=8000")
     run = train(cfg, out=tmp_path / "run")
     try:
-        assert h.wait_until(lambda: run.scheduler_address is not None or run.done, timeout=60)
-        with Client(run.scheduler_address, timeout="10s"):
+        with Client(run.wait_for_cluster(), timeout="10s"):
             assert h.wait_until(lambda: run.recorder.env_steps > 0 or run.done, timeout=60)
         steps_when_closed = run.recorder.env_steps
         result = run.wait(timeout=60)
@@ -153,6 +152,16 @@ def test_another_client_opened_while_the_hosts_start_and_closed_leaves_the_run_g
     assert h.running_at_the_end(n), n["end_rates"]
 
 
+def test_a_serial_run_has_no_cluster_to_wait_for(h, tmp_path):
+    run = train(short_config(h, "stop.max_env_steps=2000"), out=tmp_path / "run", serial=True)
+    try:
+        with pytest.raises(RuntimeError, match="a serial run has no cluster to connect to"):
+            run.wait_for_cluster()
+    finally:
+        run.stop()
+        run.wait(timeout=30)
+
+
 @pytest.mark.timeout(90)
 def test_a_users_client_that_outlives_the_run_leaves_dasks_settings_as_they_were(h, tmp_path):
     """The run's own client is not Dask's default: a user's Client made during the run and closed
@@ -161,8 +170,7 @@ def test_a_users_client_that_outlives_the_run_leaves_dasks_settings_as_they_were
     fail with "no Client active". conftest's autouse check asserts the setting after the test."""
     cfg = short_config(h, "stop.max_env_steps=3000")
     with h.ending(train(cfg, out=tmp_path / "run")) as run:
-        assert h.wait_until(lambda: run.scheduler_address is not None or run.done, timeout=60)
-        client = Client(run.scheduler_address, timeout="10s")
+        client = Client(run.wait_for_cluster(), timeout="10s")
         try:
             result = run.wait(timeout=60)
         finally:

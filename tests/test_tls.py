@@ -55,12 +55,9 @@ def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificat
     )
     events: list[str] = []
     with h.ending(train(cfg, out=tmp_path / "run", tls=True, on_event=events.append)) as run:
-        # the address is known once the cluster is up; the run goes on while clients knock
-        t0 = time.monotonic()
-        while run.scheduler_address is None and not run.done and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        address = run.scheduler_address
-        assert address is not None and address.startswith("tls://127.0.0.1:"), (address, events)
+        # README's recipe: the address once the cluster is up; the run goes on while clients knock
+        address = run.wait_for_cluster()
+        assert address == run.scheduler_address and address.startswith("tls://127.0.0.1:"), (address, events)
         assert f"scheduler: {address}" in events
         host_port = address.removeprefix("tls://")
 

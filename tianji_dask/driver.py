@@ -152,7 +152,8 @@ class Run:
         if resume is not None:
             self.recorder.continue_from(resume.metrics, resume.episodes)
         self.dashboard_link: str | None = None
-        self.scheduler_address: str | None = None
+        self.scheduler_address: str | None = None  # once the run's cluster is up: wait_for_cluster()
+        self._cluster_up = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"tianji-driver-{self.id}", daemon=True)
         self._thread.start()
 
@@ -181,6 +182,23 @@ class Run:
             if deadline is not None and time.monotonic() > deadline:
                 return None
         return self.result
+
+    def wait_for_cluster(self, timeout: float | None = 60.0) -> str:
+        """The run's scheduler address, once its cluster is up: ``Client(run.wait_for_cluster(),
+        security=run.security)`` connects to it (``run.scheduler_address`` is None until then).
+        Raises ``RuntimeError`` for a serial run or one that ended first, ``TimeoutError`` after
+        ``timeout`` seconds."""
+        if self.serial:
+            raise RuntimeError("a serial run has no cluster to connect to; train(cfg) without serial=True has one")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._cluster_up.wait(0.2):  # short waits keep Ctrl-C responsive in the caller
+            if self._done.is_set():
+                why = self.result.error if self.result is not None and self.result.error else "it ended"
+                raise RuntimeError(f"run {self.name}: no cluster to connect to: {why}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.name}: its cluster was not up after {timeout:g} s")
+        assert self.scheduler_address is not None
+        return self.scheduler_address
 
     @property
     def done(self) -> bool:
@@ -354,6 +372,7 @@ class Run:
         ) as run_cluster:
             self.dashboard_link = run_cluster.dashboard_link
             self.scheduler_address = run_cluster.scheduler_address
+            self._cluster_up.set()
             run_cluster.subscribe(self.recorder.add)
             totals, add = self.recorder.host_total, self.recorder.add
             if self._resume is None:
@@ -493,8 +512,8 @@ def train(
     ``client``: a ``distributed.Client`` of any cluster (LocalCluster, SLURMCluster,
     a scheduler address); None starts a LocalCluster sized for the run and closes
     it afterwards. ``tls=True`` (no client) makes that LocalCluster TLS only, with
-    certificates made for the run (``run.security``; ``run.scheduler_address`` is a
-    tls:// address). ``on_row(row)`` is called with every metrics row (progress
+    certificates made for the run (``run.security``; ``run.wait_for_cluster()`` returns its
+    tls:// address once it is up). ``on_row(row)`` is called with every metrics row (progress
     display), ``on_event(text)`` with notable events (scheduler address, dashboard link,
     lost hosts).
     """
