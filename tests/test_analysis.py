@@ -11,6 +11,8 @@ stopped, failed) for the status coordinates.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import gymnasium
 import matplotlib
@@ -18,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from conftest import ROOT
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tianji_dask.analysis import RENAMED, RunNotFound, open_run, open_runs
@@ -366,3 +369,47 @@ def test_a_glob_that_matches_nothing_is_refused(tmp_path):
     assert pattern in str(e.value)
     with pytest.raises(RunNotFound, match="got no paths"):
         open_runs([])
+
+
+def doc_python_block(path: Path, after: str) -> str:
+    """The first ```python block after the text ``after`` in ``path``, as it stands."""
+    text = path.read_text(encoding="utf-8")
+    assert after in text, f"{path.name} lost the text {after!r}"
+    block = re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S)
+    assert block, f"no ```python block after {after!r} in {path.name}"
+    return block.group(1)
+
+
+@integration
+@pytest.mark.timeout(240)
+def test_the_analysis_doc_runs_as_pasted_on_runs_that_differ_in_seed_only(runs, tmp_path, monkeypatch):
+    """docs/analysis.md's first example, run where a newcomer would after two ``./dev train
+    --set seed=N``: it works on what such runs differ in, and writes nothing."""
+    (tmp_path / "runs").mkdir()
+    for seed in (0, 1):
+        (tmp_path / "runs" / f"CartPole-v1__dqn__{seed}__20260102-03040{seed}").symlink_to(
+            runs[f"serial-seed{seed}"][0], target_is_directory=True
+        )
+    monkeypatch.chdir(tmp_path)
+    exec(doc_python_block(ROOT / "docs" / "analysis.md", "# Analysing runs"), {})
+    plt.close("all")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+@integration
+@pytest.mark.timeout(240)
+def test_the_readme_results_block_runs_on_a_run_and_draws_each_plot_apart(runs, tmp_path, monkeypatch, capsys):
+    """The README's block that opens a run's files with xarray, on a real run: each plot has
+    axes of its own (a line and a scatter on one axes would mix two x quantities' scales)."""
+    code = doc_python_block(ROOT / "README.md", "Open the files with xarray:")
+    code, n = re.subn(r'^run = ".*"$', f"run = {str(runs['serial-seed0'][0])!r}", code, flags=re.M)
+    assert n == 1, "the block no longer names its run in one `run = ...` line"
+    monkeypatch.chdir(tmp_path)
+    plt.close("all")
+    exec(code, {})
+    axes = [ax for n in plt.get_fignums() for ax in plt.figure(n).axes]
+    drawn = [(len(ax.lines), len(ax.collections)) for ax in axes]
+    plt.close("all")
+    assert sorted(drawn) == [(0, 1), (1, 0)], drawn  # a line on one axes, a scatter on another
+    assert capsys.readouterr().out.split()[-1] == str(runs["serial-seed0"][1].algo.lr)
+    assert list(tmp_path.iterdir()) == []
