@@ -396,12 +396,11 @@ def test_the_analysis_doc_runs_as_pasted_on_runs_that_differ_in_seed_only(runs, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
 
 
-@integration
-@pytest.mark.timeout(240)
-def test_the_readme_results_block_runs_on_a_run_and_draws_each_plot_apart(runs, tmp_path, monkeypatch, capsys):
-    """The README's block that opens a run's files with xarray, on a real run: each plot has
-    axes of its own (a line and a scatter on one axes would mix two x quantities' scales)."""
-    code = doc_python_block(ROOT / "README.md", "Open the files with xarray:")
+def opening_a_run_with_xarray(doc: str, runs, tmp_path, monkeypatch, capsys) -> None:
+    """``doc``'s block that opens a run's files with xarray, on a real run: each plot has axes of
+    its own (a line and a scatter on one axes would mix two x quantities' scales)."""
+    after = {"README.md": "Open the files with xarray:", "docs/metrics.md": "## Opening results"}[doc]
+    code = doc_python_block(ROOT / doc, after)
     code, n = re.subn(r'^run = ".*"$', f"run = {str(runs['serial-seed0'][0])!r}", code, flags=re.M)
     assert n == 1, "the block no longer names its run in one `run = ...` line"
     monkeypatch.chdir(tmp_path)
@@ -413,3 +412,15 @@ def test_the_readme_results_block_runs_on_a_run_and_draws_each_plot_apart(runs, 
     assert sorted(drawn) == [(0, 1), (1, 0)], drawn  # a line on one axes, a scatter on another
     assert capsys.readouterr().out.split()[-1] == str(runs["serial-seed0"][1].algo.lr)
     assert list(tmp_path.iterdir()) == []
+
+
+@integration
+@pytest.mark.timeout(240)
+def test_the_readme_results_block_runs_on_a_run_and_draws_each_plot_apart(runs, tmp_path, monkeypatch, capsys):
+    opening_a_run_with_xarray("README.md", runs, tmp_path, monkeypatch, capsys)
+
+
+@integration
+@pytest.mark.timeout(240)
+def test_the_metrics_doc_block_runs_on_a_run_and_draws_each_plot_apart(runs, tmp_path, monkeypatch, capsys):
+    opening_a_run_with_xarray("docs/metrics.md", runs, tmp_path, monkeypatch, capsys)

@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
     t.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, the arguments, the env and (for the run's own LocalCluster) the memory "
+        "and the plan's fit, then exit: nothing is started or written (exit 0: the run would start)",
+    )
+    t.add_argument(
         "--tls",
         action="store_true",
         help="the run's LocalCluster speaks TLS only (certificates made for the run); with --scheduler "
@@ -259,6 +265,8 @@ def cmd_train(args) -> int:
         return _bad_input(
             f"--out {args.out} exists and is not an empty directory; choose a new directory (nothing was written)"
         )
+    if args.check:
+        return _check_only(cfg, plan, args)
 
     from tianji_dask.driver import Run, train
     from tianji_dask.progress import Progress
@@ -327,6 +335,34 @@ def cmd_train(args) -> int:
     if interrupted is not None:
         return 128 + int(interrupted)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _check_only(cfg: ExperimentConfig, plan, args) -> int:
+    """``train --check``: what the run would check as it starts, and nothing started. The env is
+    made once; replay memory and the plan's fit are checked against this machine where the run's
+    own LocalCluster would run (a --scheduler's or Slurm's workers are not asked)."""
+    from tianji_dask.config import ConfigError, check_env
+    from tianji_dask.driver import check_replay_fits
+
+    own_cluster = not (args.scheduler or args.slurm)
+    try:
+        spaces = check_env(cfg)
+        if own_cluster:
+            check_replay_fits(cfg, spaces, serial=args.serial)
+    except ConfigError as exc:
+        return _bad_input(str(exc))
+    if plan is not None and own_cluster and not args.serial:
+        refusal = _check_plan_fits(plan, None, args)
+        if refusal:
+            return _bad_input(refusal)
+    where = "serial" if args.serial else "Slurm" if args.slurm else args.scheduler or "a LocalCluster"
+    what = "continues " + str(args.resume) if args.resume is not None else "would start"
+    print(
+        f"tianji-dask: check: ok: {cfg.algo.name} on {cfg.env.id}, {cfg.topology.actors} actor(s), on {where}: "
+        f"the run {what}; nothing was started or written",
+        file=sys.stderr,
+    )
+    return EXIT_OK
 
 
 def _check_plan_fits(plan, client, args) -> str | None:
