@@ -32,8 +32,8 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.driver import train
-from tianji_dask.results import provenance_attrs
+from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.runtime.driver import train
 
 MODES = ("relaxed", "synchronous")
 RATES = {

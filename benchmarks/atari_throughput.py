@@ -53,7 +53,7 @@ def run_rates(cfg, seconds: float, out: Path) -> dict:
     import xarray as xr
 
     from tianji_dask.config import apply_overrides, validate_config
-    from tianji_dask.driver import train
+    from tianji_dask.runtime.driver import train
 
     data = apply_overrides(
         cfg.model_dump(mode="json"),
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     import xarray as xr
 
     from tianji_dask.config import load_config
-    from tianji_dask.results import provenance_attrs, write_netcdf_atomic
+    from tianji_dask.results.recorder import provenance_attrs, write_netcdf_atomic
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -34,8 +34,8 @@ import xarray as xr
 from distributed import Client
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
-from tianji_dask.results import LOSS_KEYS
+from tianji_dask.results.recorder import LOSS_KEYS
+from tianji_dask.runtime.driver import train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"dqn": ROOT / "configs" / "cartpole_dqn.yaml", "ppo": ROOT / "configs" / "cartpole_ppo.yaml"}

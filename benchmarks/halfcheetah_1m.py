@@ -30,8 +30,8 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
-from tianji_dask.results import provenance_attrs
+from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.runtime.driver import train
 
 VARIABLES = {
     "return_mean_100": ("mean return of the last 100 episodes at the end", "1"),

@@ -6,7 +6,7 @@ under torch.profiler, as a table (the top kernels by device time) and totals per
     python benchmarks/learner_kernels.py configs/pong_ppo.yaml --set algo.precision=bf16
     python benchmarks/learner_kernels.py configs/pong_ppo.yaml --src /tmp/old
 
-The learner is :func:`tianji_dask.profiling.measure_learner`'s (the serial runner's learner on
+The learner is :func:`tianji_dask.deploy.profiling.measure_learner`'s (the serial runner's learner on
 a batch its actor made), on ``--device`` (default cuda), imported from ``--src`` (a directory
 holding ``tianji_dask``; default: this checkout). It warms up ``--warmup`` iterations (CUDA
 graphs captured), then profiles ``--iterations``. Writes ``<out>/learner_kernels.txt`` and
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     import tianji_dask
     from tianji_dask.algos.registry import spec_for
     from tianji_dask.config import load_config
-    from tianji_dask.profiling import _steady_config
-    from tianji_dask.serial import SerialRun
+    from tianji_dask.deploy.profiling import _steady_config
+    from tianji_dask.runtime.serial import SerialRun
 
     torch.set_num_threads(1)
     cfg = _steady_config(load_config(a.config, a.overrides), device=a.device)

@@ -6,7 +6,7 @@ side: the way to measure a change to the learner's code path against the code be
     python benchmarks/learner_throughput.py configs/pong_ppo.yaml --variant old /tmp/old \
         --variant new . --variant new_bf16 . algo.precision=bf16
 
-Each measurement is :func:`tianji_dask.profiling.measure_learner` (the real learner role on a
+Each measurement is :func:`tianji_dask.deploy.profiling.measure_learner` (the real learner role on a
 buffer filled by a real actor, exploration at its final value, no balance controller) in a fresh
 Python process whose ``tianji_dask`` comes from the given source tree (``--src``, a directory
 holding a ``tianji_dask`` package; default: this checkout). ``--variant NAME DIR [KEY=VALUE ...]``
@@ -42,7 +42,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import tianji_dask
 from tianji_dask.config import load_config
-from tianji_dask.profiling import measure_learner
+from tianji_dask.deploy.profiling import measure_learner
 cfg = load_config(sys.argv[2], sys.argv[5:])
 r = measure_learner(cfg.model_dump_json(), int(sys.argv[3]), None, float(sys.argv[4]), cfg.learner.device)
 print("RESULT " + json.dumps({**r, "package": tianji_dask.__file__}))

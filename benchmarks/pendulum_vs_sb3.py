@@ -37,7 +37,7 @@ from pathlib import Path
 import xarray as xr
 from vs_single import alternate, compare, run_meta, run_tianji, system_seed_grid
 
-from tianji_dask.results import provenance_attrs
+from tianji_dask.results.recorder import provenance_attrs
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -45,7 +45,7 @@ def measure(cfg, G: int, A: int, T: int, seconds: float, out_root: Path, startup
     """Run one allocation for ``startup_s + seconds``; rates are medians over the rows from 1 s
     after the learners' first update to 1 s before the end (start-up excluded)."""
     from tianji_dask.config import apply_overrides, validate_config
-    from tianji_dask.driver import train
+    from tianji_dask.runtime.driver import train
 
     data = apply_overrides(
         cfg.model_dump(mode="json"),
@@ -106,11 +106,11 @@ def main(argv=None) -> int:
     import xarray as xr
     from distributed import Client
 
-    from tianji_dask import profiling
-    from tianji_dask.cluster import local_cluster
     from tianji_dask.config import load_config
-    from tianji_dask.planner import Profile, Resources, make_plan
-    from tianji_dask.results import provenance_attrs
+    from tianji_dask.deploy import profiling
+    from tianji_dask.deploy.planner import Profile, Resources, make_plan
+    from tianji_dask.results.recorder import provenance_attrs
+    from tianji_dask.runtime.cluster import local_cluster
 
     cfg = load_config(args.config, args.overrides)
     out = args.out or Path("benchmarks/results") / f"planner_{cfg.env.id.split('-')[0].lower()}_{cfg.algo.name}"
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
             **{k: str(v) for k, v in provenance_attrs().items()},
         },
     )
-    from tianji_dask.results import write_netcdf_atomic
+    from tianji_dask.results.recorder import write_netcdf_atomic
 
     write_netcdf_atomic(ds, out / "planner_quality.nc")
     (out / "planner_quality.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))

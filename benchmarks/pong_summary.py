@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tianji_dask.analysis import RunNotFound, open_run
+from tianji_dask.results.analysis import RunNotFound, open_run
 
 
 def _num(x) -> float | None:

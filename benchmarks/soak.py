@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--out {a.out} is not empty; choose a new directory (nothing is replaced)")
 
     from tianji_dask.config import load_config
-    from tianji_dask.driver import train
+    from tianji_dask.runtime.driver import train
 
     seconds = a.minutes * 60
     cfg = load_config(

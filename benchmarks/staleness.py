@@ -42,8 +42,8 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
-from tianji_dask.results import provenance_attrs
+from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.runtime.driver import train
 
 DISTRIBUTIONS = {"new": "configs/cartpole_ppo.yaml", "staleness": "configs/cartpole_ppo_staleness.yaml"}
 DIST_LABEL = {"new": "New (1:1)", "staleness": "Staleness (1:8)"}

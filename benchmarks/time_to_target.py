@@ -27,8 +27,8 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
-from tianji_dask.results import provenance_attrs
+from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.runtime.driver import train
 
 
 def one_run(config: str, overrides: list[str], seed: int, mode: str, out_root: Path) -> dict:

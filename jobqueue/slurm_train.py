@@ -25,11 +25,11 @@ def main(argv=None) -> int:
     from distributed import Client
 
     from tianji_dask.config import load_config
-    from tianji_dask.deployment import deployment_settings
-    from tianji_dask.driver import train
-    from tianji_dask.planner import load_plan
-    from tianji_dask.slurm import plan_from_config, planned_processes
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.config.deployment import deployment_settings
+    from tianji_dask.deploy.planner import load_plan
+    from tianji_dask.deploy.slurm import plan_from_config, planned_processes
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.runtime.driver import train
 
     cfg = load_config(args.config, args.overrides)
     plan = load_plan(args.plan) if args.plan else plan_from_config(cfg)

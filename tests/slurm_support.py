@@ -128,7 +128,7 @@ def fake_command(monkeypatch, bin_dir: Path, name: str, body: str) -> Path:
 
 def six_core_plan(cfg):
     """One group on 6 cores: a learner job of 2 threads, an actors job of 4 single-core processes."""
-    from tianji_dask.planner import Profile, Resources, make_plan
+    from tianji_dask.deploy.planner import Profile, Resources, make_plan
 
     prof = Profile(
         actors=(1, 2, 4),
@@ -145,7 +145,7 @@ def six_core_plan(cfg):
 
 def two_core_profile():
     """A profile where one actor outruns a one-thread learner."""
-    from tianji_dask.planner import Profile
+    from tianji_dask.deploy.planner import Profile
 
     return Profile(
         actors=(1, 2),
@@ -160,6 +160,6 @@ def two_core_profile():
 def two_core_plan(cfg):
     """The planner's answer for a 2-core node (the local Slurm's) on :func:`two_core_profile`: a
     learner job and an actors job of one core each."""
-    from tianji_dask.planner import Resources, make_plan
+    from tianji_dask.deploy.planner import Resources, make_plan
 
     return make_plan(cfg, two_core_profile(), Resources(cores=2))

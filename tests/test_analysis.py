@@ -1,4 +1,4 @@
-"""tianji_dask.analysis on real run directories: open one run, stack several on ``run``, time to
+"""tianji_dask.results.analysis on real run directories: open one run, stack several on ``run``, time to
 target, the summary table, every plot rendered to PNG, and the errors for bad paths.
 
 Three short CartPole runs are made once for the module: serial with seeds 0 and 1, and
@@ -23,9 +23,9 @@ import xarray as xr
 from conftest import ROOT
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from tianji_dask.analysis import RENAMED, RunNotFound, open_run, open_runs
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
+from tianji_dask.results.analysis import RENAMED, RunNotFound, open_run, open_runs
+from tianji_dask.runtime.driver import train
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -21,7 +21,7 @@ import pytest
 from distributed import Client
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
+from tianji_dask.runtime.driver import train
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ RSS_GROWTH_MB = 48
 
 def probe(dask_worker) -> dict:
     """One sample of the run's hosts on this worker (runs on the worker's event loop)."""
-    from tianji_dask.hosts import ActorHost, BufferHost
+    from tianji_dask.runtime.hosts import ActorHost, BufferHost
 
     out = {"pid": os.getpid(), "rss_mb": psutil.Process().memory_info().rss / 1e6}
     for host in list(dask_worker.state.actors.values()):

@@ -89,7 +89,6 @@ DQN_ACTOR_CASES = [
 ]
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("n_actors, env_steps, consumed, paused", DQN_ACTOR_CASES)
 def test_dqn_actor_pauses_only_below_the_band(n_actors, env_steps, consumed, paused):
     queue, params = _channels()
@@ -107,7 +106,6 @@ def test_dqn_actor_pauses_only_below_the_band(n_actors, env_steps, consumed, pau
         assert actor.counters.throttled_s == 0
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
 def test_dqn_actor_never_pauses_without_controller(how):
     queue, params = _channels()
@@ -138,7 +136,6 @@ DQN_LEARNER_CASES = [
 ]
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("received, samples, paused", DQN_LEARNER_CASES)
 def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
     learner = DQNLearnerRole(_dqn_cfg(), _StubReplay(received), LocalTopic(), 4, Discrete(2), seed=0)
@@ -151,7 +148,6 @@ def test_dqn_learner_pauses_only_above_the_band(received, samples, paused):
     assert (learner.counters.throttled_s > 0) is paused
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
 def test_dqn_learner_never_pauses_without_controller(how):
     if how == "balance=False":
@@ -181,7 +177,6 @@ PPO_QUOTA_CASES = [
 ]
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("reuse, per_update, n_actors, quota", PPO_QUOTA_CASES)
 def test_ppo_actor_pauses_only_after_its_share_of_a_version(reuse, per_update, n_actors, quota):
     queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
@@ -203,7 +198,6 @@ def test_ppo_actor_pauses_only_after_its_share_of_a_version(reuse, per_update, n
     assert actor.counters.env_steps == steps + actor.num_envs
 
 
-@pytest.mark.timeout(30)
 def test_ppo_actor_never_pauses_inside_a_rollout():
     """A rollout is one policy version: once started it is finished, even past its quota."""
     queue, params = _channels()
@@ -219,7 +213,6 @@ def test_ppo_actor_never_pauses_inside_a_rollout():
     assert actor.counters.throttled_s > 0 and actor._t == 0
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])
 def test_ppo_actor_never_pauses_without_controller(how):
     queue, params = _channels()
@@ -238,7 +231,6 @@ def test_ppo_actor_never_pauses_without_controller(how):
     assert actor.counters.throttled_s == 0 and actor.counters.messages_sent == 1
 
 
-@pytest.mark.timeout(30)
 def test_a_dqn_learner_on_a_restored_replay_does_not_wait_for_the_warm_up_again():
     """A buffer re-created with its predecessor's replay (2,000 transitions, past learning_starts)
     counts received transitions from 0; its learner trains at once, and the controller weighs

@@ -30,7 +30,7 @@ from tianji_dask.channels import (
     QueueSender,
     TopicPublisher,
 )
-from tianji_dask.workers import scheduler_workers
+from tianji_dask.runtime.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -230,7 +230,6 @@ def actor(client, cls, worker, *args, **kw):
 
 
 # ---------------------------------------------------------------------------- local twins
-@pytest.mark.timeout(30)
 def test_local_queue_order_capacity_and_gaps():
     q = LocalQueue(capacity_bytes=10 * KIB, full_policy="drop_oldest")
     sizes = []
@@ -256,7 +255,6 @@ def test_local_queue_order_capacity_and_gaps():
         q.push({"x": np.zeros(1)})
 
 
-@pytest.mark.timeout(30)
 def test_local_queue_wait_blocks_until_consumer_takes():
     q = LocalQueue(capacity_bytes=4 * KIB, full_policy="wait")
     for _ in range(4):
@@ -277,7 +275,6 @@ def test_local_queue_wait_blocks_until_consumer_takes():
     assert st["blocked_s"] >= 0.25 and st["dropped"] == 0 and st["queued_bytes"] == 4 * KIB
 
 
-@pytest.mark.timeout(30)
 def test_local_topic_conflation():
     topic = LocalTopic()
     a = topic.subscribe()

@@ -33,8 +33,8 @@ def _native_threads() -> list[str]:
 
 def _rank_main(rank, world, port_q, out_q, algo, backend):
     faulthandler.enable(all_threads=True)  # a rank that crashes leaves its threads' stacks in stderr
-    from tianji_dask.dataparallel import DataParallel, open_store
     from tianji_dask.devices import device_of_slot
+    from tianji_dask.runtime.dataparallel import DataParallel, open_store
 
     device = device_of_slot("cuda", rank, torch.cuda.device_count()) if backend == "nccl" else "cpu"
 

@@ -19,7 +19,7 @@ import yaml
 from conftest import CONFIG, ROOT
 
 from tianji_dask.config import ConfigError
-from tianji_dask.deployment import DEFAULTS_FILE, deployment_settings
+from tianji_dask.config.deployment import DEFAULTS_FILE, deployment_settings
 
 
 def test_the_defaults_are_the_packaged_yaml():
@@ -52,7 +52,7 @@ def test_environment_variables_and_yaml_files_override_a_default(tmp_path):
     }
     code = (
         "import json\n"
-        "from tianji_dask.deployment import deployment_settings\n"
+        "from tianji_dask.config.deployment import deployment_settings\n"
         "s = deployment_settings()\n"
         "print(json.dumps([s.timeouts.data_parallel, str(s.runs_dir), s.local_cluster.dashboard_address, "
         "s.timeouts.first_params]))\n"
@@ -105,9 +105,9 @@ def test_the_cli_refuses_a_wrong_setting_before_anything_starts(tmp_path, where)
 
 # ------------------------------------------------------------------ where the settings are read
 def test_runs_plans_and_profiles_go_under_the_runs_dir(tmp_path):
-    from tianji_dask.planner import default_plan_path
-    from tianji_dask.profiling import default_profile_path
-    from tianji_dask.rundir import prepare_run_dir
+    from tianji_dask.deploy.planner import default_plan_path
+    from tianji_dask.deploy.profiling import default_profile_path
+    from tianji_dask.results.rundir import prepare_run_dir
 
     with dask.config.set({"tianji.runs-dir": str(tmp_path / "runs")}):
         assert prepare_run_dir(None, name="r").parent == tmp_path / "runs"
@@ -116,7 +116,7 @@ def test_runs_plans_and_profiles_go_under_the_runs_dir(tmp_path):
 
 
 def test_the_local_cluster_dashboard_listens_where_configured(monkeypatch):
-    from tianji_dask import cluster
+    from tianji_dask.runtime import cluster
 
     monkeypatch.setattr(cluster, "TianjiLocalCluster", lambda **kwargs: kwargs)
     monkeypatch.setattr(cluster, "spawned_ignoring_driver_signals", contextlib.nullcontext)
@@ -129,7 +129,7 @@ def test_the_local_cluster_dashboard_listens_where_configured(monkeypatch):
 def test_the_scheduler_check_waits_the_connect_timeout(monkeypatch):
     import socket
 
-    from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
+    from tianji_dask.deploy.preflight import SchedulerUnreachable, check_scheduler_listens
 
     def no_answer(address, timeout):
         raise TimeoutError
@@ -143,7 +143,7 @@ def test_the_scheduler_check_waits_the_connect_timeout(monkeypatch):
 
 
 def test_a_host_silent_past_the_startup_timeout_is_lost():
-    from tianji_dask.cluster import HostLost, RunCluster
+    from tianji_dask.runtime.cluster import HostLost, RunCluster
 
     with dask.config.set({"tianji.timeouts.host-startup": "2s"}):
         run_section = SimpleNamespace(heartbeat_timeout=5.0, max_restarts=3, restart_window_s=600.0)
@@ -158,7 +158,7 @@ def test_a_host_silent_past_the_startup_timeout_is_lost():
 
 
 def test_an_actor_waits_the_first_params_timeout_for_parameters():
-    from tianji_dask.hosts import ActorHost
+    from tianji_dask.runtime.hosts import ActorHost
 
     def no_params(timeout, stop):
         time.sleep(timeout)

@@ -42,7 +42,6 @@ def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 
 # ------------------------------------------------------------------ loss
-@pytest.mark.timeout(10)
 def test_double_dqn_loss_hand_computed():
     gamma = 0.5
     q = torch.tensor([[1.0, 2.0, 0.0], [0.5, -1.0, 2.0], [0.0, 0.0, -2.0]], requires_grad=True)
@@ -74,7 +73,6 @@ def test_double_dqn_loss_hand_computed():
     torch.testing.assert_close(q.grad, grad)
 
 
-@pytest.mark.timeout(10)
 def test_double_dqn_loss_n_step_discount():
     # An n-step transition carries its return and gamma**n: 3 steps of reward 1 at gamma 0.5
     # give R = 1 + 0.5 + 0.25 = 1.75 and discount 0.125; the online argmax picks a'=1 (target 8).
@@ -91,7 +89,6 @@ def test_double_dqn_loss_n_step_discount():
     assert loss.item() == pytest.approx(0.28125, abs=1e-7)
 
 
-@pytest.mark.timeout(10)
 def test_double_dqn_loss_does_not_backprop_into_the_targets():
     q = torch.zeros(2, 2, requires_grad=True)
     nxt = torch.ones(2, 2, requires_grad=True)
@@ -102,7 +99,6 @@ def test_double_dqn_loss_does_not_backprop_into_the_targets():
 
 
 # ------------------------------------------------------------------ epsilon
-@pytest.mark.timeout(10)
 def test_epsilon_schedule():
     assert epsilon_at(0, 1.0, 0.1, 100) == pytest.approx(1.0)
     assert epsilon_at(25, 1.0, 0.1, 100) == pytest.approx(0.775)
@@ -114,7 +110,6 @@ def test_epsilon_schedule():
     assert epsilon_at(7, 0.3, 0.3, 10) == pytest.approx(0.3)
 
 
-@pytest.mark.timeout(10)
 def test_ape_x_epsilons_per_env():
     """eps_k = 0.4 ** (1 + 7 k / (N - 1)) over the run's N envs (Ape-X, Horgan et al. 2018)."""
     want = [0.4, 0.4 ** (1 + 7 / 3), 0.4 ** (1 + 14 / 3), 0.4**8]
@@ -124,7 +119,6 @@ def test_ape_x_epsilons_per_env():
     assert ape_x_epsilons(0, 4, 4, 0.4, 7.0)[-1] == pytest.approx(0.00065536)
 
 
-@pytest.mark.timeout(30)
 def test_per_env_exploration_gives_each_actor_its_share_of_the_runs_epsilons():
     from tianji_dask.algos.dqn.actor import DQNActorRole
     from tianji_dask.channels.local import LocalQueue
@@ -143,7 +137,6 @@ def test_per_env_exploration_gives_each_actor_its_share_of_the_runs_epsilons():
     assert linear._env_eps is None
 
 
-@pytest.mark.timeout(10)
 def test_policy_takes_one_epsilon_per_row():
     policy = DQNPolicy(4, 3, [8], seed=0)
     obs = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
@@ -155,7 +148,6 @@ def test_policy_takes_one_epsilon_per_row():
 
 
 # ------------------------------------------------------------------ policy
-@pytest.mark.timeout(20)
 def test_policy_greedy_at_eps0_is_argmax():
     torch.manual_seed(0)  # an actor's net is initialised by torch and then loaded; fix the init here
     policy = DQNPolicy(obs_dim=4, n_actions=3, hidden=[8], seed=0)
@@ -168,7 +160,6 @@ def test_policy_greedy_at_eps0_is_argmax():
     assert len(set(expected.tolist())) > 1  # the check means something: not a constant net
 
 
-@pytest.mark.timeout(20)
 def test_policy_uniform_at_eps1():
     n_actions, n = 3, 6000
     policy = DQNPolicy(obs_dim=4, n_actions=n_actions, hidden=[8], seed=0)
@@ -184,7 +175,6 @@ def test_policy_uniform_at_eps1():
     assert frac == pytest.approx(0.5 + 0.5 / 3, abs=0.04)
 
 
-@pytest.mark.timeout(20)
 def test_policy_load_swaps_parameters_and_version():
     learner = DQNLearner(4, 2, dqn_config(), seed=3)
     policy = DQNPolicy(4, 2, [16], seed=9)
@@ -208,7 +198,6 @@ def fixed_batch_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
     return loss.item()
 
 
-@pytest.mark.timeout(30)
 def test_learner_update_reduces_loss_on_a_fixed_batch():
     learner = DQNLearner(4, 2, dqn_config(lr=1e-2, hidden_sizes=[64]), seed=0)
     b = fixed_batch()
@@ -224,7 +213,6 @@ def test_learner_update_reduces_loss_on_a_fixed_batch():
     assert after < 0.1 * before, (before, after)
 
 
-@pytest.mark.timeout(20)
 def test_learner_is_seeded():
     a = DQNLearner(4, 2, dqn_config(), seed=5).policy_params()
     b = DQNLearner(4, 2, dqn_config(), seed=5).policy_params()
@@ -233,7 +221,6 @@ def test_learner_is_seeded():
     assert not all(np.array_equal(a[k], c[k]) for k in a)
 
 
-@pytest.mark.timeout(20)
 def test_actor_params_are_fresh_copies():
     learner = DQNLearner(4, 2, dqn_config(), seed=0)
     before = {k: v.clone() for k, v in learner.online.state_dict().items()}
@@ -252,7 +239,6 @@ def test_actor_params_are_fresh_copies():
         np.testing.assert_array_equal(arr, before[k].numpy())
 
 
-@pytest.mark.timeout(30)
 def test_target_syncs_every_target_update_interval():
     learner = DQNLearner(4, 2, dqn_config(target_update_interval=3, lr=1e-2), seed=0)
     b = fixed_batch()

@@ -13,7 +13,6 @@ F, T = False, True
 
 
 # ------------------------------------------------------------------ EpisodeTracker
-@pytest.mark.timeout(10)
 def test_episode_tracker_per_env_returns_and_lengths():
     tr = EpisodeTracker(2)
     tr.update(np.array([1.0, 2.0]), np.array([F, F]), now=10.0)
@@ -29,7 +28,6 @@ def test_episode_tracker_per_env_returns_and_lengths():
     assert tr.count == 4
 
 
-@pytest.mark.timeout(20)
 def test_episode_tracker_matches_a_real_vector_env():
     n_envs, steps = 4, 300
     env = make_vector_env("CartPole-v1", n_envs, seed=3)
@@ -50,7 +48,6 @@ def test_episode_tracker_matches_a_real_vector_env():
 
 
 # ------------------------------------------------------------------ next_observations
-@pytest.mark.timeout(10)
 def test_next_observations_uses_final_obs_where_done():
     obs = np.array([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]], dtype=np.float32)
     final = np.array([None, np.array([9.0, 9.0], dtype=np.float32), None], dtype=object)
@@ -63,7 +60,6 @@ def test_next_observations_uses_final_obs_where_done():
     assert next_observations(obs, np.array([F, F, F]), {}) is obs
 
 
-@pytest.mark.timeout(20)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
 def test_make_vector_env_box_obs_and_same_step_autoreset(env_id):
     n_envs = 3
@@ -109,7 +105,6 @@ def test_make_vector_env_box_obs_and_same_step_autoreset(env_id):
         env.close()
 
 
-@pytest.mark.timeout(20)
 def test_make_vector_env_seeds_its_envs_seed_plus_k():
     a = make_vector_env("CartPole-v1", 3, seed=10)
     b = make_vector_env("CartPole-v1", 3, seed=10)
@@ -127,7 +122,6 @@ def test_make_vector_env_seeds_its_envs_seed_plus_k():
 
 
 # ------------------------------------------------------------------ seeding
-@pytest.mark.timeout(10)
 def test_role_seeds_deterministic_and_distinct():
     s = role_seeds(0, 4)
     assert s == role_seeds(0, 4)
@@ -141,7 +135,6 @@ def test_role_seeds_deterministic_and_distinct():
     assert role_seeds(0, 2).actors == s.actors[:2]
 
 
-@pytest.mark.timeout(10)
 def test_role_seeds_env_ranges_do_not_overlap():
     # actor i steps envs with seeds actors[i] + k, k < num_envs: those ranges must not collide
     s = role_seeds(0, 16)

@@ -19,10 +19,10 @@ from tianji_dask.algos.ppo.gaussian import GaussianActorCritic, GaussianPolicy, 
 from tianji_dask.algos.ppo.learner import PPOLearnerRole
 from tianji_dask.algos.ppo.normalization import VARIANCE_EPS, Moments, RolloutNormalizer
 from tianji_dask.channels import LocalQueue, LocalTopic
-from tianji_dask.checkpoint import load_checkpoint, save_checkpoint
 from tianji_dask.config import ConfigError, load_config
 from tianji_dask.config.schema import PPOConfig
 from tianji_dask.envs import make_vector_env
+from tianji_dask.results.checkpoint import load_checkpoint, save_checkpoint
 
 PENDULUM = "configs/pendulum_ppo.yaml"
 PENDULUM_ACTIONS = Box(-2.0, 2.0, (1,), np.float32)
@@ -154,7 +154,6 @@ def test_gsde_config_is_checked():
         load_config("configs/cartpole_ppo.yaml", ["algo.use_sde=true"])
 
 
-@pytest.mark.timeout(30)
 def test_a_gsde_actor_and_learner_agree_on_the_log_probs_of_a_pendulum_rollout():
     learner, actor, _, (r,) = _learner_and_rollouts("algo.use_sde=true")
     assert actor.policy.net.sde and actor.policy.sde_sample_freq == 4
@@ -267,7 +266,6 @@ def _gaussian_params(seed: int, log_std: float, obs: Moments, returns: Moments) 
     return net, {k: v.numpy().copy() for k, v in net.state_dict().items()}
 
 
-@pytest.mark.timeout(30)
 def test_actor_keeps_the_unclipped_actions_and_normalised_views_of_a_pendulum_rollout():
     """With the statistics of version 0: the rollout's observations and rewards are the env's,
     normalised and scaled with them; its actions are the sampled ones (many beyond Pendulum's
@@ -336,7 +334,6 @@ def _learner_and_rollouts(*extra, n_rollouts: int = 1):
     return learner, actor, topic, rollouts
 
 
-@pytest.mark.timeout(30)
 def test_learner_folds_each_rollouts_statistics_in_once_and_publishes_them():
     learner, actor, topic, (rollout,) = _learner_and_rollouts("algo.sample_reuse=2", "algo.max_policy_lag=2")
     net = learner.learner_core.net
@@ -356,7 +353,6 @@ def test_learner_folds_each_rollouts_statistics_in_once_and_publishes_them():
     np.testing.assert_allclose(actor.policy.normalize(want.mean[None]), 0.0, atol=1e-6)
 
 
-@pytest.mark.timeout(30)
 def test_normalisation_statistics_restored_from_a_checkpoint_equal_the_saved_ones(tmp_path):
     learner, _, _, _ = _learner_and_rollouts(n_rollouts=1)
     assert learner.step()

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from tianji_dask.config import load_config
-from tianji_dask.heartbeats import COUNTERS, ROLES, Heartbeat, growing_counters, rates
-from tianji_dask.results import MetricsRecorder
-from tianji_dask.serial import SerialRun
+from tianji_dask.results.recorder import MetricsRecorder
+from tianji_dask.roles.heartbeats import COUNTERS, ROLES, Heartbeat, growing_counters, rates
+from tianji_dask.runtime.serial import SerialRun
 
 
 @pytest.mark.timeout(60)

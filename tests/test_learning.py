@@ -10,7 +10,7 @@ import pytest
 import xarray as xr
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
+from tianji_dask.runtime.driver import train
 
 
 @pytest.mark.learning

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from slurm_support import SCRIPT
 
-from tianji_dask.workers import scheduler_workers
+from tianji_dask.runtime.workers import scheduler_workers
 
 pytestmark = pytest.mark.slurm
 
@@ -172,8 +172,8 @@ def test_a_plans_gpu_jobs_are_scheduled_by_slurm_and_never_straddle_nodes(slurm_
     sbatch --test-only; the same job asking for more GPUs than a node has is refused by Slurm."""
     from test_planner_gpu import pong, profile
 
-    from tianji_dask.planner import Resources, make_plan
-    from tianji_dask.slurm import check_fits, job_scripts
+    from tianji_dask.deploy.planner import Resources, make_plan
+    from tianji_dask.deploy.slurm import check_fits, job_scripts
 
     cpus = node_cpus()
     plan = make_plan(pong(), profile(), Resources(cores=2 * cpus, nodes=2, cores_per_node=cpus, gpus=2))
@@ -213,10 +213,10 @@ def test_a_multi_node_plan_runs_one_job_a_group_on_slurm_nodes_in_network_namesp
     from slurm_support import two_core_profile
 
     from tianji_dask.config import load_config
-    from tianji_dask.driver import train
-    from tianji_dask.planner import Resources, make_plan
-    from tianji_dask.slurm import planned_processes
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.planner import Resources, make_plan
+    from tianji_dask.deploy.slurm import planned_processes
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.runtime.driver import train
 
     nodes = nodes_up(2, tmp_path)
     names = {f"{PREFIX}-{k}": address(k) for k in (1, 2)}

@@ -1,4 +1,4 @@
-"""tianji_dask.profiling.measure_learner, the learner half of a profile, called directly (the
+"""tianji_dask.deploy.profiling.measure_learner, the learner half of a profile, called directly (the
 profile command runs it inside a Dask worker; tests/test_profile_plan.py covers that)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tianji_dask.config import load_config
-from tianji_dask.profiling import measure_learner
+from tianji_dask.deploy.profiling import measure_learner
 
 
 @pytest.mark.timeout(60)

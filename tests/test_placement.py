@@ -1,4 +1,4 @@
-"""Placement as a pure function (tianji_dask/placement.py) on fake worker lists: untagged and
+"""Placement as a pure function (tianji_dask/runtime/placement.py) on fake worker lists: untagged and
 tagged workers, fewer workers than hosts, several data-parallel learners and groups. No cluster."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from tianji_dask.config import load_config
 from tianji_dask.config.schema import TopologyConfig
 from tianji_dask.devices import device_of_slot, on_slot_gpu
-from tianji_dask.placement import PlacementError, place
+from tianji_dask.runtime.placement import PlacementError, place
 from tianji_dask.seeding import group_seeds, role_seeds
 
 RUN = "r1"
@@ -23,7 +23,7 @@ def untagged(n: int) -> dict[str, dict]:
 
 
 def tagged(groups: int, learners: int, actors: int, extra_untagged: int = 0) -> dict[str, dict]:
-    """As tianji_dask.slurm starts them: named workers with role and group resources; the
+    """As tianji_dask.deploy.slurm starts them: named workers with role and group resources; the
     addresses sort in another order than the names."""
     out = {}
     k = 99

@@ -66,7 +66,7 @@ def wait_for(predicate, timeout=10.0):
 
 
 def test_the_worker_spec_and_the_submitted_scripts_are_the_plans(fake_slurm, tmp_path):
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster, PlannedSLURMJob
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster, PlannedSLURMJob
 
     plan = six_core_plan(load_config(CONFIG, [*SHORT]))
     learner, actors = plan.jobs
@@ -100,7 +100,7 @@ def test_the_worker_spec_and_the_submitted_scripts_are_the_plans(fake_slurm, tmp
 def test_scaling_keeps_the_plans_first_jobs_and_never_grows_past_them(fake_slurm, tmp_path):
     import dataclasses
 
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
 
     one = six_core_plan(load_config(CONFIG, [*SHORT]))
     plan = dataclasses.replace(one, jobs=[*one.jobs, *(dataclasses.replace(j, group=1) for j in one.jobs)])
@@ -135,7 +135,7 @@ def test_scaling_keeps_the_plans_first_jobs_and_never_grows_past_them(fake_slurm
 def test_a_refused_job_cancels_the_submitted_ones_and_closes_the_cluster(fake_slurm, tmp_path):
     from distributed.core import Status
 
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster, SlurmSubmitError
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster, SlurmSubmitError
 
     begun = []
 

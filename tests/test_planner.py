@@ -10,8 +10,8 @@ import yaml
 from conftest import CONFIG
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.planner import Plan, PlanError, Profile, Resources, default_plan_path, make_plan, profile_beside
-from tianji_dask.profiling import default_profile_path
+from tianji_dask.deploy.planner import Plan, PlanError, Profile, Resources, default_plan_path, make_plan, profile_beside
+from tianji_dask.deploy.profiling import default_profile_path
 
 
 def dqn(**over):

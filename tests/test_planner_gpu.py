@@ -11,9 +11,9 @@ from conftest import CONFIG
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import load_config
-from tianji_dask.placement import place
-from tianji_dask.planner import Plan, PlanError, Profile, Resources, default_plan_path, load_plan, make_plan
-from tianji_dask.slurm import job_scripts, plan_from_config
+from tianji_dask.deploy.planner import Plan, PlanError, Profile, Resources, default_plan_path, load_plan, make_plan
+from tianji_dask.deploy.slurm import job_scripts, plan_from_config
+from tianji_dask.runtime.placement import place
 
 PONG = CONFIG.parent / "pong_ppo.yaml"
 THREADS = (1, 2, 4, 8, 15)
@@ -126,7 +126,7 @@ def test_gpus_without_gpu_measurements_or_uneven_over_nodes_are_refused():
 
 
 def test_a_gpu_profile_reads_back_from_its_netcdf(tmp_path: Path):
-    """The variable names the profile writes (tianji_dask.profiling) are those Profile reads."""
+    """The variable names the profile writes (tianji_dask.deploy.profiling) are those Profile reads."""
     cfg = pong()
     ds = xr.Dataset(
         {

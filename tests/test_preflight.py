@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import CONFIG, ROOT, cli
 
-from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
+from tianji_dask.deploy.preflight import SchedulerUnreachable, check_scheduler_listens
 
 
 @pytest.fixture

@@ -110,7 +110,7 @@ def test_the_weighted_loss_and_the_td_errors_on_a_hand_computed_case():
 
 
 def test_a_prioritized_learner_gives_the_transitions_it_trained_on_their_td_errors():
-    from tianji_dask.serial import SerialRun
+    from tianji_dask.runtime.serial import SerialRun
 
     cfg = load_config(CONFIG, ["algo.replay=prioritized", "algo.learning_starts=256", "algo.ratio_tolerance=null"])
     run = SerialRun(cfg)
@@ -133,7 +133,7 @@ def test_a_prioritized_learner_gives_the_transitions_it_trained_on_their_td_erro
 def test_actors_send_the_td_errors_of_their_own_q_network_as_priorities():
     """Ape-X's initial priorities: |R + discount * max Q(s') - Q(s, a)| with the actor's network,
     the bootstrap of the window's last step completed one step later or at the flush."""
-    from tianji_dask.serial import SerialRun
+    from tianji_dask.runtime.serial import SerialRun
 
     overrides = ["algo.replay=prioritized", "algo.n_step=3", "algo.ratio_tolerance=null", "channel.chunk_steps=10"]
     run = SerialRun(load_config(CONFIG, overrides))

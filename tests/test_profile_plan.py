@@ -15,7 +15,7 @@ import torch
 import xarray as xr
 from conftest import CONFIG, SHORT, cli_here
 
-from tianji_dask.planner import load_plan
+from tianji_dask.deploy.planner import load_plan
 
 pytestmark = pytest.mark.integration
 CUDA = torch.cuda.is_available()

@@ -98,6 +98,7 @@ def test_dev_train_trains_the_reference_config(tmp_path):
     assert (out / "metrics.nc").is_file()
 
 
+@pytest.mark.slow
 def test_dev_train_resume_brings_no_config_of_its_own(tmp_path):
     """``./dev train --resume RUN_DIR`` continues with the run's own config, whatever config
     made it: ./dev adds its default config only when neither a config nor --resume is given.

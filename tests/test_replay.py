@@ -32,7 +32,6 @@ def consistent(s: dict[str, np.ndarray]) -> None:
     np.testing.assert_array_equal(s["discounts"], ((k % 2) * 0.99).astype(np.float32))
 
 
-@pytest.mark.timeout(10)
 def test_capacity_and_memory_are_fixed_while_adding_ten_times_capacity():
     cap = 100
     m = ReplayMemory(cap, OBS_SHAPE)
@@ -48,7 +47,6 @@ def test_capacity_and_memory_are_fixed_while_adding_ten_times_capacity():
     assert m.added == len(range(0, 10 * cap, 37)) * 37
 
 
-@pytest.mark.timeout(10)
 def test_oldest_transitions_are_overwritten():
     m = ReplayMemory(10, OBS_SHAPE)
     m.add(batch(0, 7))
@@ -58,7 +56,6 @@ def test_oldest_transitions_are_overwritten():
     consistent(s)
 
 
-@pytest.mark.timeout(10)
 def test_sampling_only_from_the_filled_part():
     m = ReplayMemory(1000, OBS_SHAPE)
     m.add(batch(1, 5))  # numbers 1..5; the zero-filled rest of the ring would show up as 0
@@ -70,7 +67,6 @@ def test_sampling_only_from_the_filled_part():
     assert counts.min() > 5000 / 5 * 0.8  # uniform: 1000 each, far from 800 by 6 sigma
 
 
-@pytest.mark.timeout(10)
 def test_sample_shapes_and_dtypes():
     m = ReplayMemory(50, (4, 2), obs_dtype=np.uint8)
     obs = np.arange(30 * 8, dtype=np.uint8).reshape(30, 4, 2)
@@ -84,7 +80,6 @@ def test_sample_shapes_and_dtypes():
         assert s[k].dtype == dtype
 
 
-@pytest.mark.timeout(10)
 def test_samples_are_copies():
     m = ReplayMemory(8, OBS_SHAPE)
     m.add(batch(0, 8))
@@ -93,20 +88,17 @@ def test_samples_are_copies():
     consistent(m.sample(100, np.random.default_rng(4)))
 
 
-@pytest.mark.timeout(10)
 def test_empty_sample_raises():
     m = ReplayMemory(8, OBS_SHAPE)
     with pytest.raises(ValueError, match="empty"):
         m.sample(1, np.random.default_rng(0))
 
 
-@pytest.mark.timeout(10)
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity"):
         ReplayMemory(0, OBS_SHAPE)
 
 
-@pytest.mark.timeout(10)
 def test_batch_larger_than_capacity_keeps_the_newest():
     m = ReplayMemory(10, OBS_SHAPE)
     m.add(batch(100, 3))
@@ -137,7 +129,6 @@ def assert_same_uniform(a: ReplayMemory, b: ReplayMemory) -> None:
             np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
-@pytest.mark.timeout(10)
 @pytest.mark.parametrize("n", [0, 7, 25, 80])  # empty, part-filled, wrapped
 def test_a_uniform_replay_restored_from_its_state_is_the_same_memory(n):
     m = ReplayMemory(20, OBS_SHAPE)
@@ -158,7 +149,6 @@ def test_a_uniform_replay_restored_from_its_state_is_the_same_memory(n):
     assert not np.isin(1000, state.rings["transitions"].arrays["actions"])
 
 
-@pytest.mark.timeout(10)
 def test_a_uniform_replays_deltas_carry_only_what_was_added_and_merge_into_the_same_memory():
     from tianji_dask.roles.replay_state import merged
 
@@ -239,7 +229,6 @@ def assert_same_frames(a, b) -> None:
         np.testing.assert_array_equal(np.asarray(x[k]), np.asarray(y[k]), err_msg=k)
 
 
-@pytest.mark.timeout(20)
 @pytest.mark.parametrize("device", [None, "cpu"])  # frames in numpy, or in a torch tensor
 def test_a_frame_replay_restored_from_its_state_and_deltas_is_the_same_replay(device):
     from tianji_dask.roles.frame_replay import FrameReplay

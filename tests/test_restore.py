@@ -11,8 +11,8 @@ import torch
 
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.ppo.core import PPOLearner
-from tianji_dask.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tianji_dask.config.schema import DQNConfig, PPOConfig
+from tianji_dask.results.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def dqn_batch(seed: int, n: int = 32) -> dict[str, np.ndarray]:
@@ -86,7 +86,6 @@ def test_ppo_restored_learner_makes_bit_identical_updates(h, tmp_path, device):
     assert_same_state(original, restored)
 
 
-@pytest.mark.timeout(30)
 def test_a_learner_restored_from_a_live_learners_state_shares_no_tensor_with_it(h):
     """``state()`` hands out the learner's own tensors; a restore in the same process (a
     snapshot taken and loaded without a disk in between) must copy them, or the two optimisers
@@ -101,7 +100,6 @@ def test_a_learner_restored_from_a_live_learners_state_shares_no_tensor_with_it(
     assert_same_state(original, restored)
 
 
-@pytest.mark.timeout(30)
 def test_a_checkpoint_of_another_algorithm_is_refused_by_name(tmp_path):
     dqn = DQNLearner(4, 2, DQNConfig(name="dqn", hidden_sizes=[16]), seed=0)
     ppo = PPOLearner(4, 2, PPOConfig(name="ppo", hidden_sizes=[16]), seed=0)

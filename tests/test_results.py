@@ -13,8 +13,8 @@ import pytest
 import torch
 import xarray as xr
 
-from tianji_dask import checkpoint as ckpt_mod
-from tianji_dask.checkpoint import (
+from tianji_dask.results import checkpoint as ckpt_mod
+from tianji_dask.results.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
     load_checkpoint,
@@ -22,8 +22,8 @@ from tianji_dask.checkpoint import (
     save_checkpoint,
     unpack_state,
 )
-from tianji_dask.results import MetricsRecorder, git_commit
-from tianji_dask.rundir import RunDirExists, prepare_run_dir, run_name, write_config
+from tianji_dask.results.recorder import MetricsRecorder, git_commit
+from tianji_dask.results.rundir import RunDirExists, prepare_run_dir, run_name, write_config
 
 T0 = 1_700_000_000.0
 

@@ -22,7 +22,7 @@ import pytest
 import xarray as xr
 
 from tianji_dask.config import ConfigError
-from tianji_dask.results import MetricsRecorder
+from tianji_dask.results.recorder import MetricsRecorder
 
 T0 = 1_700_000_000.0
 TRAINING = re.compile(r"return\(100\) -?\d.*updates [1-9]")  # episodes finished and updates made
@@ -193,7 +193,7 @@ class _Cli:
 
 
 def _files(run_dir: Path):
-    from tianji_dask.checkpoint import load_checkpoint
+    from tianji_dask.results.checkpoint import load_checkpoint
 
     with (
         xr.open_dataset(run_dir / "metrics.nc", engine="netcdf4") as m,

@@ -18,7 +18,7 @@ from conftest import worker_processes
 from distributed import Client, Future
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
+from tianji_dask.runtime.driver import train
 
 
 def _workers() -> dict[int, psutil.Process]:

@@ -23,8 +23,8 @@ from conftest import FORK_SERVER, forked_local_cluster
 from distributed import Client, LocalCluster
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
-from tianji_dask.workers import scheduler_workers
+from tianji_dask.runtime.driver import train
+from tianji_dask.runtime.workers import scheduler_workers
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def short_config(h, *extra: str):
 
 def children() -> set[int]:
     """Child processes of this one, except multiprocessing's resource tracker and the fork server
-    of the runs' workers (tianji_dask.forked_workers), which live as long as this process once
+    of the runs' workers (tianji_dask.runtime.forked_workers), which live as long as this process once
     started (the first run of the process starts them)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
@@ -295,7 +295,7 @@ def test_the_worker_check_is_not_fooled_by_the_clients_refresh(h, tmp_path, monk
     buffer that way after 534 s. Here the refresh runs every 5 ms and the check every 10 ms."""
     import dask
 
-    from tianji_dask import cluster
+    from tianji_dask.runtime import cluster
 
     monkeypatch.setattr(cluster, "WORKER_CHECK_S", 0.01)
     cfg = short_config(h, "stop.max_env_steps=6000")
@@ -311,7 +311,7 @@ def test_a_dead_workers_cause_is_quoted():
     lost-host report quotes it (a worker killed by a signal, one that exited)."""
     import signal
 
-    from tianji_dask.cluster import _WORKER_DEATHS, _watch_worker_deaths
+    from tianji_dask.runtime.cluster import _WORKER_DEATHS, _watch_worker_deaths
 
     _watch_worker_deaths()
     t0 = time.time()
@@ -456,7 +456,7 @@ def checkpoints_while_running(run, stop_after: int) -> list[dict]:
 def test_checkpoints_are_written_while_the_run_goes_on(h, tmp_path, given_client, mode):
     """A run that crashes or is killed keeps a checkpoint at most ``run.checkpoint_interval``
     old; each replaces the last whole, and the one at the end says ``final``."""
-    from tianji_dask.checkpoint import load_checkpoint
+    from tianji_dask.results.checkpoint import load_checkpoint
 
     cfg = short_config(h, "stop.max_seconds=120", "run.checkpoint_interval=1.5")
     client = given_client if mode == "distributed" else None

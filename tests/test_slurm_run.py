@@ -15,9 +15,9 @@ from conftest import ending as h_ending
 from slurm_support import fake_command, six_core_plan, two_core_plan
 
 from tianji_dask.config import load_config
-from tianji_dask.planner import Job, PlanError
-from tianji_dask.slurm import check_fits, job_scripts, planned_processes
-from tianji_dask.workers import scheduler_workers
+from tianji_dask.deploy.planner import Job, PlanError
+from tianji_dask.deploy.slurm import check_fits, job_scripts, planned_processes
+from tianji_dask.runtime.workers import scheduler_workers
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -74,7 +74,7 @@ def test_job_scripts_carry_the_plans_cores_and_memory(jobqueue_defaults):
 
 
 def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_defaults, tmp_path):
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
 
     cfg = load_config(CONFIG, [*SHORT])
     plan = two_core_plan(cfg)
@@ -92,7 +92,7 @@ def test_an_oversized_plan_is_refused_before_submission(slurm_conf, jobqueue_def
 
 
 def test_no_sbatch_is_refused_before_anything_starts(jobqueue_defaults, monkeypatch, tmp_path):
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     plan = two_core_plan(load_config(CONFIG, [*SHORT]))
@@ -104,7 +104,7 @@ def test_no_sbatch_is_refused_before_anything_starts(jobqueue_defaults, monkeypa
 def test_a_job_slurm_refuses_cancels_the_rest(slurm_conf, jobqueue_defaults, tmp_path, monkeypatch):
     """Past check_fits (a site whose sinfo misleads it), sbatch's own refusal surfaces as an error
     that quotes Slurm, and the plan's other job is not left queued."""
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster, SlurmSubmitError
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster, SlurmSubmitError
 
     assert wait_empty() == []
     plan = two_core_plan(load_config(CONFIG, [*SHORT]))
@@ -119,8 +119,8 @@ def test_a_job_slurm_refuses_cancels_the_rest(slurm_conf, jobqueue_defaults, tmp
 def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_defaults, tmp_path):
     from distributed import Client
 
-    from tianji_dask.driver import train
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.runtime.driver import train
 
     assert wait_empty() == [], "jobs left over from an earlier test"
     # stopped by env steps, not seconds: creating the hosts in fresh job processes takes a few
@@ -166,8 +166,8 @@ def test_a_planned_run_on_slurm_jobs_writes_its_results(slurm_conf, jobqueue_def
 def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue_defaults, tmp_path):
     from distributed import Client
 
-    from tianji_dask.driver import train
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.runtime.driver import train
 
     assert wait_empty() == [], "jobs left over from an earlier test"
     cfg = load_config(CONFIG, [*SHORT, "stop.max_seconds=120", "run.heartbeat_timeout=5", "run.max_restarts=0"])
@@ -210,8 +210,8 @@ def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_goes_on_there(slur
     import numpy as np
     from distributed import Client
 
-    from tianji_dask.driver import train
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.runtime.driver import train
 
     assert wait_empty() == [], "jobs left over from an earlier test"
     cfg = load_config(CONFIG, ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=250"])
@@ -280,7 +280,7 @@ def test_train_slurm_from_the_command_line(slurm_conf, tmp_path):
         )
     )
     cfg = load_config(CONFIG, [*SHORT])
-    from tianji_dask.planner import save_plan
+    from tianji_dask.deploy.planner import save_plan
 
     save_plan(two_core_plan(cfg), tmp_path / "plan.yaml")
     env = dict(os.environ, DASK_CONFIG=str(site_dir))
@@ -317,7 +317,7 @@ def test_a_planned_cluster_scales_down_and_back_up_to_its_plan(slurm_conf, jobqu
     import dask
     from distributed import Client
 
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
 
     assert wait_empty() == [], "jobs left over from an earlier test"
     plan = two_core_plan(load_config(CONFIG, [*SHORT]))

@@ -19,7 +19,7 @@ import xarray as xr
 from distributed import Client
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.driver import train
+from tianji_dask.runtime.driver import train
 
 # A client knocking from a process of its own, as a foreign client would: a Client that fails
 # in the run's own process can linger as Dask's default client there and take over what the

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tianji_dask.config import load_config
-from tianji_dask.driver import train
+from tianji_dask.runtime.driver import train
 
 
 def ppo_to_100(tmp_path, *topology: str):

@@ -1,4 +1,4 @@
-"""``tianji-dask``: the command line, a thin layer over :func:`tianji_dask.driver.train`.
+"""``tianji-dask``: the command line, a thin layer over :func:`tianji_dask.runtime.driver.train`.
 
 Exit codes: 0 the run finished (target reached or a budget spent); 1 it failed
 during the run; 2 bad input (nothing started, nothing written); 130 stopped by
@@ -191,7 +191,7 @@ def _raise_interrupt(signum, frame):
 
 
 def _on_driver_signals(handler) -> None:
-    from tianji_dask.worker_signals import DRIVER_SIGNALS
+    from tianji_dask.runtime.worker_signals import DRIVER_SIGNALS
 
     for sig in DRIVER_SIGNALS:
         signal.signal(sig, handler)
@@ -223,10 +223,10 @@ class _SecondSignalStopsAtOnce:
 
 def cmd_train(args) -> int:
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.deployment import deployment_settings
-    from tianji_dask.planner import PlanError, load_plan
-    from tianji_dask.preflight import SchedulerUnreachable, check_scheduler_listens
-    from tianji_dask.rundir import RunDirExists
+    from tianji_dask.config.deployment import deployment_settings
+    from tianji_dask.deploy.planner import PlanError, load_plan
+    from tianji_dask.deploy.preflight import SchedulerUnreachable, check_scheduler_listens
+    from tianji_dask.results.rundir import RunDirExists
 
     if args.tls and (args.scheduler or args.slurm or args.serial):
         other = "--scheduler" if args.scheduler else "--slurm" if args.slurm else "--serial"
@@ -247,7 +247,7 @@ def cmd_train(args) -> int:
     try:
         deployment_settings()  # a wrong tianji.* Dask setting: exit 2 before any job or cluster starts
         if args.resume is not None:
-            from tianji_dask.resumable import check_resumable
+            from tianji_dask.results.resumable import check_resumable
 
             resume_point = check_resumable(args.resume, args.overrides, config=args.config)
             cfg = resume_point.cfg
@@ -268,8 +268,8 @@ def cmd_train(args) -> int:
     if args.check:
         return _check_only(cfg, plan, args)
 
-    from tianji_dask.driver import Run, train
     from tianji_dask.progress import Progress
+    from tianji_dask.runtime.driver import Run, train
 
     client = cluster = None
     if args.slurm:
@@ -342,7 +342,7 @@ def _check_only(cfg: ExperimentConfig, plan, args) -> int:
     made once; replay memory and the plan's fit are checked against this machine where the run's
     own LocalCluster would run (a --scheduler's or Slurm's workers are not asked)."""
     from tianji_dask.config import ConfigError, check_env
-    from tianji_dask.driver import check_replay_fits
+    from tianji_dask.runtime.driver import check_replay_fits
 
     own_cluster = not (args.scheduler or args.slurm)
     try:
@@ -368,7 +368,7 @@ def _check_only(cfg: ExperimentConfig, plan, args) -> int:
 def _check_plan_fits(plan, client, args) -> str | None:
     """Warn on stderr when the plan wants more cores than the run has; the refusal when it wants
     more memory. ``client``: the --scheduler's, or None for the run's own LocalCluster."""
-    from tianji_dask.preflight import cluster_capacity, plan_fit_problems, this_machine
+    from tianji_dask.deploy.preflight import cluster_capacity, plan_fit_problems, this_machine
 
     capacity = this_machine() if client is None else cluster_capacity(client, args.scheduler)
     warning, refusal = plan_fit_problems(plan, capacity, plan_path=args.plan, config_path=args.config)
@@ -383,9 +383,9 @@ def _slurm_client(cfg: ExperimentConfig, plan, args):
 
     from distributed import Client
 
-    from tianji_dask.deployment import deployment_settings
-    from tianji_dask.slurm import plan_from_config, planned_processes
-    from tianji_dask.slurm_cluster import PlannedSLURMCluster
+    from tianji_dask.config.deployment import deployment_settings
+    from tianji_dask.deploy.slurm import plan_from_config, planned_processes
+    from tianji_dask.deploy.slurm_cluster import PlannedSLURMCluster
 
     plan = plan or plan_from_config(cfg)
     kw = {"walltime": args.walltime} if args.walltime else {}
@@ -407,7 +407,7 @@ def _slurm_client(cfg: ExperimentConfig, plan, args):
 
 
 def _connect_timeout() -> float:
-    from tianji_dask.deployment import deployment_settings
+    from tianji_dask.config.deployment import deployment_settings
 
     return deployment_settings().scheduler.connect_timeout
 
@@ -415,7 +415,7 @@ def _connect_timeout() -> float:
 def _profile_client(args, cfg: ExperimentConfig):
     from distributed import Client
 
-    from tianji_dask.cluster import local_cluster
+    from tianji_dask.runtime.cluster import local_cluster
 
     if args.scheduler:
         return Client(args.scheduler, timeout=_connect_timeout()), None
@@ -427,7 +427,7 @@ def _profile_client(args, cfg: ExperimentConfig):
 
 
 def _check_profile_arguments(args) -> None:
-    from tianji_dask.preflight import check_scheduler_listens
+    from tianji_dask.deploy.preflight import check_scheduler_listens
 
     if args.seconds <= 0:
         raise ValueError(f"--seconds must be positive, got {args.seconds}")
@@ -453,7 +453,7 @@ def _batch_sizes(text):
 
 
 def _measure(cfg: ExperimentConfig, args, path: Path) -> None:
-    from tianji_dask import profiling
+    from tianji_dask.deploy import profiling
 
     client, cluster = _profile_client(args, cfg)
     try:
@@ -478,7 +478,7 @@ def _measure(cfg: ExperimentConfig, args, path: Path) -> None:
 
 def cmd_profile(args) -> int:
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.profiling import ProfileError, default_profile_path
+    from tianji_dask.deploy.profiling import ProfileError, default_profile_path
 
     try:
         # the profile chooses the devices it measures on, whatever the config names
@@ -508,7 +508,7 @@ def cmd_plan(args) -> int:
     from dask.utils import parse_bytes
 
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.planner import (
+    from tianji_dask.deploy.planner import (
         PlanError,
         Profile,
         Resources,
@@ -518,7 +518,7 @@ def cmd_plan(args) -> int:
         profile_beside,
         save_plan,
     )
-    from tianji_dask.profiling import ProfileError
+    from tianji_dask.deploy.profiling import ProfileError
     from tianji_dask.progress import plain_console
 
     args.gpu = args.gpus > 0
@@ -559,8 +559,8 @@ def cmd_plan(args) -> int:
 
 def cmd_job_script(args) -> int:
     from tianji_dask.config import ConfigError, load_config
-    from tianji_dask.planner import PlanError, load_plan
-    from tianji_dask.slurm import job_scripts, plan_from_config
+    from tianji_dask.deploy.planner import PlanError, load_plan
+    from tianji_dask.deploy.slurm import job_scripts, plan_from_config
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -591,7 +591,7 @@ def _report(result) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, scancel, a batch system's time limit) ends a command like Ctrl-C does; a
-    # run's worker processes ignore both (tianji_dask.worker_signals): the driver stops them.
+    # run's worker processes ignore both (tianji_dask.runtime.worker_signals): the driver stops them.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return _main(argv)

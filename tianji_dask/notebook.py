@@ -12,7 +12,7 @@
     run.wait()                     # blocks; returns the RunResult (run.stop() ends it early)
     result, ds = run.results       # the RunResult and open_run(run_dir), once it has ended
 
-:func:`start` is :func:`tianji_dask.driver.train` with a client you made (a LocalCluster's, a
+:func:`start` is :func:`tianji_dask.runtime.driver.train` with a client you made (a LocalCluster's, a
 SLURMCluster's...), plus a progress display. In a Jupyter kernel the display is one output that
 is updated in place (``IPython.display`` with a ``display_id``: no widgets, so it also renders
 when the notebook is executed headless by nbclient or nbconvert); elsewhere it is the CLI's
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tianji_dask.config import ExperimentConfig, apply_overrides, load_config, validate_config
-from tianji_dask.driver import Run, RunResult, train
 from tianji_dask.progress import progress_line
+from tianji_dask.runtime.driver import Run, RunResult, train
 
 __all__ = ["NotebookRun", "Results", "slurm_status", "start"]
 
@@ -40,9 +40,9 @@ MAX_EVENTS = 5  # event lines (lost hosts, shared workers...) kept in the displa
 
 
 class Results(NamedTuple):
-    """A finished run: ``result`` (:class:`~tianji_dask.driver.RunResult`: status, run_dir,
+    """A finished run: ``result`` (:class:`~tianji_dask.runtime.driver.RunResult`: status, run_dir,
     time_to_target_s...) and ``ds``, the run directory opened with
-    :func:`tianji_dask.analysis.open_run` (``ds.tianji`` plots it)."""
+    :func:`tianji_dask.results.analysis.open_run` (``ds.tianji`` plots it)."""
 
     result: RunResult
     ds: Any
@@ -62,7 +62,7 @@ def start(
 
     ``config``: an ``ExperimentConfig`` or the path of a YAML config. ``overrides``: ``--set``
     strings (``["seed=1", "stop.max_seconds=60"]``) or a dict (``{"seed": 1}``), applied in
-    order. ``plan``: a :class:`~tianji_dask.planner.Plan` whose topology and batch are applied
+    order. ``plan``: a :class:`~tianji_dask.deploy.planner.Plan` whose topology and batch are applied
     last (as ``tianji-dask train --plan``). ``out``: the run directory (new or empty); default
     ``runs/<env>__<algo>__<seed>__<time>`` below the current directory. ``client``: a
     ``distributed.Client`` you created; the run uses its workers as they are and leaves the
@@ -105,8 +105,8 @@ def resume(
     run's checkpoint; ``metrics.nc`` and ``episodes.nc`` are extended. A directory that no run
     wrote, a missing checkpoint or an override of the experiment raises
     :class:`~tianji_dask.config.ConfigError` with nothing changed."""
-    from tianji_dask.driver import Run
-    from tianji_dask.resumable import check_resumable
+    from tianji_dask.results.resumable import check_resumable
+    from tianji_dask.runtime.driver import Run
 
     if client is None or not hasattr(client, "submit"):
         raise TypeError("resume() needs a distributed.Client of a cluster you started, as start() does")
@@ -140,7 +140,7 @@ def _resolve_config(config, overrides) -> ExperimentConfig:
 
 
 class NotebookRun:
-    """Handle to a run started by :func:`start` (the driver's :class:`~tianji_dask.driver.Run`
+    """Handle to a run started by :func:`start` (the driver's :class:`~tianji_dask.runtime.driver.Run`
     is ``.run``). Its repr in a notebook is the same live view."""
 
     def __init__(self, run: Run, client, view: _View | None = None):
@@ -170,7 +170,7 @@ class NotebookRun:
 
     @property
     def result(self) -> RunResult | None:
-        """The :class:`~tianji_dask.driver.RunResult` once the run has ended, else None."""
+        """The :class:`~tianji_dask.runtime.driver.RunResult` once the run has ended, else None."""
         return self.run.result
 
     def wait(self, timeout: float | None = None) -> RunResult | None:
@@ -210,7 +210,7 @@ class NotebookRun:
                 "or .metrics() for what has been recorded so far"
             )
         if self._results is None:
-            from tianji_dask.analysis import open_run
+            from tianji_dask.results.analysis import open_run
 
             result = self.run.result
             assert result is not None  # a run that is done has its result

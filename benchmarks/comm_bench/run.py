@@ -19,7 +19,7 @@ from .workload import loadavg_1m
 
 def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
     """Run every case of ``cfg``; write comm.nc/json/png to ``out`` (if given); return the Dataset."""
-    from tianji_dask.results import provenance_attrs
+    from tianji_dask.results.recorder import provenance_attrs
 
     cfg.validate()
     cases = plan_cases(cfg)

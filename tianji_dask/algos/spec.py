@@ -3,7 +3,7 @@ it about. :mod:`tianji_dask.algos.registry` maps ``algo.name`` to a spec; nothin
 registry and the config schema tests the algorithm's name.
 
 Adding an algorithm: a folder ``algos/<name>/`` with its learner core (``core.py``: the
-:class:`~tianji_dask.algos.core.LearnerCore` contract), its roles (``actor.py``, ``learner.py``,
+:class:`~tianji_dask.roles.learner_core.LearnerCore` contract), its roles (``actor.py``, ``learner.py``,
 and ``buffer.py`` unless the shared :class:`~tianji_dask.roles.buffer.ReplayBufferRole` serves)
 and a ``spec.py`` implementing :class:`AlgorithmSpec`; its config
 section in :mod:`tianji_dask.config.schema`; one line in the registry (docs/algorithms.md).
@@ -87,7 +87,7 @@ class AlgorithmSpec(Protocol):
     def profile_batch_sizes(self, cfg: ExperimentConfig, requested: list[int] | None) -> list[int]: ...
 
     def learner_workload(self, run) -> tuple[Callable[[], int], float]:
-        """On a primed :class:`~tianji_dask.serial.SerialRun`: a function making one update
+        """On a primed :class:`~tianji_dask.runtime.serial.SerialRun`: a function making one update
         (returning the samples it consumed), and the replay's bytes per transition."""
         ...
 

@@ -22,7 +22,7 @@ The modules, each with one job:
 
 Deployment settings (where runs are written, timeouts, the dashboard address) are not
 experiment settings: they live in the ``tianji`` namespace of the Dask config
-(:mod:`tianji_dask.deployment`), Slurm resources in the user's ``jobqueue.yaml``.
+(:mod:`tianji_dask.config.deployment`), Slurm resources in the user's ``jobqueue.yaml``.
 """
 
 from tianji_dask.config.errors import ConfigError

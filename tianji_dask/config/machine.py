@@ -6,7 +6,7 @@ needs, and builds the env once;
 depend on where they run, so they are not validators: a config saved in a run directory must
 validate on a machine without ale-py or a GPU.
 :func:`~tianji_dask.config.load_config` runs both unless told not to, and every run checks the
-env again before it starts (:class:`tianji_dask.driver.Run`).
+env again before it starts (:class:`tianji_dask.runtime.driver.Run`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ version, the synchronous ablation's wait, heartbeats and closing the envs.
 A subclass sets ``policy`` (with ``load(version, params)``) in ``_setup``, for the env's
 ``action_space`` (``Discrete``, or ``Box`` where the algorithm acts in one); the base owns
 ``params`` (anything with ``probe()``), ``sender``, ``tracker``, ``env``, ``id`` and ``counters``
-(an :class:`~tianji_dask.heartbeats.ActorCounters`, or the subclass's ``counters_class``);
+(an :class:`~tianji_dask.roles.heartbeats.ActorCounters`, or the subclass's ``counters_class``);
 ``_on_new_version()`` is its hook.
 """
 
@@ -25,7 +25,7 @@ from tianji_dask.envs import (
     observation_dtype,
     training_signals,
 )
-from tianji_dask.heartbeats import ActorCounters, Heartbeat
+from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import AlgoConfig, ExperimentConfig

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tianji_dask.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.frame_replay import FrameReplay
+from tianji_dask.roles.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings
 from tianji_dask.roles.replay import ReplayMemory
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState
@@ -41,7 +41,7 @@ class BufferBase(ABC):
     @abstractmethod
     def _fill(self) -> dict[str, Any]:
         """``size`` and ``capacity`` in transitions, and any other fields of
-        :class:`~tianji_dask.heartbeats.BufferCounters` the buffer keeps itself."""
+        :class:`~tianji_dask.roles.heartbeats.BufferCounters` the buffer keeps itself."""
 
     def ingest(self, timeout: float = 0.0) -> int:
         """Move whatever the inbox holds into the buffer (waiting up to ``timeout`` for

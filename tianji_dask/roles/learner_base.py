@@ -2,7 +2,7 @@
 the data-parallel gradient hook, gossip bookkeeping and the checkpoint state.
 
 A subclass makes its learner core (``_make_learner_core``: a
-:class:`~tianji_dask.algos.core.LearnerCore`) and sets up its own state (``_setup``); hosts talk
+:class:`~tianji_dask.roles.learner_core.LearnerCore`) and sets up its own state (``_setup``); hosts talk
 to the role through these methods, never to the learner core or the counters directly.
 """
 
@@ -16,8 +16,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from tianji_dask.algos.core import LearnerCore, State
-from tianji_dask.heartbeats import LearnerCounters
+from tianji_dask.roles.heartbeats import LearnerCounters
+from tianji_dask.roles.learner_core import LearnerCore, State
 from tianji_dask.roles.publishing import publish_params
 
 if TYPE_CHECKING:

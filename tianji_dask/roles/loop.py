@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tianji_dask.heartbeats import ActorCounters
+    from tianji_dask.roles.heartbeats import ActorCounters
 
 
 class LoopRole(Protocol):
@@ -16,7 +16,7 @@ class LoopRole(Protocol):
         ...
 
     def heartbeat(self) -> dict:
-        """A :class:`~tianji_dask.heartbeats.Heartbeat` as its ``message()``: cumulative counters
+        """A :class:`~tianji_dask.roles.heartbeats.Heartbeat` as its ``message()``: cumulative counters
         since the role was built, and the episodes finished since the previous heartbeat."""
         ...
 

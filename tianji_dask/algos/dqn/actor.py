@@ -2,7 +2,7 @@
 
 Transport-agnostic: it pushes trajectory chunks into ``sender`` (anything with
 ``push(dict) -> bool``) and probes ``params`` (anything with ``probe()``) for a
-newer policy version. The same class runs inside an :class:`~tianji_dask.hosts.ActorHost`
+newer policy version. The same class runs inside an :class:`~tianji_dask.runtime.hosts.ActorHost`
 thread and in the serial runner.
 """
 
@@ -18,9 +18,9 @@ from tianji_dask.algos.dqn.core import DQNPolicy, ape_x_epsilons, epsilon_at
 from tianji_dask.algos.dqn.priorities import ActorPriorities
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import action_count, next_observations
-from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.actor_base import ActorBase
 from tianji_dask.roles.frame_replay import FrameStreams
+from tianji_dask.roles.heartbeats import ActorCounters, counter
 from tianji_dask.roles.replay import NStepWindow
 
 if TYPE_CHECKING:

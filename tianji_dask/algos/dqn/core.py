@@ -17,9 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
-from tianji_dask.algos.core import State, component, load_optimizer_state, optimizer_state
 from tianji_dask.algos.graphed import GraphedStep, InFlight
 from tianji_dask.algos.networks import DuelingHead, NatureQNetwork
+from tianji_dask.roles.learner_core import State, component, load_optimizer_state, optimizer_state
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import DQNConfig

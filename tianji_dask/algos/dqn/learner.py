@@ -18,7 +18,7 @@ import torch
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.networks import network_kind
 from tianji_dask.envs import action_count
-from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
+from tianji_dask.roles.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
 
 if TYPE_CHECKING:

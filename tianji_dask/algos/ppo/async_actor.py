@@ -31,8 +31,8 @@ import numpy as np
 from tianji_dask.algos.ppo.actor import PPOActorRole, frame_positions
 from tianji_dask.algos.ppo.core import acting_policy
 from tianji_dask.envs import AtariTrainingSignals, make_atari_vector_env
-from tianji_dask.heartbeats import ActorCounters, counter
 from tianji_dask.roles.frame_replay import FrameStreams
+from tianji_dask.roles.heartbeats import ActorCounters, counter
 
 
 def by_value(keys: np.ndarray) -> Iterator[tuple[int, np.ndarray | slice]]:

@@ -22,14 +22,6 @@ import torch.nn as nn
 from torch.distributions import Categorical
 
 from tianji_dask.algos.batches import BatchMover
-from tianji_dask.algos.core import (
-    State,
-    component,
-    generator_state,
-    load_optimizer_state,
-    optimizer_state,
-    restore_generator,
-)
 from tianji_dask.algos.graphed import GraphedStep, Inputs
 from tianji_dask.algos.networks import AtariActorCritic, network_kind
 from tianji_dask.algos.ppo.gaussian import GaussianActorCritic, GaussianPolicy
@@ -37,6 +29,14 @@ from tianji_dask.algos.ppo.mlp import tanh_mlp
 from tianji_dask.algos.ppo.normalization import Moments, RunningMoments
 from tianji_dask.config.schema import PPOConfig
 from tianji_dask.envs import action_count
+from tianji_dask.roles.learner_core import (
+    State,
+    component,
+    generator_state,
+    load_optimizer_state,
+    optimizer_state,
+    restore_generator,
+)
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig

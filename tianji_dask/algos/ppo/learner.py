@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from tianji_dask.algos.ppo.core import PPOLearner, gae, network_for
-from tianji_dask.heartbeats import Heartbeat, LearnerCounters, counter
+from tianji_dask.roles.heartbeats import Heartbeat, LearnerCounters, counter
 from tianji_dask.roles.learner_base import LearnerBase
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 ::
 
-    from tianji_dask.analysis import open_run, open_runs
+    from tianji_dask.results.analysis import open_run, open_runs
     ds = open_runs("runs/CartPole-v1__dqn__*")       # dims run, row, episode, actor, buffer, learner
     ds["seed"], ds["topology.actors"]               # config fields that differ: coords on run
     ds.tianji.time_to_target()                      # seconds per run, NaN if never reached

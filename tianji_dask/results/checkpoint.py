@@ -23,6 +23,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tianji_dask.errors import CheckpointError
+
 if TYPE_CHECKING:
     import torch
 
@@ -30,10 +32,6 @@ FORMAT_VERSION = 1
 TENSORS_FILE = "tensors.pt"
 METADATA_FILE = "checkpoint.json"
 _RESERVED = ("format_version", "created", "tianji_dask_version", "torch_version")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, unreadable or of another format version."""
 
 
 def pack_state(state: dict[str, dict[str, torch.Tensor]]) -> bytes:

@@ -20,7 +20,7 @@ import re
 import uuid
 from pathlib import Path
 
-from tianji_dask.deployment import deployment_settings
+from tianji_dask.config.deployment import deployment_settings
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -43,7 +43,7 @@ def prepare_run_dir(out: Path | None, *, root: Path | None = None, name: str) ->
     """Create and return (absolute) the directory a run writes into.
 
     ``out`` None: ``root/name``, or ``root/name-2``, ``-3``... if taken; ``root`` None is the
-    ``tianji.runs-dir`` setting (:mod:`tianji_dask.deployment`). ``out`` given: created if
+    ``tianji.runs-dir`` setting (:mod:`tianji_dask.config.deployment`). ``out`` given: created if
     missing, used if empty, else :class:`RunDirExists`: nothing already written is overwritten.
     """
     if out is None:

@@ -4,7 +4,7 @@ workers, the topology, the run id and the root seed.
 Per group g of ``topology.groups``: learners j = 0..L-1, each on its own worker with its buffer
 (global id ``g*L + j``), and actors i = 0..A-1 (global id ``g*A + i``), actor i feeding buffer
 ``i % L`` of its group. Workers tagged with the planner's resources (``tianji_learner`` /
-``tianji_actor`` and ``tianji_group_<g>``, as :mod:`tianji_dask.slurm` starts them) take exactly
+``tianji_actor`` and ``tianji_group_<g>``, as :mod:`tianji_dask.deploy.slurm` starts them) take exactly
 the hosts they were sized for, in the order of their names (a worker tagged with both roles, of
 a job holding a whole group, takes a learner first); untagged workers are used in address
 order, learners first in each group, and shared round-robin when there are fewer than hosts.

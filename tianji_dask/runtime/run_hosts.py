@@ -25,13 +25,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tianji_dask.client_context import current_client
-from tianji_dask.deployment import deployment_settings
-from tianji_dask.hosts import ActorHost, BufferHost, LearnerHost
-from tianji_dask.placement import Placement, moved, place
-from tianji_dask.restarts import HostLost, Key
+from tianji_dask.config.deployment import deployment_settings
+from tianji_dask.runtime.client_context import current_client
+from tianji_dask.runtime.hosts import ActorHost, BufferHost, LearnerHost
+from tianji_dask.runtime.placement import Placement, moved, place
+from tianji_dask.runtime.restarts import HostLost, Key
+from tianji_dask.runtime.workers import scheduler_workers
 from tianji_dask.seeding import incarnation_seed
-from tianji_dask.workers import scheduler_workers
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -255,7 +255,7 @@ class RunHosts:
             raise HostLost(f"the scheduler cancelled a host's task on {worker}")
         # A host's actor handle binds, as it arrives, to the current client (Dask's Actor asks
         # get_client()): outside this block, in whatever thread waits here, that is the newest
-        # Client of the process, which may be another the user made (tianji_dask.client_context).
+        # Client of the process, which may be another the user made (tianji_dask.runtime.client_context).
         with current_client(self.client):
             return fut.result()
 

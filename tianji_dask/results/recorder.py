@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from tianji_dask.heartbeats import ROLES, growing_counters, rates
+from tianji_dask.roles.heartbeats import ROLES, growing_counters, rates
 
 # Counters that only grow while a host lives. When a host is re-created (its heartbeat has a
 # higher ``incarnation``), or one of them goes down, its counters began again at zero; the
@@ -631,7 +631,7 @@ def git_commit() -> str:
     ``"unknown"`` when the package is not a tracked file of a git checkout (e.g. installed from
     a wheel) or git is missing or fails.
     """
-    pkg_dir = Path(__file__).resolve().parent
+    pkg_dir = Path(__file__).resolve().parents[1]  # the tianji_dask package
 
     def git(*args: str) -> str:
         return subprocess.run(

@@ -1,6 +1,6 @@
 """What every algorithm's learner core provides, and the state encoding they share.
 
-A core's ``state()`` is the checkpoint format of :mod:`tianji_dask.checkpoint`: components of
+A core's ``state()`` is the checkpoint format of :mod:`tianji_dask.results.checkpoint`: components of
 named CPU tensors, nothing pickled. ``restore(state)`` into a freshly built core of the same
 config makes it continue exactly where the saved one was: the next update is bit-identical
 (networks, the optimiser's moments and step counts, the update count that drives schedules, and
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from tianji_dask.checkpoint import CheckpointError
+from tianji_dask.errors import CheckpointError
 
 State = dict[str, dict[str, torch.Tensor]]
 

@@ -17,7 +17,7 @@ trains on the CPU, whatever devices the config names: the planner chooses the de
 Every measurement runs the real role objects (the serial runner's actor, buffer and learner,
 wired by in-process channels) inside a Dask worker, with exploration at its final value so the
 actor does its steady-state work. Results go to an xarray Dataset (``profile.nc``), which
-:func:`tianji_dask.planner.Profile.from_dataset` reads back, so a plan can be recomputed without
+:func:`tianji_dask.deploy.planner.Profile.from_dataset` reads back, so a plan can be recomputed without
 profiling again.
 """
 
@@ -31,8 +31,8 @@ import numpy as np
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ExperimentConfig
-from tianji_dask.deployment import deployment_settings
-from tianji_dask.workers import scheduler_workers
+from tianji_dask.config.deployment import deployment_settings
+from tianji_dask.runtime.workers import scheduler_workers
 
 DEFAULT_SECONDS = 3.0
 
@@ -63,7 +63,7 @@ def measure_actor(cfg_json: str, seconds: float, start_at: float, device: str = 
     import torch
     from distributed.protocol import dumps, loads
 
-    from tianji_dask.serial import SerialRun
+    from tianji_dask.runtime.serial import SerialRun
 
     torch.set_num_threads(1)
     cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json), device=device, env_threads=env_threads)
@@ -114,7 +114,7 @@ def measure_learner(cfg_json: str, threads: int, batch_size: int | None, seconds
     buffer filled by its actor, and the replay memory's bytes per transition."""
     import torch
 
-    from tianji_dask.serial import SerialRun
+    from tianji_dask.runtime.serial import SerialRun
 
     torch.set_num_threads(threads)
     cfg = _steady_config(ExperimentConfig.model_validate_json(cfg_json), batch_size, device=device)
@@ -369,7 +369,7 @@ def _node_cpus(client) -> int:
 def default_profile_path(config, scheduler: str | None = None) -> Path:
     """Where ``tianji-dask profile`` writes without ``--out``: ``<runs-dir>/profiles/<config>-<N>cores.nc``
     for this machine's N cores, or ``<config>-<host>-<port>.nc`` for a ``--scheduler``'s cluster
-    (``tianji.runs-dir``, :mod:`tianji_dask.deployment`; ``runs`` by default)."""
+    (``tianji.runs-dir``, :mod:`tianji_dask.config.deployment`; ``runs`` by default)."""
     profiles = deployment_settings().runs_dir / "profiles"
     if scheduler is None:
         return profiles / f"{Path(config).stem}-{_cpu_count()}cores.nc"
@@ -392,7 +392,7 @@ def save(ds, path) -> None:
     """Write the profile atomically (an existing profile is replaced only by a complete one)."""
     from pathlib import Path
 
-    from tianji_dask.results import write_netcdf_atomic
+    from tianji_dask.results.recorder import write_netcdf_atomic
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_netcdf_atomic(ds, Path(path))

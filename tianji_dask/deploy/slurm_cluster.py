@@ -1,7 +1,7 @@
 """``PlannedSLURMCluster``: a dask-jobqueue ``SLURMCluster`` whose jobs are a plan's.
 
 dask-jobqueue's clusters scale one job template. This one builds, in its constructor, a
-``SpecCluster`` worker spec with one entry per planned job (``tianji_dask.slurm``:
+``SpecCluster`` worker spec with one entry per planned job (``tianji_dask.deploy.slurm``:
 ``planned_worker_spec``), each from the job keywords the cluster resolved (keyword arguments,
 then the user's ``jobqueue.yaml``) with the job's own cores, processes, memory and Dask
 resources. ``scale`` and ``new_worker_spec`` hand out the plan's jobs instead of copies of the
@@ -25,8 +25,8 @@ from distributed.core import Status
 from distributed.deploy.cluster import Cluster
 from distributed.deploy.spec import ProcessInterface
 
-from tianji_dask.planner import Plan, PlanError
-from tianji_dask.slurm import check_fits, planned_worker_spec
+from tianji_dask.deploy.planner import Plan, PlanError
+from tianji_dask.deploy.slurm import check_fits, planned_worker_spec
 
 
 class SlurmSubmitError(RuntimeError):

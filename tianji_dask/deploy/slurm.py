@@ -1,6 +1,6 @@
-"""Slurm batch jobs sized by a :class:`~tianji_dask.planner.Plan`: their names, dask-jobqueue
+"""Slurm batch jobs sized by a :class:`~tianji_dask.deploy.planner.Plan`: their names, dask-jobqueue
 keywords and scripts, and the check that a node can hold them. The cluster that submits them is
-:class:`~tianji_dask.slurm_cluster.PlannedSLURMCluster`.
+:class:`~tianji_dask.deploy.slurm_cluster.PlannedSLURMCluster`.
 
 Each group of the plan becomes two batch jobs: a learner job (one process per learner,
 ``learner_threads`` cores each, or one core and ``--gres=gpu:1`` for a learner on the GPU; it also
@@ -23,7 +23,7 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from tianji_dask.algos.registry import spec_for
-from tianji_dask.planner import Job, Plan, PlanError
+from tianji_dask.deploy.planner import Job, Plan, PlanError
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -33,7 +33,7 @@ SCHEDULER_PLACEHOLDER = "tcp://<scheduler-address>:8786"
 
 def plan_from_config(cfg: ExperimentConfig) -> Plan:
     """The config's own topology as a plan (no profile): for ``train --slurm`` without ``--plan``."""
-    from tianji_dask.planner import ACTOR_PROCESS_BYTES, LEARNER_PROCESS_BYTES
+    from tianji_dask.deploy.planner import ACTOR_PROCESS_BYTES, LEARNER_PROCESS_BYTES
 
     t = cfg.topology
     threads = t.learner_torch_threads

@@ -23,15 +23,15 @@ from distributed.deploy.spec import SpecCluster
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.channels import ChannelPlugin
-from tianji_dask.client_context import current_client
-from tianji_dask.deployment import deployment_settings
-from tianji_dask.forked_workers import ForkedNanny, start_fork_server
-from tianji_dask.hosts import metrics_topic, stop_event_name
-from tianji_dask.restarts import HostLost, Key, LostWorker, RestartPolicy, lost_with, replay_lost
+from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.roles.replay_state import ReplayState, merged
-from tianji_dask.run_hosts import RunHosts
-from tianji_dask.worker_signals import spawned_ignoring_driver_signals
-from tianji_dask.workers import scheduler_workers
+from tianji_dask.runtime.client_context import current_client
+from tianji_dask.runtime.forked_workers import ForkedNanny, start_fork_server
+from tianji_dask.runtime.hosts import metrics_topic, stop_event_name
+from tianji_dask.runtime.restarts import HostLost, Key, LostWorker, RestartPolicy, lost_with, replay_lost
+from tianji_dask.runtime.run_hosts import RunHosts
+from tianji_dask.runtime.worker_signals import spawned_ignoring_driver_signals
+from tianji_dask.runtime.workers import scheduler_workers
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -108,7 +108,7 @@ def local_cluster(
     single-threaded worker process each, workers that leave SIGINT and SIGTERM to the driver.
 
     ``preload_roles``: the workers import torch, gymnasium and the roles as they start
-    (``tianji_dask.worker_preload``); the channel benchmark, which measures the transport alone,
+    (``tianji_dask.runtime.worker_preload``); the channel benchmark, which measures the transport alone,
     leaves them out. ``security`` (a ``distributed.Security``): scheduler, workers and nannies
     listen on tls:// only, with its certificates; the project's channels answer on the workers'
     own listeners, so they are TLS too."""
@@ -122,10 +122,10 @@ def local_cluster(
     # most of the machine (Pong's 7.2 GB) beside actors of 0.6 GB, so each worker may use it all
     # (the run checks before it starts that the replay fits: driver.check_replay_fits).
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
-    # (tianji_dask.worker_signals).
-    # Their processes fork from a server that imported the roles (tianji_dask.forked_workers);
+    # (tianji_dask.runtime.worker_signals).
+    # Their processes fork from a server that imported the roles (tianji_dask.runtime.forked_workers);
     # the channel benchmark's spawn without importing them.
-    preload = ["tianji_dask.worker_signals", *(["tianji_dask.worker_preload"] if preload_roles else [])]
+    preload = ["tianji_dask.runtime.worker_signals", *(["tianji_dask.runtime.worker_preload"] if preload_roles else [])]
     if preload_roles:
         start_fork_server()
     with spawned_ignoring_driver_signals():
@@ -414,7 +414,7 @@ class RunCluster:
         add_heartbeat: Callable[[dict], None] = lambda hb: None,
     ) -> None:
         """Create and wire all hosts of all groups where :func:`placement.place` puts them,
-        then start their loops (:class:`~tianji_dask.run_hosts.RunHosts`); ``restore`` and
+        then start their loops (:class:`~tianji_dask.runtime.run_hosts.RunHosts`); ``restore`` and
         ``prior`` continue a run (:meth:`RunHosts.build_all`).
 
         A worker lost meanwhile, as the restart policy admits it: every host made so far is
@@ -480,7 +480,7 @@ class RunCluster:
 
     def recover(self, lost: list[LostWorker], totals: Callable[[str, int, str], float], add_heartbeat) -> dict:
         """Re-create the hosts of the lost workers (the module docstring of
-        :mod:`~tianji_dask.run_hosts` says how); raises :class:`HostLost` when the restart
+        :mod:`~tianji_dask.runtime.run_hosts` says how); raises :class:`HostLost` when the restart
         policy does not admit it. ``totals(role, id, counter)``: a host's cumulative counter
         over its incarnations (the recorder's); ``add_heartbeat`` records the last heartbeats of
         hosts stopped for a rebuild. Returns the loss counts (``results.LOSS_KEYS``)."""
@@ -725,7 +725,7 @@ class RunCluster:
         return list(self._final)
 
     def learner_checkpoint(self, timeout: float = 60.0) -> tuple[bytes, dict] | None:
-        """The learner's final state, packed (:func:`~tianji_dask.checkpoint.pack_state`). A
+        """The learner's final state, packed (:func:`~tianji_dask.results.checkpoint.pack_state`). A
         learner lost as the run stopped gives its newest snapshot instead, if there is one; with
         none, :class:`LearnerLost`."""
         try:

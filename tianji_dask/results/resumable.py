@@ -6,7 +6,7 @@ longer budget, never another experiment), its learner checkpoint, and its ``metr
 ``episodes.nc``. Any problem is a :class:`~tianji_dask.config.ConfigError` naming the fix, and
 nothing in the directory has been touched. The driver then builds the hosts with the learner
 restored and the actors' env-step counts carried over, and its recorder extends the two files
-(:meth:`~tianji_dask.results.MetricsRecorder.continue_from`).
+(:meth:`~tianji_dask.results.recorder.MetricsRecorder.continue_from`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class ResumePoint:
 
     run_dir: Path
     cfg: ExperimentConfig
-    state: bytes  # the learner's, packed (:func:`~tianji_dask.checkpoint.pack_state`)
+    state: bytes  # the learner's, packed (:func:`~tianji_dask.results.checkpoint.pack_state`)
     meta: dict  # the checkpoint's metadata
     metrics: Any  # xarray.Dataset of metrics.nc, loaded
     episodes: Any  # xarray.Dataset of episodes.nc, loaded
@@ -50,14 +50,14 @@ def _refuse(run_dir: Path, problem: str) -> ConfigError:
 def check_resumable(
     run_dir: str | Path, overrides: Sequence[str] = (), config: str | Path | None = None
 ) -> ResumePoint:
-    """Everything :func:`~tianji_dask.driver.resume` needs from ``run_dir``, or a ConfigError.
+    """Everything :func:`~tianji_dask.runtime.driver.resume` needs from ``run_dir``, or a ConfigError.
 
     ``overrides``: ``--set`` texts, only of ``stop.*`` and ``run.*`` keys. ``config``: a config
     file given beside ``--resume``; it must describe the run's experiment (the same config up to
     ``stop`` and ``run``)."""
     import xarray as xr
 
-    from tianji_dask.results import missing_variables
+    from tianji_dask.results.recorder import missing_variables
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -105,7 +105,11 @@ def check_resumable(
             f"the run was in mode {files['metrics.nc'].attrs.get('mode')!r}; --resume continues distributed runs "
             "(the serial reference is a measuring stick, run it again instead)",
         )
-    from tianji_dask.checkpoint import CheckpointError, load_checkpoint, pack_state  # torch: after the cheap checks
+    from tianji_dask.results.checkpoint import (  # torch: after the cheap checks
+        CheckpointError,
+        load_checkpoint,
+        pack_state,
+    )
 
     try:
         state, meta = load_checkpoint(run_dir / "checkpoint")

@@ -29,7 +29,7 @@ from tianji_dask.config.errors import ConfigError
 
 __all__ = ["DEFAULTS_FILE", "DeploymentSettings", "deployment_settings"]
 
-DEFAULTS_FILE = Path(__file__).with_name("tianji.yaml")
+DEFAULTS_FILE = Path(__file__).parents[1] / "tianji.yaml"
 NAMESPACE = "tianji"
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tianji_dask.algos.registry import ALGORITHMS, spec_for
-from tianji_dask.deployment import deployment_settings
+from tianji_dask.config.deployment import deployment_settings
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -613,7 +613,7 @@ def _pct(new: float, old: float) -> str:
 def default_plan_path(config, cores: int, gpus: int = 0) -> Path:
     """Where ``tianji-dask plan`` writes without ``--out``: ``<runs-dir>/plans/<config>-<cores>cores.yaml``,
     ``<config>-<cores>cores-<gpus>gpus.yaml`` with GPUs (``tianji.runs-dir``,
-    :mod:`tianji_dask.deployment`; ``runs`` by default)."""
+    :mod:`tianji_dask.config.deployment`; ``runs`` by default)."""
     gpu = f"-{gpus}gpus" if gpus else ""
     return deployment_settings().runs_dir / "plans" / f"{Path(config).stem}-{cores}cores{gpu}.yaml"
 

@@ -23,8 +23,8 @@ def check_scheduler_listens(address: str, timeout: float | None = None) -> None:
     """Raise :class:`SchedulerUnreachable` when a TCP connection to ``address`` (``tcp://``,
     ``tls://`` or a bare ``host:port``) fails. A refused connection fails at once, where the
     Client would retry it until its timeout. Other transports are left to the Client.
-    ``timeout`` None: ``tianji.scheduler.connect-timeout`` (:mod:`tianji_dask.deployment`)."""
-    from tianji_dask.deployment import deployment_settings
+    ``timeout`` None: ``tianji.scheduler.connect-timeout`` (:mod:`tianji_dask.config.deployment`)."""
+    from tianji_dask.config.deployment import deployment_settings
 
     if timeout is None:
         timeout = deployment_settings().scheduler.connect_timeout
@@ -106,7 +106,7 @@ def this_machine() -> Capacity:
 
 def cluster_capacity(client, address: str) -> Capacity:
     """The threads and memory limits of the cluster's workers, as its scheduler reports them."""
-    from tianji_dask.workers import scheduler_workers
+    from tianji_dask.runtime.workers import scheduler_workers
 
     workers = list(scheduler_workers(client).values())
     limits = [w.get("memory_limit") or 0 for w in workers]

@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
 from tianji_dask.config import ConfigError, ExperimentConfig, check_env
+from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.config.schema import DQNConfig
-from tianji_dask.deployment import deployment_settings
-from tianji_dask.restarts import HostLost
-from tianji_dask.results import MetricsRecorder
-from tianji_dask.resumable import ResumePoint, check_resumable
-from tianji_dask.rundir import prepare_run_dir, run_name, write_config
+from tianji_dask.results.recorder import MetricsRecorder
+from tianji_dask.results.resumable import ResumePoint, check_resumable
+from tianji_dask.results.rundir import prepare_run_dir, run_name, write_config
+from tianji_dask.runtime.restarts import HostLost
 
 if TYPE_CHECKING:
-    from tianji_dask.cluster import RunCluster
+    from tianji_dask.runtime.cluster import RunCluster
 
 FINISHED = ("target_reached", "max_env_steps", "max_seconds")
 HURRIED_CHECKPOINT_S = 5.0  # how long a run told to stop at once still waits for the final checkpoint
@@ -323,7 +323,7 @@ class Run:
             self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; the run goes on")
 
     def _run_serial(self) -> None:
-        from tianji_dask.serial import SerialRun
+        from tianji_dask.runtime.serial import SerialRun
 
         run = SerialRun(self.cfg)
         # taken between two steps of the one loop: always a consistent state
@@ -349,7 +349,7 @@ class Run:
         """``final``: written at the run's end; else a periodic one of a run still going."""
         if not self.cfg.run.checkpoint:
             return
-        from tianji_dask.checkpoint import save_checkpoint
+        from tianji_dask.results.checkpoint import save_checkpoint
 
         meta = {
             **meta,
@@ -361,8 +361,8 @@ class Run:
         save_checkpoint(self.run_dir / "checkpoint", state, meta)
 
     def _run_distributed(self) -> None:
-        from tianji_dask.cluster import RunCluster
-        from tianji_dask.forked_workers import start_fork_server
+        from tianji_dask.runtime.cluster import RunCluster
+        from tianji_dask.runtime.forked_workers import start_fork_server
 
         if self._client is None:
             start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours
@@ -431,7 +431,7 @@ class Run:
                 self._save_final_checkpoint(run_cluster)
 
     def _save_final_checkpoint(self, run_cluster: RunCluster) -> None:
-        from tianji_dask.cluster import LearnerLost
+        from tianji_dask.runtime.cluster import LearnerLost
 
         if not self._hurry.is_set():
             try:

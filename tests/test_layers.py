@@ -1,0 +1,74 @@
+"""tianji_dask's packages are floors: a module imports only from its own floor and the ones
+below it, lazily or not (every ``import`` of the package's modules, parsed). docs/architecture.md
+shows the floors."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "tianji_dask"
+FLOORS = [  # bottom first: the top-level modules and packages of each
+    {"errors", "seeding", "progress", "channels", "envs"},
+    {"config", "devices"},
+    {"roles"},
+    {"algos"},
+    {"results"},
+    {"runtime"},
+    {"deploy"},
+    {"cli", "notebook", "__init__"},
+]
+# (importing file, imported module): the one import that goes up, and why it stays for now
+ALLOWED_UP = {
+    ("tianji_dask/config/machine.py", "tianji_dask.algos.registry"):
+        "load_config checks the env, and whether the algorithm can act in its action space",
+}  # fmt: skip
+
+
+def floor_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    (floor,) = [i for i, names in enumerate(FLOORS) if part in names]
+    return floor
+
+
+def imports(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tianji_dask":
+            names = [a.name for a in node.names] if node.module == "tianji_dask" else [""]
+            out += [f"{node.module}.{n}".rstrip(".") for n in names]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.split(".")[0] == "tianji_dask"]
+    return out
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_module_is_on_a_floor():
+    tops = {
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE.iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    assert tops == set().union(*FLOORS), tops ^ set().union(*FLOORS)
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    up = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = floor_of(module_of(path))
+        for target in imports(path):
+            key = (path.relative_to(ROOT).as_posix(), target)
+            if floor_of(target) > here and key not in ALLOWED_UP:
+                up.append(key)
+    assert not up, f"imports from a floor above: {up}"
+
+
+def test_at_most_twelve_modules_beside_the_packages():
+    modules = [p.name for p in PACKAGE.glob("*.py")]
+    assert len(modules) <= 12, modules
