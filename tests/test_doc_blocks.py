@@ -47,7 +47,7 @@ RUN_BY: dict[tuple[str, str], tuple[str, ...]] = {
         "test_slurm_run.py::test_job_scripts_carry_the_plans_cores_and_memory",
         "test_slurm_run.py::test_train_slurm_from_the_command_line",
     ),
-    ("docs/analysis.md", "from tianji_dask.results.analysis import open_run, open_runs"): (
+    ("docs/analysis.md", "from tianji_dask import open_run, open_runs"): (
         "test_analysis.py::test_the_analysis_doc_runs_as_pasted_on_runs_that_differ_in_seed_only",
     ),
     ("docs/metrics.md", "import json"): (

@@ -5,8 +5,11 @@ shows the floors."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "tianji_dask"
@@ -72,3 +75,20 @@ def test_no_module_imports_from_a_floor_above_its_own():
 def test_at_most_twelve_modules_beside_the_packages():
     modules = [p.name for p in PACKAGE.glob("*.py")]
     assert len(modules) <= 12, modules
+
+
+@pytest.mark.slow
+def test_the_public_api_is_the_packages_and_loads_on_first_use():
+    """``from tianji_dask import train, load_config, open_runs, ...``: importing the package
+    imports none of them (nor torch), each name is the function its module defines."""
+    code = (
+        "import sys, tianji_dask\n"
+        "assert 'torch' not in sys.modules and 'tianji_dask.runtime' not in sys.modules, sorted(sys.modules)\n"
+        "from tianji_dask import *\n"
+        "print(' '.join(f'{n}={getattr(tianji_dask, n).__module__}' for n in tianji_dask.__all__))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    where = dict(pair.split("=") for pair in r.stdout.split())
+    assert where["train"] == "tianji_dask.runtime.driver" and where["open_runs"] == "tianji_dask.results.analysis"
+    assert where["load_config"].startswith("tianji_dask.config") and where["start"] == "tianji_dask.notebook"

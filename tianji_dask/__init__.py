@@ -1,15 +1,35 @@
 """tianji-dask: TianJi-style distributed deep RL on Dask.
 
-``tianji_dask.start(config, client)`` starts a run from a notebook or script on a cluster you
-made and returns a handle with live progress (:mod:`tianji_dask.notebook`), and
-``tianji_dask.resume(run_dir, client)`` continues a run in its own directory; the CLI is
-``tianji-dask``. Importing this package stays light: ``start`` is loaded on first use.
+The public API, loaded on first use so that importing this package stays light:
+
+- ``tianji_dask.train(config, client=None, ...)``: start a run and get its handle at once
+  (:func:`tianji_dask.runtime.driver.train`); ``tianji_dask.load_config(path, overrides)`` reads
+  and checks an experiment config;
+- ``tianji_dask.start(config, client)`` and ``tianji_dask.resume(run_dir, client)``: the same
+  from a notebook, with live progress (:mod:`tianji_dask.notebook`);
+- ``tianji_dask.open_run(path)``, ``tianji_dask.open_runs(paths)``: runs as xarray Datasets
+  (:mod:`tianji_dask.results.analysis`); ``tianji_dask.load_checkpoint(directory)``.
+
+The command line is ``tianji-dask``.
 """
+
+from importlib import import_module
+
+_PUBLIC = {
+    "train": "tianji_dask.runtime.driver",
+    "load_config": "tianji_dask.config",
+    "start": "tianji_dask.notebook",
+    "resume": "tianji_dask.notebook",
+    "NotebookRun": "tianji_dask.notebook",
+    "Results": "tianji_dask.notebook",
+    "open_run": "tianji_dask.results.analysis",
+    "open_runs": "tianji_dask.results.analysis",
+    "load_checkpoint": "tianji_dask.results.checkpoint",
+}
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name):
-    if name in ("start", "resume", "NotebookRun", "Results"):
-        from tianji_dask import notebook
-
-        return getattr(notebook, name)
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'tianji_dask' has no attribute {name!r}")
