@@ -630,3 +630,41 @@ def test_missing_or_none_counters_do_not_break_rows():
     assert (r["env_steps"], r["dropped"], r["seq_gaps"]) == (200, 0, 0)
     assert r["env_fps"] == pytest.approx(100.0)
     assert math.isnan(r["replay_fill"]) and math.isnan(r["replay_ratio"])
+
+
+WRITES_BESIDE_READS = """
+import sys, threading, time
+from pathlib import Path
+import numpy as np, xarray as xr
+from tianji_dask.results.recorder import write_netcdf_atomic
+ds = xr.Dataset({f"v{i}": ("time", np.arange(2000.0) * i) for i in range(60)}, attrs={"a": "b"})
+out = Path(sys.argv[1])
+write_netcdf_atomic(ds, out / "read.nc")
+stop = time.monotonic() + float(sys.argv[2])
+def the_runs_writes():
+    while time.monotonic() < stop:
+        write_netcdf_atomic(ds, out / "written.nc")
+writer = threading.Thread(target=the_runs_writes)
+writer.start()
+reads = 0
+while time.monotonic() < stop:
+    xr.load_dataset(out / "read.nc", engine="netcdf4")
+    reads += 1
+writer.join()
+print(reads)
+"""
+
+
+@pytest.mark.slow
+def test_the_runs_writes_beside_a_users_reads_in_the_same_process_do_not_crash_it(tmp_path):
+    """A notebook opens run files with xarray (netCDF4, its default engine) while a run in the
+    same kernel writes its results from its own thread: both libraries under netCDF4 crashed
+    the process with a segmentation fault within seconds; the run writes through h5py's HDF5."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", WRITES_BESIDE_READS, str(tmp_path), "10"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert int(r.stdout) > 20

@@ -726,22 +726,23 @@ def write_netcdf_atomic(ds: xr.Dataset, path: Path) -> None:
 
 
 def _write_netcdf(ds: xr.Dataset, path: Path) -> None:
-    """``ds.to_netcdf(path, engine="netcdf4")`` without asking Dask for its scheduler. The data
+    """``ds.to_netcdf(path, engine="h5netcdf")`` without asking Dask for its scheduler. The data
     are numpy arrays, but ``to_netcdf`` picks its file lock by the process's Dask scheduler: with
     a user's default Client about (in a notebook), a distributed lock taken through that client
     (which fails once its scheduler is gone), and "no Client active" where a Client that failed or
     was closed left the setting behind. Changing the setting around the write is no way out:
-    it is process-wide, and this runs in the run's thread beside the user's code. The store gets
-    xarray's lock for the netCDF-C library itself (it is not thread-safe), the one xarray's own
-    netCDF4 reads and writes take.
+    it is process-wide, and this runs in the run's thread beside the user's code.
 
-    netCDF4 (the netCDF-C library) rather than h5netcdf: the same netCDF-4 file, but h5netcdf
-    walks its dimension scales in Python for each variable, which makes a dataset of many
-    variables several times slower to write and to read (docs/benchmarks.md)."""
-    from xarray.backends import NetCDF4DataStore
-    from xarray.backends.netCDF4_ import NETCDF4_PYTHON_LOCK
+    h5netcdf (h5py's HDF5) rather than netCDF4 (the netCDF-C library and its own HDF5): neither
+    library is thread-safe, netCDF4 releases the GIL in its calls, and xarray holds its lock only
+    while it opens a file, so a user's ``xr.open_dataset`` in another thread of the same process
+    (a notebook's, while the run writes) crashed the process with a segmentation fault beside a
+    netCDF4 write. h5py serialises its own calls, and its HDF5 is not netCDF4's. The files are
+    the same netCDF-4 files; reading them stays with netCDF4, several times faster."""
+    from xarray.backends import H5NetCDFStore
+    from xarray.backends.locks import HDF5_LOCK
 
-    store = NetCDF4DataStore.open(path, mode="w", format="NETCDF4", lock=NETCDF4_PYTHON_LOCK)
+    store = H5NetCDFStore.open(path, mode="w", lock=HDF5_LOCK)
     try:
         ds.dump_to_store(store)
     finally:
