@@ -42,8 +42,11 @@ def test_distributed_ppo_records_staleness(tmp_path):
     import numpy as np
     import xarray as xr
 
+    # rows every 0.1 s: a quiet machine makes the 20,000 env steps in about 3 s, six rows at the
+    # config's 0.5 s, two of them before the first update
     cfg = load_config(
-        "configs/cartpole_ppo.yaml", ["stop.target_return=null", "stop.max_env_steps=20000", "stop.max_seconds=120"]
+        "configs/cartpole_ppo.yaml",
+        ["stop.target_return=null", "stop.max_env_steps=20000", "stop.max_seconds=120", "run.metrics_interval=0.1"],
     )
     result = train(cfg, out=tmp_path / "run").wait()
     assert result.error is None, result.error
