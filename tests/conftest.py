@@ -222,6 +222,15 @@ def cli_here(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return called_here(main, *args, cwd=cwd)
 
 
+def doc_python_block(path: Path, after: str) -> str:
+    """The first ```python block after the text ``after`` in ``path``, as it stands."""
+    text = path.read_text(encoding="utf-8")
+    assert after in text, f"{path.name} lost the text {after!r}"
+    block = re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S)
+    assert block, f"no ```python block after {after!r} in {path.name}"
+    return block.group(1)
+
+
 def script_module(path: Path):
     """A script under benchmarks/ loaded from its file as a module (not put in ``sys.modules``)."""
     import importlib.util

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import gymnasium
 import matplotlib
@@ -20,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from conftest import ROOT
+from conftest import ROOT, doc_python_block
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tianji_dask.config import load_config
@@ -369,15 +368,6 @@ def test_a_glob_that_matches_nothing_is_refused(tmp_path):
     assert pattern in str(e.value)
     with pytest.raises(RunNotFound, match="got no paths"):
         open_runs([])
-
-
-def doc_python_block(path: Path, after: str) -> str:
-    """The first ```python block after the text ``after`` in ``path``, as it stands."""
-    text = path.read_text(encoding="utf-8")
-    assert after in text, f"{path.name} lost the text {after!r}"
-    block = re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S)
-    assert block, f"no ```python block after {after!r} in {path.name}"
-    return block.group(1)
 
 
 @integration

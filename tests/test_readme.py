@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import doc_python_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -185,11 +186,7 @@ API_MARKER = "**Python API.**"
 
 def readme_python_api_block() -> str:
     """The first ```python block after the "Python API." paragraph of the README, as it stands."""
-    text = README.read_text(encoding="utf-8")
-    assert API_MARKER in text, f"README.md lost the {API_MARKER!r} paragraph"
-    block = re.search(r"```python\n(.*?)```", text[text.index(API_MARKER) :], re.S)
-    assert block, f"no ```python block after {API_MARKER!r} in README.md"
-    return block.group(1)
+    return doc_python_block(README, API_MARKER)
 
 
 @pytest.mark.integration

@@ -341,14 +341,12 @@ def _check_only(cfg: ExperimentConfig, plan, args) -> int:
     """``train --check``: what the run would check as it starts, and nothing started. The env is
     made once; replay memory and the plan's fit are checked against this machine where the run's
     own LocalCluster would run (a --scheduler's or Slurm's workers are not asked)."""
-    from tianji_dask.config import ConfigError, check_env
-    from tianji_dask.runtime.driver import check_replay_fits
+    from tianji_dask.config import ConfigError
+    from tianji_dask.runtime.driver import check_before_start
 
     own_cluster = not (args.scheduler or args.slurm)
     try:
-        spaces = check_env(cfg)
-        if own_cluster:
-            check_replay_fits(cfg, spaces, serial=args.serial)
+        check_before_start(cfg, on_this_machine=own_cluster, serial=args.serial)
     except ConfigError as exc:
         return _bad_input(str(exc))
     if plan is not None and own_cluster and not args.serial:

@@ -58,6 +58,16 @@ class RunResult:
         return self.status in FINISHED
 
 
+def check_before_start(cfg: ExperimentConfig, *, on_this_machine: bool, serial: bool):
+    """What a run checks before it starts anything: the env (built once; its spaces are
+    returned) and, where the run's replay memories live on this machine (its own LocalCluster,
+    or serial), that they fit. Raises :class:`ConfigError`."""
+    spaces = check_env(cfg)
+    if on_this_machine:
+        check_replay_fits(cfg, spaces, serial=serial)
+    return spaces
+
+
 def check_replay_fits(cfg: ExperimentConfig, spaces, *, serial: bool, available: int | None = None) -> None:
     """Refuse, before anything starts, a run on this machine (its own LocalCluster, or serial)
     whose DQN replay memories would take more than 90 % of the memory available now."""
@@ -117,9 +127,7 @@ class Run:
         self.serial = serial
         self._resume = resume
         self.security = _run_security(tls, client, serial)
-        self.spaces = check_env(cfg)
-        if client is None:  # the replay memories will live on this machine
-            check_replay_fits(cfg, self.spaces, serial=serial)
+        self.spaces = check_before_start(cfg, on_this_machine=client is None, serial=serial)
         if resume is None:
             self.name = run_name(cfg.env.id, cfg.algo.name, cfg.seed)
             self.run_dir = prepare_run_dir(out, root=runs_root, name=self.name)
