@@ -210,7 +210,7 @@ def test_ppo_actor_never_pauses_inside_a_rollout():
     assert actor.counters.throttled_s == 0
     assert actor.counters.messages_sent == 1 and len(queue.poll()) == 1
     actor.step()  # the next rollout would start: now it pauses
-    assert actor.counters.throttled_s > 0 and actor._t == 0
+    assert actor.counters.throttled_s > 0 and actor.writer.rows == 0
 
 
 @pytest.mark.parametrize("how", ["ratio_tolerance=null", "balance=False"])

@@ -92,3 +92,17 @@ def test_the_public_api_is_the_packages_and_loads_on_first_use():
     where = dict(pair.split("=") for pair in r.stdout.split())
     assert where["train"] == "tianji_dask.runtime.driver" and where["open_runs"] == "tianji_dask.results.analysis"
     assert where["load_config"].startswith("tianji_dask.config") and where["start"] == "tianji_dask.notebook"
+
+
+ACTORS = ("algos/dqn/actor.py", "algos/ppo/actor.py", "algos/ppo/async_actor.py")
+
+
+@pytest.mark.parametrize("module", ACTORS)
+def test_each_actor_step_reads_in_25_lines(module):
+    """An actor's ``step`` is probe, act, step, write: what it writes and how belongs to its writer."""
+    tree = ast.parse((PACKAGE / module).read_text())
+    steps = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "step"]
+    assert steps, f"{module} has no step()"
+    for f in steps:
+        assert f.end_lineno is not None
+        assert f.end_lineno - f.lineno + 1 <= 25, f"{module}: step() is {f.end_lineno - f.lineno + 1} lines"

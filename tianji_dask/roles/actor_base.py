@@ -1,5 +1,6 @@
 """What every actor role shares: probing for parameter versions, the one wait for the first
-version, the synchronous ablation's wait, heartbeats and closing the envs.
+version, the synchronous ablation's wait, the balance controller's pause, pushing a message,
+heartbeats and closing the envs.
 
 A subclass sets ``policy`` (with ``load(version, params)``) in ``_setup``, for the env's
 ``action_space`` (``Discrete``, or ``Box`` where the algorithm acts in one); the base owns
@@ -146,6 +147,22 @@ class ActorBase(ABC):
                 raise TimeoutError(f"actor {self.id}: synchronous mode, no newer parameters after {timeout:.0f} s")
             time.sleep(0.0002)
         self.counters.sync_wait_s += time.perf_counter() - t
+
+    def throttle(self) -> bool:
+        """The balance controller holds the actor: a short pause, counted as ``throttled_s``.
+        False, what ``step()`` returns when it made no env step."""
+        t = time.perf_counter()
+        time.sleep(0.002)
+        self.counters.throttled_s += time.perf_counter() - t
+        return False
+
+    def push(self, message: dict[str, np.ndarray]) -> None:
+        """Hand a message to the channel (it owns the arrays from here); counted as sent if it
+        took it."""
+        nbytes = sum(v.nbytes for v in message.values())
+        if self.sender.push(message):
+            self.counters.messages_sent += 1
+            self.counters.bytes_sent += nbytes
 
     @property
     def produced_env_steps(self) -> int:

@@ -4,11 +4,10 @@ Like :class:`~tianji_dask.algos.dqn.actor.DQNActorRole` it pushes into ``sender`
 ``params``, but it swaps parameters only between rollouts, so every rollout is tagged
 with exactly the version that produced it (the learner measures staleness from it).
 
-Atari (``env.kind: atari``): a rollout carries each 84x84 frame once (``frames``, the whole
-stacks of its first step and then each step's new frame, as
-:class:`~tianji_dask.roles.frame_replay.FrameStreams` emits them) and its observations as
-positions into them (``obs_frames``, ``(T, N, 4)`` int32): a quarter of the bytes of the
-stacks. The learner rebuilds the stacks (``frames[obs_frames]``) on its device.
+Each step is a row of its :class:`~tianji_dask.algos.ppo.rollout_writer.RolloutWriter`. Atari
+(``env.kind: atari``): a rollout carries each 84x84 frame once and its observations as positions
+into them, a quarter of the bytes of the stacks; the learner rebuilds the stacks
+(``frames[obs_frames]``) on its device.
 
 ``Box`` action spaces (:mod:`tianji_dask.algos.ppo.gaussian`): the rollout carries the actions
 as sampled (``(T, N, action_dim)`` float32; the env gets them clipped to its bounds), the
@@ -25,8 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tianji_dask.algos.ppo.core import acting_policy
+from tianji_dask.algos.ppo.rollout_writer import RolloutWriter
 from tianji_dask.roles.actor_base import ActorBase
-from tianji_dask.roles.frame_replay import FrameStreams
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import PPOConfig
@@ -47,14 +46,22 @@ class PPOActorRole(ActorBase):
         self.learner_consumed = 0
         self.quota = self._rollout_quota()
         self._rollouts_this_version = 0
-        self._t = 0
-        self.frames = FrameStreams(self.id, self.num_envs, stack=self.obs_shape[0]) if cfg.env.frame_stacks else None
+        self.writer = RolloutWriter(
+            self.id,
+            self.T,
+            self.num_envs,
+            self.obs_shape,
+            self.obs_dtype,
+            self.policy.action_shape,
+            self.policy.action_dtype,
+            cfg.env.frame_stacks,
+        )
         # envs that step in two calls get the next step's actions before this step's bookkeeping,
         # so the emulators run while it is done; the actions of a rollout's first step are chosen
         # after the parameters are probed, so a rollout stays one version's
         self.chooses_ahead = self.env.overlaps and self.policy.chooses_ahead
         self._next_choice: tuple[np.ndarray, ...] | None = None  # chosen and sent, not yet received
-        self._new_rollout()
+        self.writer.begin(self.obs)
 
     def _rollout_quota(self) -> int:
         algo = self.algo
@@ -62,24 +69,6 @@ class PPOActorRole(ActorBase):
         # its share of a version within the band, plus the one rollout it makes while the
         # learner trains on the previous one (without it actor and learner would alternate)
         return max(1, int(share * (1.0 + (algo.ratio_tolerance or 0.0)))) + 1
-
-    def _new_rollout(self) -> None:
-        T, N = self.T, self.num_envs
-        if self.frames is None:
-            obs: dict[str, np.ndarray] = {"obs": np.empty((T, N, *self.obs_shape), self.obs_dtype)}
-        else:
-            self.frames.take()  # frames emitted by the previous rollout's last step: not needed here
-            self.frames.start(self.obs)  # the first stacks whole: a rollout needs no other
-            obs = {"obs_ids": np.empty((T, N, self.obs_shape[0]), np.int64)}
-        self._r: dict[str, np.ndarray] = {
-            **obs,
-            "actions": np.empty((T, N, *self.policy.action_shape), self.policy.action_dtype),
-            "logp": np.empty((T, N), np.float32),
-            "values": np.empty((T, N), np.float32),
-            "rewards": np.empty((T, N), np.float32),
-            "dones": np.empty((T, N), np.float32),
-        }
-        self._t = 0
 
     def ahead_of_learner(self) -> bool:
         """Balance controller: has this actor produced its share of rollouts for the current
@@ -100,47 +89,46 @@ class PPOActorRole(ActorBase):
         self.obs = self.policy.normalize(self.raw_obs)
 
     def step(self) -> bool:
-        if self._t == 0:  # between rollouts: newest parameters, and the controller's say
+        if self.writer.rows == 0:  # between rollouts: newest parameters, and the controller's say
             self.probe_params()
             if self.balance and self.ahead_of_learner():
-                t = time.perf_counter()
-                time.sleep(0.002)
-                self.counters.throttled_s += time.perf_counter() - t
-                return False
-        r, t = self._r, self._t
-        self.policy.exploration_step(t)
-        if self.frames is None:
-            r["obs"][t] = self.obs
-        else:
-            r["obs_ids"][t] = self.frames.ids
-        if self.chooses_ahead:
-            choice = self._next_choice if self._next_choice is not None else self.env.send_all(self._choose, self.obs)
-            result, self._next_choice = self.env.recv_all(self._choose if t + 1 < self.T else None)
-        else:  # each group of envs steps while the policy acts for the next group (env.step_groups)
-            choice, result = self.env.step_with(self._choose, self.obs)
-        (_, actions, logp, values), (next_obs, rewards, terminated, truncated, infos) = choice, result
+                return self.throttle()
+        self.policy.exploration_step(self.writer.rows)
+        (_, actions, logp, values), (next_obs, rewards, terminated, truncated, infos) = self._act_and_step()
         next_obs = next_obs.astype(self.obs_dtype, copy=False)
-        if self.frames is not None:
-            self.frames.step(next_obs, terminated | truncated, infos)
-        self.tracker.update(rewards, terminated | truncated, time.time())  # the env's own rewards
-        # Atari trains on clipped rewards and ends an episode at each lost life
+        ended = terminated | truncated
+        self.tracker.update(rewards, ended, time.time())  # the env's own rewards
+        train_rewards, dones = self._training_signals(rewards, terminated, truncated, infos)
+        full = self.writer.add(self.obs, next_obs, ended, infos, actions, logp, values, train_rewards, dones)
+        self.raw_obs = next_obs
+        self.obs = self.policy.observe(next_obs)
+        self.counters.env_steps += self.num_envs
+        if full:
+            self.flush()
+        return True
+
+    def _act_and_step(self) -> tuple[tuple[np.ndarray, ...], tuple]:
+        """(the choice, as ``_choose`` returns it; the env's step result) for the current observations."""
+        if not self.chooses_ahead:  # each group of envs steps while the policy acts for the next group
+            return self.env.step_with(self._choose, self.obs)
+        choice = self._next_choice if self._next_choice is not None else self.env.send_all(self._choose, self.obs)
+        last_row = self.writer.rows + 1 == self.T  # the next rollout's first actions wait for its parameters
+        result, self._next_choice = self.env.recv_all(None if last_row else self._choose)
+        return choice, result
+
+    def _training_signals(self, rewards, terminated, truncated, infos) -> tuple[np.ndarray, np.ndarray]:
+        """(rewards, dones) the learner trains on: Atari clips rewards and ends an episode at each
+        lost life; a time limit is not a terminal state, so its reward bootstraps from the final
+        observation."""
         rewards, terminated, dones = self.training_signals(rewards, terminated, truncated, infos)
         rewards = self.policy.training_rewards(rewards.astype(np.float32), terminated)
         only_truncated = truncated & ~terminated
-        if only_truncated.any():  # a time limit is not a terminal state: bootstrap from the final obs
+        if only_truncated.any():
             final: np.ndarray = np.stack([infos["final_obs"][i] for i in np.flatnonzero(only_truncated)]).astype(
                 self.obs_dtype
             )
             rewards[only_truncated] += self.algo.gamma * self.policy.value(self.policy.normalize(final))
-        r["actions"][t], r["logp"][t], r["values"][t] = actions, logp, values
-        r["rewards"][t], r["dones"][t] = rewards, dones
-        self.raw_obs = next_obs
-        self.obs = self.policy.observe(next_obs)
-        self._t += 1
-        self.counters.env_steps += self.num_envs
-        if self._t == self.T:
-            self.flush()
-        return True
+        return rewards, dones
 
     def _choose(self, group: int, obs: np.ndarray | None) -> tuple[np.ndarray, ...]:
         """(what the env gets, the actions the rollout keeps, their log-probs, values)."""
@@ -148,43 +136,20 @@ class PPOActorRole(ActorBase):
         actions, logp, values = self.policy.act(obs, self.env.envs_of(group))
         return self.policy.env_actions(actions), actions, logp, values
 
-    def _frame_positions(self, obs_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(this rollout's frames, each observation's frames as positions into them)."""
-        assert self.frames is not None
-        frames, ids = self.frames.take()
-        return frame_positions(frames, ids, obs_ids, self.id)
-
     def unsent(self) -> int:
-        return self._t * self.num_envs
+        return self.writer.rows * self.num_envs
 
     def flush(self) -> None:
         """Push the finished rollout, tagged with its policy version and creation time."""
-        if self._t < self.T:
+        if not self.writer.full:
             return  # PPO trains on whole rollouts only
-        r = self._r
-        if self.frames is not None:
-            r["frames"], r["obs_frames"] = self._frame_positions(r.pop("obs_ids"))
+        r = self.writer.take()
         r["last_values"] = self.policy.value(self.obs)
         r.update(self.policy.rollout_statistics())
         r["version"] = np.array(self.policy.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
-        nbytes = sum(v.nbytes for v in r.values())
         self._rollouts_this_version += 1
-        if self.sender.push(r):
-            self.counters.messages_sent += 1
-            self.counters.bytes_sent += nbytes
-        self._new_rollout()
+        self.push(r)
+        self.writer.begin(self.obs)
         if self.synchronous:
             self.wait_for_newer_params()
-
-
-def frame_positions(
-    frames: np.ndarray, ids: np.ndarray, obs_ids: np.ndarray, actor_id: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(``frames``, each observation's frame ids ``obs_ids`` as positions into ``frames``,
-    whose ids are ``ids``)."""
-    order = np.argsort(ids)
-    pos = order[np.minimum(np.searchsorted(ids[order], obs_ids), len(ids) - 1)]
-    if not np.array_equal(ids[pos], obs_ids):  # a frame the rollout never emitted: a bug, not bad input
-        raise RuntimeError(f"actor {actor_id}: a rollout refers to frames it does not carry")
-    return frames, pos.astype(np.int32)

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tianji_dask.algos.ppo.actor import PPOActorRole, frame_positions
+from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.algos.ppo.core import acting_policy
+from tianji_dask.algos.ppo.rollout_writer import frame_positions
 from tianji_dask.envs import AtariTrainingSignals, make_atari_vector_env
 from tianji_dask.roles.frame_replay import FrameStreams
 from tianji_dask.roles.heartbeats import ActorCounters, counter
@@ -101,7 +102,6 @@ class PPOAsyncActorRole(PPOActorRole):
         self._rollouts_this_version = 0
         N = self.num_envs
         self._streams = FrameStreams(self.id, N, stack=self.obs_shape[0])
-        self.frames = self._streams
         self._seen = np.zeros(N, bool)  # envs whose reset came back
         # each env: the rollout of its latest column (-1: none yet) and the row of the action it
         # was sent there (-1: the action is not recorded; the env waits for its next column)
@@ -132,44 +132,70 @@ class PPOAsyncActorRole(PPOActorRole):
         if self._received is None:
             self._received = self._receive()
         obs, envs, finishing, results = self._received
-        waiting = self._row[envs] < 0
-        next_rollout = self._rollout_of[envs] + 1
-        if waiting.any() and next_rollout[waiting].max() >= self._opened:
-            self._open_rollout()
-        starting = waiting & (next_rollout < self._opened)
-        # every env, in this batch or in flight, waits for the rollout the controller holds: none
-        # could fill a row, so every env is held (an env in flight whose next rollout is open,
-        # its reset included, would start a column there when it comes back)
-        hold = bool((self._row < 0).all() and (self._rollout_of + 1 == self._opened).all())
+        starting, next_rollout = self._columns_to_start(envs)
+        hold = self._every_env_held()
         if hold and not finishing.any():
-            if results is not None:
-                self._record_results(*results)
-                self._received = (obs, envs, finishing, None)
-            return self._held()
+            return self._hold_batch(obs, envs, finishing, results)
         chosen = self.policy.act_async(obs, envs)
         if results is not None:  # while the device infers
             self._record_results(*results)
         actions, logp, values = chosen()
         if finishing.any():  # these values are the last values of the columns just finished
-            done, done_values = envs[finishing], values[finishing]
-            for k, sel in by_value(self._rollout_of[done]):
-                columns = self._open[k]
-                columns.data["last_values"][done[sel]] = done_values[sel]
-                columns.finished += len(done[sel])
-            self.flush()
+            self._finish_columns(envs[finishing], values[finishing])
         if hold:
             self._received = (obs, envs, np.zeros_like(finishing), None)
-            return self._held()
+            return self.throttle()
         self._received = None
         self.env.send(self.policy.env_actions(actions))
         # the emulators step these envs again while the choices are written
-        if starting.any():
-            begin, k = envs[starting], next_rollout[starting]
-            self._rollout_of[begin], self._row[begin] = k, 0
-            self._streams.restart(begin, obs[starting])  # a column starts with its whole stack
-            dest = np.full(self.num_envs, -1, np.int64)
-            dest[begin] = k
-            self._route_frames(dest)
+        self._start_columns(envs[starting], next_rollout[starting], obs[starting])
+        self._write_choices(envs, actions, logp, values)
+        return True
+
+    def _hold_batch(self, obs: np.ndarray, envs: np.ndarray, finishing: np.ndarray, results: tuple | None) -> bool:
+        """The batch waits for the rollout the controller holds; its step results are recorded
+        meanwhile."""
+        if results is not None:
+            self._record_results(*results)
+            self._received = (obs, envs, finishing, None)
+        return self.throttle()
+
+    def _columns_to_start(self, envs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of ``envs`` start a column now, each env's next rollout); opens the next
+        rollout where one of them needs it, unless the balance controller holds it."""
+        waiting = self._row[envs] < 0
+        next_rollout = self._rollout_of[envs] + 1
+        if waiting.any() and next_rollout[waiting].max() >= self._opened:
+            self._open_rollout()
+        return waiting & (next_rollout < self._opened), next_rollout
+
+    def _every_env_held(self) -> bool:
+        """Every env, in this batch or in flight, waits for the rollout the controller holds: none
+        could fill a row (an env in flight whose next rollout is open, its reset included, would
+        start a column there when it comes back)."""
+        return bool((self._row < 0).all() and (self._rollout_of + 1 == self._opened).all())
+
+    def _finish_columns(self, envs: np.ndarray, last_values: np.ndarray) -> None:
+        """``envs`` made the last step of their columns: their last values, and the rollouts every
+        env has finished are pushed."""
+        for k, sel in by_value(self._rollout_of[envs]):
+            columns = self._open[k]
+            columns.data["last_values"][envs[sel]] = last_values[sel]
+            columns.finished += len(envs[sel])
+        self.flush()
+
+    def _start_columns(self, envs: np.ndarray, rollouts: np.ndarray, obs: np.ndarray) -> None:
+        """``envs`` begin their columns of ``rollouts``, each with the whole stack of ``obs``."""
+        if not len(envs):
+            return
+        self._rollout_of[envs], self._row[envs] = rollouts, 0
+        self._streams.restart(envs, obs)
+        dest = np.full(self.num_envs, -1, np.int64)
+        dest[envs] = rollouts
+        self._route_frames(dest)
+
+    def _write_choices(self, envs: np.ndarray, actions: np.ndarray, logp: np.ndarray, values: np.ndarray) -> None:
+        """The observations, actions, log-probs and values of the envs whose rows are recorded."""
         recorded = self._row[envs] >= 0
         e, a, lp, v = envs[recorded], actions[recorded], logp[recorded], values[recorded]
         rows = self._row[e]
@@ -178,13 +204,6 @@ class PPOAsyncActorRole(PPOActorRole):
             d["obs_ids"][rows[sel], e[sel]] = self._streams.ids[e[sel]]
             d["actions"][rows[sel], e[sel]], d["logp"][rows[sel], e[sel]] = a[sel], lp[sel]
             d["values"][rows[sel], e[sel]] = v[sel]
-        return True
-
-    def _held(self) -> bool:
-        t = time.perf_counter()
-        time.sleep(0.002)
-        self.counters.throttled_s += time.perf_counter() - t
-        return False
 
     def _receive(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None]:
         """The next batch: ``(observations, envs, whether each env just made the last step of
@@ -287,7 +306,4 @@ class PPOAsyncActorRole(PPOActorRole):
         self._unpushed -= self.T * self.num_envs
         r["version"] = np.array(columns.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
-        nbytes = sum(v.nbytes for v in r.values())
-        if self.sender.push(r):
-            self.counters.messages_sent += 1
-            self.counters.bytes_sent += nbytes
+        self.push(r)
