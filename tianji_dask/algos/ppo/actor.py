@@ -14,6 +14,16 @@ as sampled (``(T, N, action_dim)`` float32; the env gets them clipped to its bou
 observations and rewards as normalised with the statistics of the rollout's parameter version,
 and the moments of the raw observations and discounted returns it saw (``obs_moments``,
 ``return_moments``), which the learner folds into its statistics.
+
+Choosing ahead: with envs that step in two calls (ale-py's ``send``/``recv``:
+:meth:`~tianji_dask.envs.EnvGroups.send_all`, :meth:`~tianji_dask.envs.EnvGroups.recv_all`), the
+actor sends each group the next step's actions as soon as it has received the group's step, and
+does the step's bookkeeping (frame streams, training signals, episodes, the rollout's arrays)
+while the emulators run the next one. A rollout's first actions are chosen only after the
+parameters are probed, so it stays one version's, and the rollouts are those of choosing after
+the bookkeeping (tests/test_env_groups.py). A policy whose next choice depends on that
+bookkeeping (the Gaussian one: its observation statistics and gSDE draws) sets
+``chooses_ahead = False``. An actor closed with a step in flight receives it first.
 """
 
 from __future__ import annotations
