@@ -45,7 +45,7 @@ def test_the_actors_pause_condition_on_the_page_is_ahead_of_learner():
         actor = SimpleNamespace(
             algo=SimpleNamespace(ratio_tolerance=tol, learning_starts=learning_starts, target_replay_ratio=R),
             cfg=SimpleNamespace(topology=SimpleNamespace(learners=learners)),
-            chunk_len=chunk,
+            writer=SimpleNamespace(chunk_len=chunk),
             n_actors=actors,
             learner_consumed=consumed,
             balanced_env_steps=env_steps,
