@@ -12,7 +12,7 @@ section in :mod:`tianji_dask.config.schema`; one line in the registry (docs/algo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
@@ -47,12 +47,6 @@ class AlgorithmSpec(Protocol):
 
     def learner_role(self) -> Callable[..., LearnerLoopRole]:
         """The learner role class: ``(cfg, buffer, publisher, obs_dim, action_space, seed, ...)``."""
-        ...
-
-    def action_space_problem(self, cfg: ExperimentConfig, action_space: Any) -> str | None:
-        """What keeps this algorithm from acting in the env's (gymnasium) action space, as one
-        line naming ``env.id``, the space and the fix; None when it can. The config check
-        (:func:`~tianji_dask.config.machine.check_env`) asks it before any work starts."""
         ...
 
     # --- rules ------------------------------------------------------------------------------

@@ -32,13 +32,11 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     registry, or for ``env.kind: atari`` from ale-py's games: :func:`check_atari_game`), a
     MuJoCo env is asked for without the ``mujoco`` package (:func:`check_mujoco`), the env fails
     to build (e.g. another missing optional dependency), its observation space is not a ``Box``,
-    or the algorithm cannot act in its action space (the spec's ``action_space_problem``: DQN
+    or the algorithm cannot act in its action space (its config section's ``action_space_problem``: DQN
     needs ``Discrete`` actions, PPO takes ``Discrete`` or a one-dimensional ``Box``).
     """
     import gymnasium
     from gymnasium import spaces
-
-    from tianji_dask.algos.registry import spec_for
 
     env_id = config.env.id
     if config.env.frame_stacks:  # Atari preprocessed: uint8 (4, 84, 84) frame stacks, the game's actions
@@ -67,7 +65,7 @@ def check_env(config: ExperimentConfig) -> EnvSpaces:
     finally:
         env.close()
     problems = []
-    action_problem = spec_for(config).action_space_problem(config, action_space)
+    action_problem = config.algo.action_space_problem(env_id, action_space)
     if action_problem is not None:
         problems.append(action_problem)
     if not isinstance(observation_space, spaces.Box):

@@ -216,6 +216,19 @@ class DQNConfig(_Section):
         """
         return self.gradient_steps * self.batch_size / self.train_freq
 
+    def action_space_problem(self, env_id: str, action_space: Any) -> str | None:
+        """Why DQN cannot act in the env's (gymnasium) action space, as one line naming the env
+        and the fix; None when it can (a ``Discrete`` space)."""
+        from gymnasium import spaces
+
+        if isinstance(action_space, spaces.Discrete):
+            return None
+        return (
+            f"env.id={env_id!r}: action space is {action_space}, but DQN needs a Discrete action "
+            f"space (e.g. CartPole-v1, Acrobot-v1, MountainCar-v0); for continuous actions use PPO, "
+            f"algo.name=ppo (e.g. configs/pendulum_ppo.yaml)"
+        )
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> DQNConfig:
         problems = []
@@ -368,6 +381,28 @@ class PPOConfig(_Section):
     @property
     def learning_starts(self) -> int:
         return 0
+
+    def action_space_problem(self, env_id: str, action_space: Any) -> str | None:
+        """Why PPO cannot act in the env's (gymnasium) action space, as one line naming the env
+        and the fix; None when it can: a ``Discrete`` space gets the categorical policy, a
+        one-dimensional ``Box`` the diagonal Gaussian one (:mod:`tianji_dask.algos.ppo.gaussian`)."""
+        from gymnasium import spaces
+
+        if isinstance(action_space, spaces.Discrete):
+            if self.use_sde:
+                return (
+                    f"env.id={env_id!r}: action space is {action_space}, but algo.use_sde (gSDE) "
+                    "explores continuous (Box) actions; drop algo.use_sde for this env"
+                )
+            return None
+        if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
+            return None
+        return (
+            f"env.id={env_id!r}: action space is {action_space}, but PPO acts in a Discrete action "
+            f"space (categorical policy) or a one-dimensional Box (Gaussian policy), e.g. CartPole-v1 "
+            f"or Pendulum-v1; register an env that wraps it into one of those (env.id='module:Id' imports the "
+            f"module that registers it)"
+        )
 
 
 #: Algorithm name -> config model.

@@ -23,17 +23,6 @@ class DQNSpec:
 
         return DQNActorRole
 
-    def action_space_problem(self, cfg: ExperimentConfig, action_space) -> str | None:
-        from gymnasium import spaces
-
-        if isinstance(action_space, spaces.Discrete):
-            return None
-        return (
-            f"env.id={cfg.env.id!r}: action space is {action_space}, but DQN needs a Discrete action "
-            f"space (e.g. CartPole-v1, Acrobot-v1, MountainCar-v0); for continuous actions use PPO, "
-            f"algo.name=ppo (e.g. configs/pendulum_ppo.yaml)"
-        )
-
     def make_buffer_role(
         self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
     ) -> BufferLoopRole:

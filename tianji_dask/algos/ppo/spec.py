@@ -22,27 +22,6 @@ class PPOSpec:
     def actor_role(self) -> Callable[..., ActorLoopRole]:
         return ppo_actor_role
 
-    def action_space_problem(self, cfg: ExperimentConfig, action_space) -> str | None:
-        """A ``Discrete`` space gets the categorical policy, a one-dimensional ``Box`` the
-        diagonal Gaussian one (:mod:`tianji_dask.algos.ppo.gaussian`)."""
-        from gymnasium import spaces
-
-        if isinstance(action_space, spaces.Discrete):
-            if cfg.algo_as(PPOConfig).use_sde:
-                return (
-                    f"env.id={cfg.env.id!r}: action space is {action_space}, but algo.use_sde (gSDE) "
-                    "explores continuous (Box) actions; drop algo.use_sde for this env"
-                )
-            return None
-        if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-            return None
-        return (
-            f"env.id={cfg.env.id!r}: action space is {action_space}, but PPO acts in a Discrete action "
-            f"space (categorical policy) or a one-dimensional Box (Gaussian policy), e.g. CartPole-v1 "
-            f"or Pendulum-v1; register an env that wraps it into one of those (env.id='module:Id' imports the "
-            f"module that registers it)"
-        )
-
     def make_buffer_role(
         self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
     ) -> BufferLoopRole:
