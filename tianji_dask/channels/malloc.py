@@ -2,8 +2,8 @@
 
 Dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``.  Setting any glibc threshold turns
 off glibc's dynamic mmap threshold, so every buffer of 128 KiB or more is a fresh ``mmap`` and
-its ``munmap`` on free: a 512 KiB message costs 128 page faults on each side, 20-40 % of a
-receive (shared/notes/dask_mechanics.md).  Small messages keep Dask's setting (it holds a
+its ``munmap`` on free: a 512 KiB message costs 128 page faults on each side (docs/benchmarks.md
+has what that costs a receive).  Small messages keep Dask's setting (it holds a
 CartPole learner's process under its memory budget); the first large message a process
 handles raises the thresholds, at run time through ``mallopt``, just enough for that size to
 be served from the reused heap, with a trim threshold that keeps a few such buffers around.
