@@ -94,10 +94,10 @@ def test_each_column_of_each_rollout_is_its_envs_own_trajectory(one_torch_thread
 
 @pytest.mark.timeout(120)
 def test_rollouts_carry_the_version_they_opened_with_and_the_controller_holds_the_actor():
-    """With the balance controller on and no learner, the actor opens its quota of rollouts for
+    """With the balance controller on and no learner, the actor opens its credit of rollouts for
     version 0, finishes them (envs whose column is done play on outside any rollout while others
     fill theirs, so no rollout waits for a held one) and then holds every env (step() returns
-    False); a new version lets it go on, and the rollouts opened after it carry it."""
+    False); a new version lets it make its share (one more), which carries it."""
     actor, queue, topic, params = _actor(
         ["env.num_envs=4", "env.async_batch=2", "algo.rollout_steps=8", "algo.ratio_tolerance=0.25"], balance=True
     )
@@ -113,13 +113,13 @@ def test_rollouts_carry_the_version_they_opened_with_and_the_controller_holds_th
 
     try:
         until_held()
-        assert actor.quota == 2  # one share plus the one made while the learner trains
+        assert actor.credit.cap == 2  # one share plus the one made while the learner trains
         assert [int(r["version"]) for r in pushed] == [0, 0]  # both finished: none waits for a held one
         assert actor.counters.env_steps == 2 * 8 * 4 and actor.counters.throttled_s > 0
         assert not actor.step() and actor.counters.env_steps == 2 * 8 * 4  # held it stays
         topic.publish(1, {"params": {k: v * 1.1 for k, v in params.items()}, "consumed": 0})
         until_held()
-        assert [int(r["version"]) for r in pushed] == [0, 0, 1, 1]
+        assert [int(r["version"]) for r in pushed] == [0, 0, 1]
         assert actor.counters.param_version == 1
     finally:
         actor.close()

@@ -163,47 +163,74 @@ def test_dqn_learner_never_pauses_without_controller(how):
 
 
 # ------------------------------------------------------------------ PPO actor
-# The PPO controller paces on parameter versions: an actor makes at most
-# quota = max(1, floor(rollouts_per_update * learners / (actors * sample_reuse) * (1 + tol))) + 1
-# rollouts per version (the + 1 is the rollout made while the learner trains on the previous
-# one), then waits for a newer version.
-# (sample_reuse, rollouts_per_update, n_actors, expected quota)
-PPO_QUOTA_CASES = [
-    (1, 1, 1, 2),  # "New", one actor: one rollout per version, plus one in flight
-    (8, 1, 1, 2),  # "Staleness": 1/8 of a rollout per version, never less than one, plus one
-    (1, 4, 1, 6),  # 4 rollouts per iteration: 4 * 1.25 = 5, plus one
-    (1, 4, 3, 2),  # 3 actors share the 4: 4/3 * 1.25 = 1.67 -> 1, plus one
-    (2, 8, 1, 6),  # 8 / 2 * 1.25 = 5, plus one
+# The PPO controller paces on parameter versions (algos/ppo/pacing.py): an actor starts with
+# per_version + 1 rollouts of credit, per_version = max(1, floor(rollouts_per_update * learners /
+# (actors * sample_reuse) * (1 + tol))); each rollout spends one and each new version gives
+# back per_version, never above per_version + 1.
+# (sample_reuse, rollouts_per_update, n_actors, expected per_version)
+PPO_SHARE_CASES = [
+    (1, 1, 1, 1),  # "New", one actor: one rollout per version
+    (8, 1, 1, 1),  # "Staleness": 1/8 of a rollout per version, never less than one
+    (1, 4, 1, 5),  # 4 rollouts per iteration: 4 * 1.25 = 5
+    (1, 4, 3, 1),  # 3 actors share the 4: 4/3 * 1.25 = 1.67 -> 1
+    (2, 8, 1, 5),  # 8 / 2 * 1.25 = 5
 ]
 
 
-@pytest.mark.parametrize("reuse, per_update, n_actors, quota", PPO_QUOTA_CASES)
-def test_ppo_actor_pauses_only_after_its_share_of_a_version(reuse, per_update, n_actors, quota):
+def _publish(topic, actor, version: int) -> None:
+    state = {k: v.numpy().copy() for k, v in actor.policy.net.state_dict().items()}
+    topic.publish(version, {"params": state, "consumed": 0})
+
+
+@pytest.mark.parametrize("reuse, per_update, n_actors, per_version", PPO_SHARE_CASES)
+def test_ppo_actor_pauses_when_its_credit_is_spent_and_a_version_gives_back_its_share(
+    reuse, per_update, n_actors, per_version
+):
     queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
     cfg = _ppo_cfg(
         f"algo.sample_reuse={reuse}", f"algo.rollouts_per_update={per_update}", f"topology.actors={max(n_actors, 1)}"
     )
     actor = PPOActorRole(cfg, 0, 1, queue, topic.subscribe(), n_actors=n_actors)
-    assert actor.balance and actor.quota == quota
-    actor._rollouts_this_version = quota - 1
-    assert not actor.ahead_of_learner()
-    actor._rollouts_this_version = quota
+    assert actor.balance and (actor.credit.per_version, actor.credit.cap) == (per_version, per_version + 1)
+    _publish(topic, actor, 0)
+    assert actor.probe_params()  # the first version: the credit starts full
+    assert actor.credit.left == per_version + 1 and not actor.ahead_of_learner()
+    actor.credit.left = 0
     assert actor.ahead_of_learner()
     steps = actor.counters.env_steps
     actor.step()  # between rollouts: the controller holds it
     assert actor.counters.env_steps == steps and actor.counters.throttled_s > 0
-    state = {k: v.numpy().copy() for k, v in actor.policy.net.state_dict().items()}
-    topic.publish(5, {"params": state, "consumed": 0})  # a newer version arrives: it goes on at once
+    _publish(topic, actor, 1)  # a newer version arrives: its share, and it goes on at once
     actor.step()
-    assert actor.counters.env_steps == steps + actor.num_envs
+    assert actor.counters.env_steps == steps + actor.num_envs and actor.credit.left == per_version
+
+
+def test_a_ppo_actor_faster_than_its_learner_makes_one_rollout_a_version_once_one_ahead():
+    """The credit runs across versions: after the one rollout ahead, an actor whose learner is
+    slow makes as many rollouts a version as the learner takes, none to be dropped as stale;
+    an actor that fell behind catches up by at most one rollout beyond its share."""
+    queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
+    actor = PPOActorRole(_ppo_cfg(), 0, 1, queue, topic.subscribe(), n_actors=1)
+    made = []
+    for version in range(4):
+        _publish(topic, actor, version)
+        while actor.step():  # until the controller holds it
+            pass
+        made.append(actor.counters.messages_sent - sum(made))
+        assert actor.counters.env_steps == sum(made) * actor.T * actor.num_envs
+    assert made == [2, 1, 1, 1]
+    _publish(topic, actor, 9)  # versions 4-8 never reached this actor: it is at most one ahead again
+    while actor.step():
+        pass
+    assert actor.counters.messages_sent - sum(made) == 2
 
 
 def test_ppo_actor_never_pauses_inside_a_rollout():
-    """A rollout is one policy version: once started it is finished, even past its quota."""
+    """A rollout is one policy version: once started it is finished, even past its credit."""
     queue, params = _channels()
     actor = PPOActorRole(_ppo_cfg(), 0, 1, queue, params, n_actors=1)
-    actor.step()  # start a rollout while within the quota
-    actor._rollouts_this_version = actor.quota
+    actor.step()  # start a rollout while within the credit
+    actor.credit.left = 0
     assert actor.ahead_of_learner()
     for _ in range(actor.T - 1):  # the rest of the rollout runs
         actor.step()
@@ -224,7 +251,7 @@ def test_ppo_actor_never_pauses_without_controller(how):
         actor = PPOActorRole(cfg, 0, 1, queue, params)
     assert actor.balance is False
     actor.counters.env_steps = 10**9
-    actor._rollouts_this_version = 10**6  # far past any quota
+    actor.credit.left = -(10**6)  # far past any credit
     for _ in range(actor.T + 1):  # a whole rollout and the start of the next
         actor.step()
     assert actor.counters.env_steps == 10**9 + (actor.T + 1) * actor.num_envs

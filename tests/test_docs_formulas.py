@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.learner import DQNLearnerRole
-from tianji_dask.algos.ppo.actor import PPOActorRole
+from tianji_dask.algos.ppo.pacing import rollouts_per_version
 
 DOC = ROOT / "docs" / "architecture.md"
 
@@ -91,13 +91,9 @@ def test_the_learners_pause_condition_on_the_page_is_ahead_of_actors(restored):
         assert page == DQNLearnerRole.ahead_of_actors(learner), (formula, samples, received, restored, tol)
 
 
-def test_the_ppo_actors_rollouts_per_version_on_the_page_are_its_quota():
-    formula = formula_after("an actor makes at most")
+def test_the_ppo_actors_rollouts_per_version_on_the_page_are_its_credit_per_version():
+    formula = formula_after("each new version gives an actor credit for")
     for per_update, actors, learners, reuse, tol in itertools.product([1, 4], [1, 3, 8], [1, 2], [1, 8], [0.1, 0.5]):
-        actor = SimpleNamespace(
-            algo=SimpleNamespace(rollouts_per_update=per_update, sample_reuse=reuse, ratio_tolerance=tol),
-            cfg=SimpleNamespace(topology=SimpleNamespace(learners=learners)),
-            n_actors=actors,
-        )
         page = evaluate(formula, rollouts_per_update=per_update, A=actors, L=learners, sample_reuse=reuse, tol=tol)
-        assert page == PPOActorRole._rollout_quota(actor), (formula, per_update, actors, learners, reuse, tol)
+        code = rollouts_per_version(per_update, learners, actors, reuse, tol)
+        assert page == code, (formula, per_update, actors, learners, reuse, tol)

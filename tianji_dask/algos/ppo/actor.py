@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tianji_dask.algos.ppo.core import acting_policy
+from tianji_dask.algos.ppo.pacing import RolloutCredit, rollouts_per_version
 from tianji_dask.algos.ppo.rollout_writer import RolloutWriter
 from tianji_dask.roles.actor_base import ActorBase
 
@@ -54,8 +55,7 @@ class PPOActorRole(ActorBase):
         self.obs = self.policy.normalize(self.raw_obs)
         self.T = self.algo.rollout_steps
         self.learner_consumed = 0
-        self.quota = self._rollout_quota()
-        self._rollouts_this_version = 0
+        self.credit = RolloutCredit(self._rollouts_per_version())
         self.writer = RolloutWriter(
             self.id,
             self.T,
@@ -73,28 +73,18 @@ class PPOActorRole(ActorBase):
         self._next_choice: tuple[np.ndarray, ...] | None = None  # chosen and sent, not yet received
         self.writer.begin(self.obs)
 
-    def _rollout_quota(self) -> int:
-        algo = self.algo
-        share = algo.rollouts_per_update * self.cfg.topology.learners / (self.n_actors * algo.sample_reuse)
-        # its share of a version within the band, plus the one rollout it makes while the
-        # learner trains on the previous one (without it actor and learner would alternate)
-        return max(1, int(share * (1.0 + (algo.ratio_tolerance or 0.0)))) + 1
+    def _rollouts_per_version(self) -> int:
+        algo, learners = self.algo, self.cfg.topology.learners
+        tol = algo.ratio_tolerance or 0.0
+        return rollouts_per_version(algo.rollouts_per_update, learners, self.n_actors, algo.sample_reuse, tol)
 
     def ahead_of_learner(self) -> bool:
-        """Balance controller: has this actor produced its share of rollouts for the current
-        parameter version?
-
-        A learner iteration takes ``rollouts_per_update`` rollouts per learner and may use each
-        ``sample_reuse`` times, so a version needs ``rollouts_per_update * learners /
-        (actors * sample_reuse)`` new rollouts from each actor; the band allows
-        ``1 + ratio_tolerance`` times that, rounded down, never less than one, plus the rollout
-        made while the learner trains on the previous one. It paces on
-        versions, not on a consumption count: rollouts that go stale and are dropped would never
-        be counted as consumed, and both sides could end up waiting for each other."""
-        return self._rollouts_this_version >= self.quota
+        """Balance controller: has this actor made the rollouts the learner's versions so far
+        allow (:mod:`tianji_dask.algos.ppo.pacing`)?"""
+        return self.credit.exhausted
 
     def _on_new_version(self) -> None:
-        self._rollouts_this_version = 0
+        self.credit.new_version(self.policy.version)
         # versions change between rollouts only: the whole next rollout sees this one's normalisation
         self.obs = self.policy.normalize(self.raw_obs)
 
@@ -158,7 +148,7 @@ class PPOActorRole(ActorBase):
         r.update(self.policy.rollout_statistics())
         r["version"] = np.array(self.policy.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
-        self._rollouts_this_version += 1
+        self.credit.spend()
         self.push(r)
         self.writer.begin(self.obs)
         if self.synchronous:

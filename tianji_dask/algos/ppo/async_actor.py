@@ -30,6 +30,7 @@ import numpy as np
 
 from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.algos.ppo.core import acting_policy
+from tianji_dask.algos.ppo.pacing import RolloutCredit
 from tianji_dask.algos.ppo.rollout_writer import frame_positions
 from tianji_dask.envs import AtariTrainingSignals, make_atari_vector_env
 from tianji_dask.roles.frame_replay import FrameStreams
@@ -98,8 +99,7 @@ class PPOAsyncActorRole(PPOActorRole):
         self.policy = acting_policy(self.cfg, self.action_space, self.obs_dim, seed)
         self.T = self.algo.rollout_steps
         self.learner_consumed = 0
-        self.quota = self._rollout_quota()
-        self._rollouts_this_version = 0
+        self.credit = RolloutCredit(self._rollouts_per_version())
         N = self.num_envs
         self._streams = FrameStreams(self.id, N, stack=self.obs_shape[0])
         self._seen = np.zeros(N, bool)  # envs whose reset came back
@@ -247,7 +247,7 @@ class PPOAsyncActorRole(PPOActorRole):
             return False
         self._open[self._opened] = _Columns(self.T, self.num_envs, self.obs_shape[0], self.policy.version)
         self._opened += 1
-        self._rollouts_this_version += 1
+        self.credit.spend()
         return True
 
     def _record_results(self, envs, rollouts, rows, recorded, next_obs, rewards, terminated, truncated, infos) -> None:
@@ -285,7 +285,7 @@ class PPOAsyncActorRole(PPOActorRole):
                 columns.frame_ids.append(ids[sel])
 
     def _on_new_version(self) -> None:
-        self._rollouts_this_version = 0
+        self.credit.new_version(self.policy.version)
 
     def unsent(self) -> int:
         return self._unpushed

@@ -1,0 +1,50 @@
+"""The PPO balance controller's count: how many rollouts an actor may make before the learner's
+next version.
+
+A learner iteration takes ``rollouts_per_update`` rollouts per learner and may use each
+``sample_reuse`` times, so a version needs ``rollouts_per_update x learners / (actors x
+sample_reuse)`` new rollouts from each actor; the band allows ``1 + ratio_tolerance`` times
+that, rounded down, never less than one: ``per_version``. An actor starts with ``per_version +
+1`` rollouts of credit (the one more is the rollout it makes while the learner trains on the
+previous one), each rollout it opens spends one, and each new version gives back
+``per_version`` (times the versions it advanced), never above ``per_version + 1``.
+
+The count runs across versions: an actor faster than its learner makes ``per_version`` rollouts
+a version once it is one ahead, as many as the learner takes, so none is made only to be dropped
+as stale. Credit grows only with versions, not with a consumption count: rollouts that go stale
+and are dropped would never be counted as consumed, and both sides could wait for each other.
+"""
+
+from __future__ import annotations
+
+
+def rollouts_per_version(rollouts_per_update: int, learners: int, actors: int, sample_reuse: int, tol: float) -> int:
+    """One actor's share of the new rollouts a version needs, within the band, at least one."""
+    share = rollouts_per_update * learners / (actors * sample_reuse)
+    return max(1, int(share * (1.0 + tol)))
+
+
+class RolloutCredit:
+    """``spend()`` per rollout opened, ``new_version(v)`` per version received; ``exhausted``: the
+    actor waits for the next version."""
+
+    def __init__(self, per_version: int):
+        self.per_version = per_version
+        self.cap = per_version + 1
+        self.left = self.cap
+        self._version: int | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left <= 0
+
+    def spend(self) -> None:
+        self.left -= 1
+
+    def new_version(self, version: int) -> None:
+        # the first version refills nothing (credit starts full); a version that did not move
+        # forward (a learner restored from an older checkpoint) counts as one iteration
+        if self._version is not None:
+            advanced = max(version - self._version, 1)
+            self.left = min(self.left + self.per_version * advanced, self.cap)
+        self._version = version
