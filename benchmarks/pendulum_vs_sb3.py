@@ -12,10 +12,10 @@ the other, the order alternating from seed to seed so both see the same machine 
   of its own (``vs_single.run_tianji``; its run directory under ``<out>/tianji-seed<N>/runs``),
   on its own LocalCluster; the clock starts just before the cluster is built (its start-up counts).
 * stable-baselines3: ``benchmarks/peers/ppo_pendulum_sb3.py`` with rl-baselines3-zoo's tuned
-  Pendulum-v1 hyperparameters (hyperparams/ppo.yml, quoted there), run by ``--sb3-python``, a
-  virtual environment outside the project's (python3 -m venv /work/sb3venv;
-  /work/sb3venv/bin/pip install torch==2.13.0 stable-baselines3); its clock starts just before its
-  envs and model are built.
+  Pendulum-v1 hyperparameters (hyperparams/ppo.yml, quoted there), run by ``--sb3-python``
+  (default: ``$TIANJI_SB3_PYTHON``, else ``.venv-sb3/bin/python`` in the checkout), a virtual
+  environment apart from the project's (python3 -m venv .venv-sb3; .venv-sb3/bin/pip install
+  torch==2.13.0 stable-baselines3); its clock starts just before its envs and model are built.
 
 Both stop at the first 100-episode window whose mean reaches the target. Writes into ``--out``,
 after every run (a stopped benchmark keeps what it measured): ``pendulum_vs_sb3.json`` (every run,
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +101,12 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=-200.0)
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--max-env-steps", type=int, default=1_000_000)
-    p.add_argument("--sb3-python", type=Path, default=Path("/work/sb3venv/bin/python"))
+    p.add_argument(
+        "--sb3-python",
+        type=Path,
+        default=Path(os.environ.get("TIANJI_SB3_PYTHON", ROOT / ".venv-sb3" / "bin" / "python")),
+        help="stable-baselines3's interpreter (default: $TIANJI_SB3_PYTHON, else .venv-sb3/bin/python)",
+    )
     p.add_argument("--sb3-threads", type=int, default=0, help="stable-baselines3's torch threads (0: torch's default)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/pendulum_vs_sb3"))
     args = p.parse_args(argv)
@@ -108,8 +114,9 @@ def main(argv=None) -> int:
         p.error(f"--config {args.config}: no such file under {ROOT}")
     if not args.sb3_python.is_file():
         p.error(
-            f"--sb3-python {args.sb3_python}: not found; python3 -m venv /work/sb3venv && "
-            "/work/sb3venv/bin/pip install torch==2.13.0 stable-baselines3"
+            f"--sb3-python {args.sb3_python}: not found; make it with python3 -m venv .venv-sb3 && "
+            ".venv-sb3/bin/pip install torch==2.13.0 stable-baselines3 (in the checkout), or point "
+            "--sb3-python or TIANJI_SB3_PYTHON at an interpreter that has stable-baselines3"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     # vs_single's tianji-dask run (time_to_target.py in a process of its own) with the env-step budget

@@ -1,7 +1,7 @@
 """stable-baselines3's PPO on Pendulum-v1 with rl-baselines3-zoo's tuned hyperparameters, timed to a
-100-episode mean return. Runs in its own virtual environment, outside tianji-dask's (it imports
-nothing of the project): python3 -m venv /work/sb3venv; /work/sb3venv/bin/pip install
-torch==2.13.0 stable-baselines3 (benchmarks/pendulum_vs_sb3.py runs it there).
+100-episode mean return. Runs in its own virtual environment, apart from tianji-dask's (it imports
+nothing of the project): python3 -m venv .venv-sb3; .venv-sb3/bin/pip install torch==2.13.0
+stable-baselines3 (benchmarks/pendulum_vs_sb3.py runs it there).
 
 The hyperparameters are the Pendulum-v1 entry of rl-baselines3-zoo's hyperparams/ppo.yml (marked
 "Tuned"; the same at DLR-RM/rl-baselines3-zoo commits 00128b5d and 208b6fdf):
