@@ -222,12 +222,12 @@ class Run:
     # --- stop rules ---------------------------------------------------------------------
     def _check_stop_rules(self) -> str | None:
         s = self.cfg.stop
-        if s.target_return is not None and not math.isnan(self.recorder.time_to_target_s):
+        if s.target_return is not None and not math.isnan(self.recorder.tally.time_to_target_s):
             return "target_reached"
-        if s.max_env_steps is not None and self.recorder.env_steps >= s.max_env_steps:
+        if s.max_env_steps is not None and self.recorder.tally.env_steps >= s.max_env_steps:
             return "max_env_steps"
         # a continued run's budget counts the time before it too (the time axis of metrics.nc)
-        if s.max_seconds is not None and time.time() - self.t0 + self.recorder.time_offset >= s.max_seconds:
+        if s.max_seconds is not None and time.time() - self.t0 + self.recorder.tally.time_offset >= s.max_seconds:
             return "max_seconds"
         return None
 
@@ -265,9 +265,9 @@ class Run:
             status=status,
             run_dir=self.run_dir,
             wall_s=time.time() - self.t0,
-            env_steps=self.recorder.env_steps,
-            return_mean_100=self.recorder.return_mean_100,
-            time_to_target_s=self.recorder.time_to_target_s,
+            env_steps=self.recorder.tally.env_steps,
+            return_mean_100=self.recorder.tally.return_mean_100,
+            time_to_target_s=self.recorder.tally.time_to_target_s,
             error=error,
             final_row=row,
         )
@@ -363,8 +363,8 @@ class Run:
             **meta,
             "run_name": self.name,
             "final": final,
-            "env_steps": self.recorder.env_steps,
-            "wall_s": round(time.time() - self.t0 + self.recorder.time_offset, 3),
+            "env_steps": self.recorder.tally.env_steps,
+            "wall_s": round(time.time() - self.t0 + self.recorder.tally.time_offset, 3),
         }
         save_checkpoint(self.run_dir / "checkpoint", state, meta)
 
@@ -382,7 +382,7 @@ class Run:
             self.scheduler_address = run_cluster.scheduler_address
             self._cluster_up.set()
             run_cluster.subscribe(self.recorder.add)
-            totals, add = self.recorder.host_total, self.recorder.add
+            totals, add = self.recorder.tally.host_total, self.recorder.add
             if self._resume is None:
                 run_cluster.start_hosts(self.spaces, totals=totals, add_heartbeat=add)
             else:
@@ -397,7 +397,7 @@ class Run:
                     add_heartbeat=add,
                 )
                 self._on_event(
-                    f"continuing {self.run_dir.name} from {self.recorder.env_steps:,} env steps, "
+                    f"continuing {self.run_dir.name} from {self.recorder.tally.env_steps:,} env steps, "
                     f"learner at update {self._resume.meta.get('updates', 0):,}"
                 )
             self.recorder.set_attrs(
@@ -423,7 +423,7 @@ class Run:
                             # run.max_restarts); the final checkpoint says if the learner's was
                             break
                         if lost:
-                            losses = run_cluster.recover(lost, self.recorder.host_total, self.recorder.add)
+                            losses = run_cluster.recover(lost, self.recorder.tally.host_total, self.recorder.add)
                             self.recorder.record_losses(**losses)
                     except HostLost as exc:  # say it now: stopping the other hosts takes a while
                         self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")
