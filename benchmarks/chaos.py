@@ -34,7 +34,7 @@ import xarray as xr
 from distributed import Client
 
 from tianji_dask.config import load_config
-from tianji_dask.results.recorder import LOSS_KEYS
+from tianji_dask.results.metric_table import LOSS_KEYS
 from tianji_dask.runtime.driver import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ class Chaos:
         if run.done or self._stop.is_set():
             return
         with Client(run.scheduler_address, timeout="30s") as client:
-            while run.recorder.env_steps == 0 and not run.done and not self._stop.wait(0.1):
+            while run.recorder.tally.env_steps == 0 and not run.done and not self._stop.wait(0.1):
                 pass
             wait = self.rng.uniform(0, self.interval)  # the first kill at a random phase, then every interval
             while not self._stop.wait(wait) and not run.done:

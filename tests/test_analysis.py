@@ -89,7 +89,7 @@ def ended_runs(h, tmp_path_factory):
     short = [*h.SHORT, "stop.max_seconds=60"]
     finished = train(load_config(h.CONFIG, [*short, "stop.max_env_steps=1500"]), out=root / "finished", serial=True)
     stopped = train(load_config(h.CONFIG, short), out=root / "stopped", serial=True)
-    assert h.wait_until(lambda: stopped.recorder.env_steps > 0, timeout=30), "no env steps recorded"
+    assert h.wait_until(lambda: stopped.recorder.tally.env_steps > 0, timeout=30), "no env steps recorded"
     stopped.stop()
     failed = train(load_config(h.CONFIG, [*short, "env.id=BreakingCartPole-v0"]), out=root / "failed", serial=True)
     results = [r.wait(timeout=60) for r in (finished, stopped, failed)]

@@ -28,7 +28,7 @@ def _kill_worker_of(run, cfg, pick, ready=lambda: True) -> str:
     and ``ready()``."""
     t0 = time.monotonic()
     with Client(run.wait_for_cluster(), timeout="10s") as client:
-        while (run.recorder.env_steps < 6000 or not ready()) and not run.done and time.monotonic() - t0 < 90:
+        while (run.recorder.tally.env_steps < 6000 or not ready()) and not run.done and time.monotonic() - t0 < 90:
             time.sleep(0.1)
         assert not run.done, run.result
         victim = pick(place(scheduler_workers(client), cfg.topology, "any", cfg.seed))
@@ -160,7 +160,7 @@ def test_hosts_whose_worker_does_not_come_back_share_a_live_one(h, tmp_path, mon
     with local_cluster(2, dashboard=False) as cluster, Client(cluster) as client:
         events: list[str] = []
         with h.ending(train(cfg, client, out=tmp_path / "run", on_event=events.append)) as run:
-            assert h.wait_until(lambda: run.recorder.env_steps > 2000 or run.done, timeout=90)
+            assert h.wait_until(lambda: run.recorder.tally.env_steps > 2000 or run.done, timeout=90)
             plan = place(scheduler_workers(client), cfg.topology, "any", cfg.seed)
             victim = plan.actors[0].worker
             (nanny,) = [n for n in cluster.workers.values() if n.worker_address == victim]
@@ -247,10 +247,10 @@ def test_a_new_incarnation_carries_the_totals_even_when_its_counters_are_already
     m.add(Heartbeat("actor", 0, ActorCounters(env_steps=100, messages_sent=3), t=1.0).message())
     # re-created: its counters began at 0 and grew past the old ones before its first beat
     m.add({**Heartbeat("actor", 0, ActorCounters(env_steps=150, messages_sent=5), t=2.0).message(), "incarnation": 1})
-    assert m.env_steps == 250
+    assert m.tally.env_steps == 250
     # a late heartbeat of the lost incarnation changes nothing
     m.add(Heartbeat("actor", 0, ActorCounters(env_steps=120, messages_sent=4), t=1.5).message())
-    assert m.env_steps == 250
+    assert m.tally.env_steps == 250
     m.record_losses(actor_restarts=1, lost_episodes=8)
     row = m.row(3.0)
     assert row["actor_restarts"] == 1 and row["lost_episodes"] == 8 and row["lost_replay"] == 0

@@ -104,7 +104,7 @@ def test_rates_sums_and_ratios():
     feed_group(m)
     r = m.row(1.0)
     assert r["time"] == 1.0
-    assert r["env_steps"] == 1500 == m.env_steps
+    assert r["env_steps"] == 1500 == m.tally.env_steps
     assert r["env_fps"] == pytest.approx(3000.0)  # 1000/0.5 + 500/0.5
     assert r["receive_fps"] == pytest.approx(2800.0)
     assert r["train_fps"] == pytest.approx(640.0)  # 20 updates/s * 32
@@ -144,7 +144,7 @@ def test_rate_uses_interval_between_rows_and_heartbeat_time():
     assert m.row(5.0)["env_fps"] == pytest.approx(500.0)
     # An out-of-order (older) heartbeat must not move the counters backwards.
     m.add(actor(0, 1.0, 1200))
-    assert m.env_steps == 1500
+    assert m.tally.env_steps == 1500
     np.testing.assert_allclose(m.dataset().env_fps.values, [np.nan, 2000, 2000, 500])
 
 
@@ -224,7 +224,7 @@ def test_empty_recorder_reports_nan_and_zero():
         "loss",
     ):
         assert math.isnan(r[k]), k
-    assert math.isnan(m.return_mean_100) and m.episodes == 0
+    assert math.isnan(m.tally.return_mean_100) and m.tally.episodes == 0
 
 
 def test_return_mean_100_over_more_than_100_episodes():
@@ -232,8 +232,8 @@ def test_return_mean_100_over_more_than_100_episodes():
     eps = [[float(i), 10 + i, T0 + 0.01 * i] for i in range(150)]
     m.add(actor(0, 0.5, 100, episodes=eps[:70]))
     m.add(actor(1, 0.6, 100, episodes=eps[70:]))
-    assert m.episodes == 150
-    assert m.return_mean_100 == pytest.approx(np.mean(np.arange(50, 150)))  # 99.5
+    assert m.tally.episodes == 150
+    assert m.tally.return_mean_100 == pytest.approx(np.mean(np.arange(50, 150)))  # 99.5
     assert m.row(1.0)["return_mean_100"] == pytest.approx(99.5)
     e = m.episodes_dataset()
     assert e.sizes["episode"] == 150
@@ -249,7 +249,7 @@ def test_time_to_target_set_when_first_reached():
     eps = [[float(i), 10, T0 + 2.0 + i] for i in range(130)]
     m.add(actor(0, 200.0, 1000, episodes=eps))
     # After 100 episodes (0..99) the mean is 49.5; episode 100 makes the window 1..100: 50.5.
-    assert m.time_to_target_s == pytest.approx(2.0 + 100)
+    assert m.tally.time_to_target_s == pytest.approx(2.0 + 100)
     m.row(201.0)
     ds = m.dataset()
     assert ds.attrs["time_to_target_s"] == pytest.approx(102.0)
@@ -259,19 +259,19 @@ def test_time_to_target_set_when_first_reached():
 def test_time_to_target_needs_100_episodes_and_stays_nan_without_target():
     m = recorder(target=0.0)
     m.add(actor(0, 1.0, 10, episodes=[[10.0, 5, T0 + 1.0]] * 99))
-    assert math.isnan(m.time_to_target_s)
+    assert math.isnan(m.tally.time_to_target_s)
     m.add(actor(0, 2.0, 20, episodes=[[10.0, 5, T0 + 1.5]]))
-    assert m.time_to_target_s == pytest.approx(1.5)
+    assert m.tally.time_to_target_s == pytest.approx(1.5)
     m2 = recorder(target=None)
     m2.add(actor(0, 1.0, 10, episodes=[[10.0, 5, T0 + 1.0]] * 200))
-    assert math.isnan(m2.time_to_target_s)
+    assert math.isnan(m2.tally.time_to_target_s)
     assert math.isnan(m2.dataset().attrs["target_return"])
 
 
 def test_last_seen_and_bad_heartbeat():
     m = recorder()
     feed_group(m)
-    assert m.last_seen() == {
+    assert m.tally.last_seen() == {
         ("actor", 0): T0 + 0.5,
         ("actor", 1): T0 + 0.5,
         ("buffer", 0): T0 + 0.5,
@@ -452,7 +452,7 @@ def test_concurrent_add_and_row():
     for th in threads:
         th.join()
     assert m.row()["env_steps"] == 4 * 10 * n
-    assert m.episodes == 4 * n
+    assert m.tally.episodes == 4 * n
     m.dataset()
 
 

@@ -59,7 +59,7 @@ def test_a_continued_recorder_carries_time_counters_and_episodes_on():
     t1 = T0 + 1000  # the continuation starts later: its clock begins again at 0
     second = _recorder(t1)
     second.continue_from(metrics, episodes)
-    assert second.env_steps == 400 and second.time_offset == 1.5
+    assert second.tally.env_steps == 400 and second.tally.time_offset == 1.5
     second.row(0.1)  # before any heartbeat: the previous counts, not zeros
     second.add(_actor(t1, 0.2, 0))
     second.add(_learner(t1, 0.2, 0))

@@ -82,11 +82,11 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
         # 2. while the hosts are created: on_event kills the actor's worker once they are placed
         # 3. during a re-creation: once the run produces, the actor's worker; on_event kills its
         # replacement as the run re-creates the actor there
-        until(lambda: run.recorder.env_steps > 1000)
+        until(lambda: run.recorder.tally.env_steps > 1000)
         kill(_pid_of(watcher[0], _host_workers(watcher[0], "ActorHost")[0]), "running")
         until(recreating.is_set)
-        steps = run.recorder.env_steps
-        until(lambda: run.recorder.env_steps > steps + 1000)
+        steps = run.recorder.tally.env_steps
+        until(lambda: run.recorder.tally.env_steps > steps + 1000)
         # 4. during shutdown: the learner's worker, as the run stops
         learner = _pid_of(watcher[0], _host_workers(watcher[0], "LearnerHost")[0])
         watcher.pop().close()
@@ -162,11 +162,11 @@ def test_a_recreation_that_fails_on_a_live_worker_is_tried_again(h, tmp_path):
         assert ok, f"result {run.result}; events:\n" + "\n".join(events)
 
     with h.ending(run):
-        until(lambda: watcher and run.recorder.env_steps > 1000)
+        until(lambda: watcher and run.recorder.tally.env_steps > 1000)
         os.kill(_pid_of(watcher[0], _host_workers(watcher[0], "ActorHost")[0]), signal.SIGKILL)
         until(lambda: any("trying again" in e for e in events))
-        steps = run.recorder.env_steps
-        until(lambda: run.recorder.env_steps > steps + 1000)
+        steps = run.recorder.tally.env_steps
+        until(lambda: run.recorder.tally.env_steps > steps + 1000)
         watcher.pop().close()
         run.stop()
         result = run.wait(timeout=60)

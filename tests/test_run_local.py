@@ -138,8 +138,8 @@ def test_another_client_opened_while_the_hosts_start_and_closed_leaves_the_run_g
     run = train(cfg, out=tmp_path / "run")
     try:
         with Client(run.wait_for_cluster(), timeout="10s"):
-            assert h.wait_until(lambda: run.recorder.env_steps > 0 or run.done, timeout=60)
-        steps_when_closed = run.recorder.env_steps
+            assert h.wait_until(lambda: run.recorder.tally.env_steps > 0 or run.done, timeout=60)
+        steps_when_closed = run.recorder.tally.env_steps
         result = run.wait(timeout=60)
     finally:
         if not run.done:

@@ -233,7 +233,7 @@ def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_goes_on_there(slur
             client.wait_for_workers(planned_processes(plan), timeout=90)
             run = train(cfg, client, out=tmp_path / "run", on_event=events.append)
             with h_ending(run):
-                assert wait_until(lambda: run.recorder.env_steps > 0 or run.done, 60), (run.result, events)
+                assert wait_until(lambda: run.recorder.tally.env_steps > 0 or run.done, 60), (run.result, events)
                 assert not run.done, (run.result, events)
                 first = dict((name, job) for job, name in squeue())
                 subprocess.run(["scancel", first["tianji-t4-g0-actors"]], check=True, timeout=15)

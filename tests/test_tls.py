@@ -80,9 +80,9 @@ def test_a_tls_run_learns_on_tls_only_and_refuses_clients_without_its_certificat
         assert not run.done, (run.result, events)  # every refusal above came from the live run
 
         # the hosts train over their TLS channels: CartPole's random policy returns about 22
-        while not run.done and not run.recorder.return_mean_100 >= 100:
+        while not run.done and not run.recorder.tally.return_mean_100 >= 100:
             time.sleep(0.2)
-        learned = run.recorder.return_mean_100
+        learned = run.recorder.tally.return_mean_100
         run.stop()
         result = run.wait(timeout=60)
     assert result is not None and result.status == "stopped", (result, events)

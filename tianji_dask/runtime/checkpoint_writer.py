@@ -1,0 +1,90 @@
+"""Writes a run's checkpoints into ``run_dir/checkpoint``: periodic ones from the running
+learner's snapshot while the run goes on, and the final one at its end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tianji_dask.config import ExperimentConfig
+from tianji_dask.results.tally import Tally
+
+if TYPE_CHECKING:
+    from tianji_dask.runtime.cluster import RunCluster
+
+HURRIED_CHECKPOINT_S = 5.0  # how long a run told to stop at once still waits for the final checkpoint
+
+
+class CheckpointWriter:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        run_name: str,
+        run_dir: Path,
+        tally: Tally,
+        t0: float,
+        on_event: Callable[[str], None],
+    ):
+        self.cfg = cfg
+        self.run_name = run_name
+        self.run_dir = run_dir
+        self._tally = tally
+        self._t0 = t0
+        self._on_event = on_event
+        # (state, metadata) of the running learner, set by each mode while it runs: the state as
+        # tensors (serial) or packed by the learner's host (distributed)
+        self.snapshot: Callable[[], tuple[dict | bytes, dict]] | None = None
+
+    def meta(self, learner) -> dict:
+        """The metadata of a checkpoint of ``learner`` (a learner core in this process)."""
+        return {**learner.checkpoint_meta(), "algo": self.cfg.algo.name, "env_id": self.cfg.env.id}
+
+    def save(self, state: dict | bytes, meta: dict, *, final: bool) -> None:
+        """``final``: written at the run's end; else a periodic one of a run still going."""
+        if not self.cfg.run.checkpoint:
+            return
+        from tianji_dask.results.checkpoint import save_checkpoint
+
+        meta = {
+            **meta,
+            "run_name": self.run_name,
+            "final": final,
+            "env_steps": self._tally.env_steps,
+            "wall_s": round(time.time() - self._t0 + self._tally.time_offset, 3),
+        }
+        save_checkpoint(self.run_dir / "checkpoint", state, meta)
+
+    def save_periodic(self) -> None:
+        snapshot = self.snapshot
+        if snapshot is None:  # the run is between its modes' loops
+            return
+        try:
+            state, meta = snapshot()
+            self.save(state, meta, final=False)
+        except Exception as exc:  # noqa: BLE001 - a full disk or a slow learner must not end the run
+            self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; the run goes on")
+
+    def save_final(self, run_cluster: RunCluster, *, hurry: bool) -> None:
+        """The learner's state at the end of a distributed run. ``hurry`` (told to stop at once):
+        a learner that answers within a few seconds still gets saved."""
+        from tianji_dask.runtime.cluster import LearnerLost
+
+        if not hurry:
+            try:
+                self._save_learner_state(run_cluster.learner_checkpoint())
+            except LearnerLost as exc:  # the run did finish: its status stays
+                self._on_event(f"no final checkpoint: {exc}; the latest periodic one, if any, stays")
+            return
+        try:
+            self._save_learner_state(run_cluster.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S))
+        except Exception as exc:  # noqa: BLE001 - the stop goes on; the latest periodic one stays
+            self._on_event(f"final checkpoint skipped while stopping at once: {exc!r}")
+
+    def _save_learner_state(self, saved: tuple[bytes, dict] | None) -> None:
+        if saved is None:
+            self._on_event("no final checkpoint: the run stopped before its learner was built")
+            return
+        self.save(*saved, final=True)

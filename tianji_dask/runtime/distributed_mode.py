@@ -1,0 +1,119 @@
+"""A run's distributed mode: its hosts on a Dask cluster (``cluster.RunCluster``), supervised from
+the run's thread, with the run loop's duties, re-creation of lost hosts, and the final checkpoint
+at its end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tianji_dask.results.resumable import ResumePoint
+from tianji_dask.runtime.restarts import HostLost
+from tianji_dask.runtime.run_loop import RunLoop
+
+if TYPE_CHECKING:
+    from tianji_dask.runtime.cluster import RunCluster
+
+
+class DistributedMode:
+    """``on_cluster_up(run_cluster)`` is called once the run's cluster is up, before its hosts start."""
+
+    def __init__(
+        self,
+        loop: RunLoop,
+        *,
+        client,
+        run_id: str,
+        security,
+        spaces,
+        resume: ResumePoint | None,
+        on_event: Callable[[str], None],
+        on_cluster_up: Callable[[RunCluster], None],
+    ):
+        self.loop = loop
+        self._client = client
+        self._run_id = run_id
+        self._security = security
+        self._spaces = spaces
+        self._resume = resume
+        self._on_event = on_event
+        self._on_cluster_up = on_cluster_up
+
+    def run(self) -> None:
+        from tianji_dask.runtime.cluster import RunCluster
+        from tianji_dask.runtime.forked_workers import start_fork_server
+
+        loop, recorder = self.loop, self.loop.recorder
+        if self._client is None:
+            start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours
+
+        with RunCluster(
+            loop.cfg, self._client, self._run_id, self._on_event, hurry=loop.stopping.hurry, security=self._security
+        ) as run_cluster:
+            self._on_cluster_up(run_cluster)
+            run_cluster.subscribe(recorder.add)
+            self._start_hosts(run_cluster)
+            recorder.set_attrs(
+                {"scheduler_address": run_cluster.scheduler_address, "worker_addresses": run_cluster.worker_addresses}
+            )
+            loop.checkpoints.snapshot = run_cluster.learner_snapshot
+            try:
+                self._supervise(run_cluster)
+            finally:
+                loop.checkpoints.snapshot = None
+                run_cluster.stop_hosts()
+                for hb in run_cluster.final_heartbeats():
+                    recorder.add(hb)
+                loop.last_row()
+            if loop.cfg.run.checkpoint:
+                loop.checkpoints.save_final(run_cluster, hurry=loop.stopping.hurry.is_set())
+
+    def _start_hosts(self, run_cluster: RunCluster) -> None:
+        """The run's hosts; those of a continued run from its checkpoint and its actors' counts."""
+        recorder = self.loop.recorder
+        totals, add = recorder.tally.host_total, recorder.add
+        if self._resume is None:
+            run_cluster.start_hosts(self._spaces, totals=totals, add_heartbeat=add)
+            return
+        steps = self._resume.actor_env_steps()
+        run_cluster.start_hosts(
+            self._spaces,
+            restore=self._resume.state,
+            prior=lambda key, counter: steps.get(key[1], 0) if (key[0], counter) == ("actor", "env_steps") else 0,
+            totals=totals,
+            add_heartbeat=add,
+        )
+        self._on_event(
+            f"continuing {recorder.run_name} from {recorder.tally.env_steps:,} env steps, "
+            f"learner at update {self._resume.meta.get('updates', 0):,}"
+        )
+
+    def _supervise(self, run_cluster: RunCluster) -> None:
+        """Until the run stops: the loop's duties, the learners' snapshots (where lost learners
+        are re-created), and lost hosts re-created or the run ended with :class:`HostLost`."""
+        loop, recorder = self.loop, self.loop.recorder
+        next_row = time.time()
+        r = loop.cfg.run
+        keep_snapshots = r.max_restarts > 0 and r.snapshot_interval > 0
+        next_snapshot = time.time() + r.snapshot_interval
+        while not loop.should_stop():
+            next_row = loop.tick(next_row)
+            if keep_snapshots:
+                run_cluster.collect_snapshots()
+                if time.time() >= next_snapshot:
+                    run_cluster.take_snapshots()
+                    next_snapshot = time.time() + r.snapshot_interval
+            try:
+                lost = run_cluster.check_health()
+                if lost and loop.stopping.requested.is_set():
+                    # stopping anyway: what was lost is not re-created (nor counted against
+                    # run.max_restarts); the final checkpoint says if the learner's was
+                    break
+                if lost:
+                    losses = run_cluster.recover(lost, recorder.tally.host_total, recorder.add)
+                    recorder.record_losses(**losses)
+            except HostLost as exc:  # say it now: stopping the other hosts takes a while
+                self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")
+                raise
+            time.sleep(0.05)
