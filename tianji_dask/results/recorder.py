@@ -213,7 +213,7 @@ class MetricsRecorder:
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def write(self, run_dir: Path) -> None:
-        """Write ``run_dir/metrics.nc`` and ``run_dir/episodes.nc`` atomically (through netCDF4).
+        """Write ``run_dir/metrics.nc`` and ``run_dir/episodes.nc`` atomically, through h5netcdf (``_write_netcdf``).
 
         Both are written in full to temporary files before either is renamed over its old file,
         so a failure while writing them (a full disk) replaces neither.

@@ -3,7 +3,7 @@
 Roles keep their counters in these dataclasses (typed fields, not string keys) and send them
 as :class:`Heartbeat` messages; an algorithm's roles may extend them with counters of their
 own (``algos/dqn/actor.py``'s epsilon, ``algos/ppo/learner.py``'s KL and policy lag).
-:class:`~tianji_dask.results.recorder.MetricsRecorder` derives its tables from the fields' metadata:
+The recorder (:mod:`tianji_dask.results.host_record`) derives its tables from the fields' metadata:
 which counters only grow while a host lives (a drop means the host restarted), and which rates
 it computes from which counter. A new counter is declared once, here or in its role.
 """
