@@ -381,7 +381,7 @@ class Run:
             self.dashboard_link = run_cluster.dashboard_link
             self.scheduler_address = run_cluster.scheduler_address
             self._cluster_up.set()
-            run_cluster.subscribe(self.recorder.add)
+            run_cluster.supervisor.subscribe(self.recorder.add)
             totals, add = self.recorder.host_total, self.recorder.add
             if self._resume is None:
                 run_cluster.start_hosts(self.spaces, totals=totals, add_heartbeat=add)
@@ -412,18 +412,18 @@ class Run:
                 while not self._should_stop():
                     next_row = self._tick(next_row)
                     if keep_snapshots:
-                        run_cluster.collect_snapshots()
+                        run_cluster.snapshots.collect()
                         if time.time() >= next_snapshot:
-                            run_cluster.take_snapshots()
+                            run_cluster.snapshots.take()
                             next_snapshot = time.time() + r.snapshot_interval
                     try:
-                        lost = run_cluster.check_health()
+                        lost = run_cluster.supervisor.check_health()
                         if lost and self._stop_requested.is_set():
                             # stopping anyway: what was lost is not re-created (nor counted against
                             # run.max_restarts); the final checkpoint says if the learner's was
                             break
                         if lost:
-                            losses = run_cluster.recover(lost, self.recorder.host_total, self.recorder.add)
+                            losses = run_cluster.recovery.recover(lost, self.recorder.host_total, self.recorder.add)
                             self.recorder.record_losses(**losses)
                     except HostLost as exc:  # say it now: stopping the other hosts takes a while
                         self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")
