@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime.hosts import metrics_topic
+from tianji_dask.runtime.host_loop import metrics_topic
 from tianji_dask.runtime.restarts import HostLost, Key, LostWorker
 from tianji_dask.runtime.worker_deaths import death_reasons, removal_reason
 from tianji_dask.runtime.workers import scheduler_workers
