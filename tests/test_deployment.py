@@ -143,11 +143,12 @@ def test_the_scheduler_check_waits_the_connect_timeout(monkeypatch):
 
 
 def test_a_host_silent_past_the_startup_timeout_is_lost():
-    from tianji_dask.runtime.cluster import HostLost, RunCluster
+    from tianji_dask.runtime.restarts import HostLost
+    from tianji_dask.runtime.supervisor import Supervisor
 
     with dask.config.set({"tianji.timeouts.host-startup": "2s"}):
         run_section = SimpleNamespace(heartbeat_timeout=5.0, max_restarts=3, restart_window_s=600.0)
-        run = RunCluster(SimpleNamespace(run=run_section), None, "r")
+        run = Supervisor(None, SimpleNamespace(run=run_section), "r", lambda text: None, since=time.time())
     run._expected = {("actor", 0): "tcp://127.0.0.1:1"}
     run._next_worker_check = float("inf")  # no scheduler to ask
     run._started_at = time.time() - 1

@@ -88,6 +88,41 @@ def test_the_public_api_is_the_packages_and_loads_on_first_use():
     assert where["load_config"].startswith("tianji_dask.config") and where["start"] == "tianji_dask.notebook"
 
 
+MAX_METHODS = 15
+
+
+def methods_per_class(package: Path) -> dict[str, int]:
+    """``path:Class`` (the path under ``package``) -> the functions defined directly in its body (properties and dunders
+    count, functions inside its methods do not), for every class under ``package``."""
+    counts = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                own = [f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+                counts[f"{path.relative_to(package).as_posix()}:{node.name}"] = len(own)
+    return counts
+
+
+def test_the_method_count_counts_the_class_bodys_own_functions(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "class A:\n"
+        "    def f(self):\n        def inner(): pass\n"
+        "    @property\n    def p(self): pass\n"
+        "    async def g(self): pass\n"
+        "    def __init__(self): pass\n"
+        "    class B:\n        def h(self): pass\n"
+    )
+    counts = {k.rsplit(":", 1)[1]: n for k, n in methods_per_class(tmp_path).items()}
+    assert counts == {"A": 4, "B": 1}
+
+
+def test_no_class_in_the_runtime_has_more_than_fifteen_methods():
+    """The runtime's coordinators stay thin: a class that grows past the bound is split by concern."""
+    counts = methods_per_class(PACKAGE / "runtime")
+    wide = {cls: n for cls, n in counts.items() if n > MAX_METHODS}
+    assert not wide, f"classes with more than {MAX_METHODS} methods: {wide}"
+
+
 ACTORS = ("algos/dqn/actor.py", "algos/ppo/actor.py", "algos/ppo/async_actor.py")
 
 

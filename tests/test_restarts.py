@@ -150,10 +150,10 @@ def test_hosts_whose_worker_does_not_come_back_share_a_live_one(h, tmp_path, mon
     """A nanny closed for good (as when a process dies while it starts, or a batch job is not
     replaced): after ``TAKEOVER_WAIT_S`` (2 s here) the lost actor shares the learner's worker
     and steps there."""
-    from tianji_dask.runtime import run_hosts
+    from tianji_dask.runtime import worker_replacement
     from tianji_dask.runtime.cluster import local_cluster
 
-    monkeypatch.setattr(run_hosts, "TAKEOVER_WAIT_S", 2.0)
+    monkeypatch.setattr(worker_replacement, "TAKEOVER_WAIT_S", 2.0)
     cfg = load_config(
         "configs/cartpole_dqn.yaml", ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=150"]
     )

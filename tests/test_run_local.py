@@ -295,9 +295,9 @@ def test_the_worker_check_is_not_fooled_by_the_clients_refresh(h, tmp_path, monk
     buffer that way after 534 s. Here the refresh runs every 5 ms and the check every 10 ms."""
     import dask
 
-    from tianji_dask.runtime import cluster
+    from tianji_dask.runtime import supervisor
 
-    monkeypatch.setattr(cluster, "WORKER_CHECK_S", 0.01)
+    monkeypatch.setattr(supervisor, "WORKER_CHECK_S", 0.01)
     cfg = short_config(h, "stop.max_env_steps=6000")
     with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
         result = train(cfg, out=tmp_path / "run").wait(timeout=45)
@@ -311,9 +311,9 @@ def test_a_dead_workers_cause_is_quoted():
     lost-host report quotes it (a worker killed by a signal, one that exited)."""
     import signal
 
-    from tianji_dask.runtime.cluster import _WORKER_DEATHS, _watch_worker_deaths
+    from tianji_dask.runtime.worker_deaths import WORKER_DEATHS, watch_worker_deaths
 
-    _watch_worker_deaths()
+    watch_worker_deaths()
     t0 = time.time()
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
@@ -323,9 +323,9 @@ def test_a_dead_workers_cause_is_quoted():
         (pid,) = pid.values()
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 20
-        while not _WORKER_DEATHS.since(t0) and time.monotonic() < deadline:
+        while not WORKER_DEATHS.since(t0) and time.monotonic() < deadline:
             time.sleep(0.05)
-    said = _WORKER_DEATHS.since(t0)
+    said = WORKER_DEATHS.since(t0)
     assert said == [f"Worker process {pid} was killed by signal 9"], said
 
 

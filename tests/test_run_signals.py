@@ -312,7 +312,7 @@ def test_killed_worker_is_reported_as_lost_and_fails_the_run(h, cli_run):
     time.sleep(2)
     workers = run.workers()
     assert len(workers) == 2, [w.cmdline() for w in workers]
-    # The buffer and learner go to the first worker by address (cluster.RunCluster._placement);
+    # The buffer and learner go to the first worker by address (placement.place);
     # kill the other one: the actor's.
     addresses = worker_addresses(workers)
     victim = max(workers, key=lambda p: addresses[p.pid])

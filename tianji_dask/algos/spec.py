@@ -33,7 +33,7 @@ class AlgorithmSpec(Protocol):
     #: The planner may choose the learner's batch size (scaling what keeps the serial replay
     #: ratio); otherwise the batch is what the config's rollouts give.
     tunable_batch: bool
-    #: Its buffers hold a replay that a lost learner's snapshot keeps (RunCluster.take_snapshots).
+    #: Its buffers hold a replay that a lost learner's snapshot keeps (SnapshotKeeper.take).
     keeps_replay: bool
 
     # --- roles ------------------------------------------------------------------------------

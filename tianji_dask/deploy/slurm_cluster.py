@@ -9,7 +9,7 @@ template.
 
 A job that ends while the run goes on (``scancel``, preemption, its walltime) is submitted again,
 of the same size, name and tags, by :meth:`PlannedSLURMCluster.replace_ended_jobs`, which the
-run's driver calls when it loses workers (``run_hosts.RunHosts.replacement``).
+run's driver calls when it loses workers (``worker_replacement.WorkerReplacement.find``).
 """
 
 from __future__ import annotations

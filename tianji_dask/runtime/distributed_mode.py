@@ -52,7 +52,7 @@ class DistributedMode:
             loop.cfg, self._client, self._run_id, self._on_event, hurry=loop.stopping.hurry, security=self._security
         ) as run_cluster:
             self._on_cluster_up(run_cluster)
-            run_cluster.subscribe(recorder.add)
+            run_cluster.supervisor.subscribe(recorder.add)
             self._start_hosts(run_cluster)
             recorder.set_attrs(
                 {"scheduler_address": run_cluster.scheduler_address, "worker_addresses": run_cluster.worker_addresses}
@@ -100,18 +100,18 @@ class DistributedMode:
         while not loop.should_stop():
             next_row = loop.tick(next_row)
             if keep_snapshots:
-                run_cluster.collect_snapshots()
+                run_cluster.snapshots.collect()
                 if time.time() >= next_snapshot:
-                    run_cluster.take_snapshots()
+                    run_cluster.snapshots.take()
                     next_snapshot = time.time() + r.snapshot_interval
             try:
-                lost = run_cluster.check_health()
+                lost = run_cluster.supervisor.check_health()
                 if lost and loop.stopping.requested.is_set():
                     # stopping anyway: what was lost is not re-created (nor counted against
                     # run.max_restarts); the final checkpoint says if the learner's was
                     break
                 if lost:
-                    losses = run_cluster.recover(lost, recorder.tally.host_total, recorder.add)
+                    losses = run_cluster.recovery.recover(lost, recorder.tally.host_total, recorder.add)
                     recorder.record_losses(**losses)
             except HostLost as exc:  # say it now: stopping the other hosts takes a while
                 self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")

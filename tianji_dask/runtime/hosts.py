@@ -6,26 +6,19 @@ loop would freeze every host on that worker. The ``async def`` methods
 ``start``, ``stop``, ``stats`` and ``error`` run on the worker's event loop and
 stay callable while the loop runs.
 
-Every ``run.metrics_interval`` seconds a host sends its heartbeat (cumulative
-counters plus finished episodes) through ``Worker.log_event`` on the run's topic;
-the driver receives them with ``Client.subscribe_topic``. A failure inside a loop
-is sent as a heartbeat with an ``error`` field, so the driver stops the run
-instead of waiting for a host that died.
+Each host is two parts: :class:`~tianji_dask.runtime.host_loop.HostLoop`, the loop thread with
+its heartbeats, and ``_LoopHost``, the Dask-facing ``async def`` methods around it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import threading
 import time
-import traceback
-from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import psutil
 from distributed import Actor, get_worker
 from distributed.comm import get_address_host
 
@@ -36,10 +29,10 @@ from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.devices import on_slot_gpu
 from tianji_dask.results.checkpoint import pack_state, unpack_state
 from tianji_dask.roles.buffer import ReplayBufferRole
-from tianji_dask.roles.heartbeats import COUNTERS, Heartbeat
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState
 from tianji_dask.runtime.gossip import GossipSync, GroupGossip
+from tianji_dask.runtime.host_loop import HostLoop, R
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -49,20 +42,14 @@ if TYPE_CHECKING:
 IDLE_S = 0.0002  # a learner with nothing to train on yields this long before looking again
 
 
-def metrics_topic(run_id: str) -> str:
-    return f"tianji-{run_id}"
-
-
 def stop_event_name(run_id: str) -> str:
     """The run's global stop: a ``distributed.Event`` every host watches."""
     return f"tianji-stop-{run_id}"
 
 
-R = TypeVar("R", bound=LoopRole)
-
-
-class _LoopHost(ABC, Generic[R]):
-    """A role loop in an owned thread, with heartbeats and a clean stop."""
+class _LoopHost(HostLoop[R]):
+    """The Dask-facing side of a host: the ``async def`` methods the driver calls on the
+    worker's event loop (start, stop, stats, error); the loop itself is :class:`HostLoop`'s."""
 
     role_name = "?"
 
@@ -71,26 +58,8 @@ class _LoopHost(ABC, Generic[R]):
     ):
         """``gpu_slot``: which of the worker's GPUs a ``cuda`` device means
         (:mod:`tianji_dask.devices`); default ``host_id``, a learner's and its buffer's."""
-        self.run_id = run_id
-        self.cfg = on_slot_gpu(
-            ExperimentConfig.model_validate_json(config_json), host_id if gpu_slot is None else gpu_slot
-        )
-        self.id = host_id
-        # 0 for the host the run started with, k for its k-th re-creation after a loss: the
-        # recorder then carries the totals of the earlier ones (counters begin again at 0)
-        self.incarnation = incarnation
-        self.worker = get_worker()
-        self.role: R | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: str | None = None
-        self._last: dict = {}
-        self._proc = psutil.Process()
-        self._ready_s: float | None = None  # from the loop thread's start to the loop's first step
-        self._built_s: float | None = None  # from the loop thread's start to the role built
-
-    def _torch_threads(self) -> int:
-        return self.cfg.topology.torch_threads
+        cfg = on_slot_gpu(ExperimentConfig.model_validate_json(config_json), host_id if gpu_slot is None else gpu_slot)
+        super().__init__(run_id, cfg, host_id, incarnation, get_worker())
 
     def _comm_kwargs(self) -> dict:
         """Where channel I/O runs (this worker's event loop) and how it connects (its security)."""
@@ -99,12 +68,10 @@ class _LoopHost(ABC, Generic[R]):
             "connection_args": self.worker.security.get_connection_args("worker"),
         }
 
-    # --- control plane (event loop) -------------------------------------------------
     async def start(self) -> str:
         """Start the loop thread; returns the worker address hosting this role."""
         if self._thread is None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self._main, name=f"tianji-{self.role_name}-{self.id}", daemon=True)
-            self._thread.start()
+            self._start_thread()
             self._watcher = asyncio.ensure_future(self._watch_global_stop())
         return self.worker.address
 
@@ -138,84 +105,6 @@ class _LoopHost(ABC, Generic[R]):
 
     async def error(self) -> str | None:
         return self._error
-
-    # --- loop thread ------------------------------------------------------------------
-    def _main(self) -> None:
-        import torch
-
-        torch.set_num_threads(self._torch_threads())
-        interval = self.cfg.run.metrics_interval
-        try:
-            began = time.monotonic()
-            self.role = self._make_role()
-            self._built_s = time.monotonic() - began
-            self._before_loop()
-            self._ready_s = time.monotonic() - began
-            next_beat = time.monotonic()
-            step = self._step
-            while self._continue():
-                step()
-                if time.monotonic() >= next_beat:
-                    next_beat = time.monotonic() + interval
-                    self._beat()
-        except BaseException as exc:  # noqa: BLE001 - reported to the driver, then the thread ends
-            self._error = f"{self.role_name} {self.id} on {self.worker.address}: {exc!r}\n{traceback.format_exc()}"
-        finally:
-            self._close()
-            self._beat()
-
-    def _close(self) -> None:
-        """The role's and the host's cleanup: its channels closed (their names stay the run's)."""
-        try:
-            if self.role is not None:
-                self.role.close()
-            self._after_loop()
-        except Exception as exc:  # noqa: BLE001
-            self._error = self._error or f"{self.role_name} {self.id}: cleanup failed: {exc!r}"
-
-    def _beat(self) -> None:
-        if self.role is None:
-            hb = Heartbeat(self.role_name, self.id, COUNTERS[self.role_name]()).message()
-        else:
-            hb = self.role.heartbeat()
-        with self._proc.oneshot():  # one read of /proc for the three figures
-            proc = self._proc
-            hb["counters"].update(
-                rss_mb=proc.memory_info().rss / 1e6, open_fds=proc.num_fds(), threads=proc.num_threads()
-            )
-        if self._error:
-            hb["error"] = self._error
-        hb["run"] = self.run_id
-        hb["incarnation"] = self.incarnation
-        if self._ready_s is not None:
-            hb["ready_s"] = self._ready_s
-            hb["built_s"] = self._built_s
-            hb["build_parts"] = dict(getattr(self.role, "build_parts", {}))
-        self._last = hb
-        self.worker.log_event(metrics_topic(self.run_id), hb)
-
-    @property
-    def _built(self) -> R:
-        """The role, in the loop thread once ``_make_role`` has built it."""
-        if self.role is None:
-            raise RuntimeError(f"{self.role_name} {self.id}: the role was used before it was built")
-        return self.role
-
-    @abstractmethod
-    def _make_role(self) -> R:
-        """Build the role, in the loop thread before the loop starts."""
-
-    def _continue(self) -> bool:
-        return not self._stop.is_set()
-
-    def _step(self) -> None:
-        self._built.step()
-
-    def _before_loop(self) -> None:
-        pass
-
-    def _after_loop(self) -> None:
-        pass
 
 
 class BufferHost(_LoopHost[LoopRole]):

@@ -1,6 +1,6 @@
 """When a host's worker is lost: whether the run may re-create its hosts, and what was lost.
 
-The driver re-creates the hosts of a lost worker (``RunCluster.recover``) as long as
+The driver re-creates the hosts of a lost worker (``Recovery.recover``) as long as
 :class:`RestartPolicy` admits it: at most ``run.max_restarts`` lost workers within
 ``run.restart_window_s``. One more, or any loss with ``max_restarts: 0``, fails the run with a
 message naming every lost worker of the window, its hosts and the cause. What died with a host
@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from tianji_dask.roles.replay_state import ReplayState
 
 Key = tuple[str, int]  # (role, global id)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its repr if it has none), for a one-line report."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else repr(exc)
 
 
 class HostLost(RuntimeError):
