@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tianji_dask.algos.dqn.priorities import ActorPriorities
+from tianji_dask.config.schema import DQNConfig
 from tianji_dask.envs import next_observations
 from tianji_dask.roles.frame_replay import FrameStreams
 from tianji_dask.roles.replay import NStepWindow
@@ -36,8 +37,7 @@ class TransitionWriter:
         obs_dtype: npt.DTypeLike,
         first_obs: np.ndarray,
     ):
-        algo = cfg.algo
-        assert algo.name == "dqn", algo.name
+        algo = cfg.algo_as(DQNConfig)
         self.num_envs = cfg.env.num_envs
         self.frames: FrameStreams | None = None
         # what transitions carry as observations: the observations, or Atari's frame-id stacks
