@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import dask.config
 import yaml
@@ -60,6 +60,7 @@ class _Section(BaseModel):
 
 class LocalClusterSettings(_Section):
     dashboard_address: str
+    cuda_mps: Literal["auto", "on", "off"]
 
 
 class SchedulerSettings(_Section):

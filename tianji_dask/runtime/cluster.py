@@ -25,6 +25,7 @@ from distributed.deploy.spec import SpecCluster
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.runtime.client_context import current_client
+from tianji_dask.runtime.cuda_mps import PrivateMps, cuda_processes, mps_control
 from tianji_dask.runtime.forked_workers import ForkedNanny, start_fork_server
 from tianji_dask.runtime.host_builder import HostBuilder
 from tianji_dask.runtime.host_stopping import stop_all
@@ -70,7 +71,12 @@ class TianjiLocalCluster(LocalCluster):
 
 
 def local_cluster(
-    n_workers: int, *, dashboard: bool = True, preload_roles: bool = True, security=None
+    n_workers: int,
+    *,
+    dashboard: bool = True,
+    preload_roles: bool = True,
+    security=None,
+    worker_env: dict[str, str] | None = None,
 ) -> TianjiLocalCluster:
     """The LocalCluster of tianji-dask's runs, profiles and benchmarks: loopback only, one
     single-threaded worker process each, workers that leave SIGINT and SIGTERM to the driver.
@@ -79,7 +85,8 @@ def local_cluster(
     (``tianji_dask.runtime.worker_preload``); the channel benchmark, which measures the transport alone,
     leaves them out. ``security`` (a ``distributed.Security``): scheduler, workers and nannies
     listen on tls:// only, with its certificates; the project's channels answer on the workers'
-    own listeners, so they are TLS too."""
+    own listeners, so they are TLS too. ``worker_env``: variables set in each worker process as
+    it starts (a private CUDA MPS daemon's directories)."""
     from distributed.system import MEMORY_LIMIT
 
     # Dask's MALLOC_TRIM_THRESHOLD_ stays: it costs 20-40 % on receives of 512 KiB messages
@@ -106,6 +113,7 @@ def local_cluster(
             dashboard_address=deployment_settings().local_cluster.dashboard_address if dashboard else None,
             memory_limit=MEMORY_LIMIT,
             preload=preload,
+            env=worker_env or {},
             **({"protocol": "tls://", "security": security} if security is not None else {}),
         )
 
@@ -166,6 +174,7 @@ class RunCluster:
         self.run_id = run_id
         self.client = client
         self._own_cluster: TianjiLocalCluster | None = None
+        self._mps: PrivateMps | None = None
         self._on_event = on_event
         self.hosts: RunHosts | None = None
         self._final: list[dict] = []
@@ -179,7 +188,13 @@ class RunCluster:
             from distributed import Client
 
             began = time.monotonic()
-            self._own_cluster = self._start_local_cluster()
+            self._start_mps()
+            try:
+                self._own_cluster = self._start_local_cluster()
+            except BaseException:
+                if self._mps is not None:
+                    self._mps.stop()
+                raise
             self.client = Client(self._own_cluster, security=self._security, set_as_default=False)
             self._on_event(f"LocalCluster of {self._own_workers()} workers started in {time.monotonic() - began:.1f} s")
         # An actor handle binds to the process's current client when it arrives; any Client made
@@ -206,13 +221,35 @@ class RunCluster:
             self.hosts = None
         finally:
             self._current_client.__exit__(None, None, None)
-            if self._own_cluster is not None:
-                self.client.close()
-                self._own_cluster.close()
+            try:
+                if self._own_cluster is not None:
+                    self.client.close()
+                    self._own_cluster.close()
+            finally:
+                if self._mps is not None:
+                    self._mps.stop()
 
     def _own_workers(self) -> int:
         t = self.cfg.topology
         return t.groups * (t.actors + t.learners)
+
+    def _start_mps(self) -> None:
+        """A private CUDA MPS daemon for the LocalCluster's workers, where the deployment
+        setting asks for one (:mod:`~tianji_dask.runtime.cuda_mps`). Under ``auto`` a daemon that
+        does not start leaves the workers to share the GPU by time slices."""
+        setting = deployment_settings().local_cluster.cuda_mps
+        control = mps_control(setting, self.cfg)
+        if control is None:
+            return
+        try:
+            self._mps = PrivateMps(control).__enter__()
+        except RuntimeError as exc:
+            if setting == "on":
+                raise HostLost(f"tianji.local-cluster.cuda-mps=on: {exc}") from None
+            self._on_event(f"CUDA MPS did not start ({exc}); the GPU processes share the GPU by time slices")
+            return
+        n = cuda_processes(self.cfg)
+        self._on_event(f"CUDA MPS: the run's {n} GPU processes share the GPU through a private daemon")
 
     def _start_local_cluster(self) -> TianjiLocalCluster:
         """The run's LocalCluster. A worker process that dies while it starts (killed, out of
@@ -224,7 +261,7 @@ class RunCluster:
         for attempt in range(1, tries + 1):
             since = time.time()
             try:
-                return local_cluster(n, security=self._security)
+                return local_cluster(n, security=self._security, worker_env=self._mps.env if self._mps else None)
             except Exception as exc:  # noqa: BLE001 - Dask raises plain RuntimeErrors here
                 why = f"{type(exc).__name__}: {first_line(exc)}{death_reasons(since, wait_s=0.5)}"
             if attempt == tries or self._hurry.is_set():

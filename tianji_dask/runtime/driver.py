@@ -34,6 +34,7 @@ from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.results.resumable import ResumePoint, check_resumable
 from tianji_dask.results.rundir import prepare_run_dir, run_name, write_config
 from tianji_dask.runtime.checkpoint_writer import CheckpointWriter
+from tianji_dask.runtime.cuda_mps import mps_control
 from tianji_dask.runtime.distributed_mode import DistributedMode
 from tianji_dask.runtime.restarts import HostLost
 from tianji_dask.runtime.result_writer import ResultWriter
@@ -69,10 +70,13 @@ class RunResult:
 def check_before_start(cfg: ExperimentConfig, *, on_this_machine: bool, serial: bool):
     """What a run checks before it starts anything: the env (built once; its spaces are
     returned) and, where the run's replay memories live on this machine (its own LocalCluster,
-    or serial), that they fit. Raises :class:`ConfigError`."""
+    or serial), that they fit; for its own LocalCluster, that a CUDA MPS daemon the deployment
+    settings require can start. Raises :class:`ConfigError`."""
     spaces = check_env(cfg)
     if on_this_machine:
         check_replay_fits(cfg, spaces, serial=serial)
+        if not serial:  # the run's own LocalCluster
+            mps_control(deployment_settings().local_cluster.cuda_mps, cfg)
     return spaces
 
 
