@@ -11,7 +11,8 @@ import cloudpickle
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG
+import xarray as xr
+from conftest import CONFIG, cli_here
 from gymnasium.spaces import Discrete
 
 from tianji_dask.algos.dqn.actor import DQNActorRole
@@ -696,3 +697,10 @@ def test_tiny_pong_run_on_a_local_cluster(h, tmp_path, algo):
     result = train(load_config(path, overrides), out=tmp_path / algo).wait(timeout=220)
     n = _check_atari_run(h, result, load_config(path, overrides), algo.split("_")[0])
     print(f"\npong {algo}: {n}")
+    # the checkpoint plays a whole game on the env's own rewards (21 points to one side)
+    played = cli_here("eval", result.run_dir, "--episodes", "1")
+    assert played.returncode == 0, played.stderr
+    with xr.open_dataset(result.run_dir / "eval.nc", engine="netcdf4") as ds:
+        assert ds.sizes["episode"] == 1 and abs(float(ds["return"][0])) <= 21 and int(ds["length"][0]) > 0
+        assert ds.attrs["checkpoint_env_steps"] > 0
+    assert "1 episodes: return" in played.stdout

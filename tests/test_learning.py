@@ -10,6 +10,7 @@ import pytest
 import xarray as xr
 
 from tianji_dask.config import load_config
+from tianji_dask.results.evaluation import evaluate
 from tianji_dask.runtime.driver import train
 
 
@@ -33,6 +34,10 @@ def test_cartpole_reaches_150_within_budget(tmp_path, algo, serial):
         returns = eps["return"].values
     windows = np.convolve(returns, np.ones(100) / 100, mode="valid")
     assert len(windows) and windows.max() >= 150 - 1e-9, (len(returns), windows.max() if len(windows) else None)
+    # its checkpoint's policy, played without exploration, balances far longer than chance (~22)
+    played = evaluate(result.run_dir, episodes=10)
+    assert played.mean >= 100, played.summary()
+    assert (played.path == result.run_dir / "eval.nc") and len(xr.load_dataset(played.path)["return"]) == 10
 
 
 @pytest.mark.integration

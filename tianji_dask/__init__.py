@@ -8,7 +8,9 @@ The public API, loaded on first use so that importing this package stays light:
 - ``tianji_dask.start(config, client)`` and ``tianji_dask.resume(run_dir, client)``: the same
   from a notebook, with live progress (:mod:`tianji_dask.notebook`);
 - ``tianji_dask.open_run(path)``, ``tianji_dask.open_runs(paths)``: runs as xarray Datasets
-  (:mod:`tianji_dask.results.analysis`); ``tianji_dask.load_checkpoint(directory)``.
+  (:mod:`tianji_dask.results.analysis`); ``tianji_dask.load_checkpoint(directory)``;
+- ``tianji_dask.evaluate(run_dir, episodes=20)``: the trained policy played without exploration,
+  into ``eval.nc`` (:mod:`tianji_dask.results.evaluation`).
 
 The command line is ``tianji-dask``.
 """
@@ -25,6 +27,7 @@ _PUBLIC = {
     "open_run": "tianji_dask.results.analysis",
     "open_runs": "tianji_dask.results.analysis",
     "load_checkpoint": "tianji_dask.results.checkpoint",
+    "evaluate": "tianji_dask.results.evaluation",
 }
 __all__ = sorted(_PUBLIC)
 

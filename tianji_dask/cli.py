@@ -150,6 +150,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_profile_arguments(pl)
 
+    ev = sub.add_parser(
+        "eval",
+        help="play a trained run's policy without exploration and write eval.nc",
+        description="Load RUN_DIR's checkpoint and config, play whole episodes with the policy's "
+        "greedy (DQN) or most likely (PPO) actions on the env's own rewards, write RUN_DIR/eval.nc "
+        "(or --out) and print the returns' mean, std, min and max.",
+    )
+    ev.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the directory a run wrote")
+    ev.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")
+    ev.add_argument("--envs", type=int, default=None, help="parallel envs (default: min(episodes, the run's, 16))")
+    ev.add_argument("--epsilon", type=float, default=0.001, help="DQN: random actions kept (default 0.001)")
+    ev.add_argument("--seed", type=int, default=1_000_003, help="the envs' seed (default 1000003)")
+    ev.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N (default cpu)")
+    ev.add_argument("--out", type=Path, default=None, help="the NetCDF file to write (default RUN_DIR/eval.nc)")
+
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
     js.add_argument("config")
     js.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
@@ -555,6 +570,31 @@ def cmd_plan(args) -> int:
     return EXIT_OK
 
 
+def cmd_eval(args) -> int:
+    from tianji_dask.config import ConfigError
+    from tianji_dask.results.evaluation import evaluate
+
+    def said(k: int, ret: float, length: int) -> None:
+        print(f"episode {k}/{args.episodes}: return {ret:.1f}, length {length}", flush=True)
+
+    try:
+        result = evaluate(
+            args.run_dir,
+            episodes=args.episodes,
+            envs=args.envs,
+            epsilon=args.epsilon,
+            seed=args.seed,
+            device=args.device,
+            out=args.out,
+            on_episode=said,
+        )
+    except ConfigError as exc:
+        return _bad_input(str(exc))
+    print(result.summary())
+    print(f"wrote {result.path}")
+    return EXIT_OK
+
+
 def cmd_job_script(args) -> int:
     from tianji_dask.config import ConfigError, load_config
     from tianji_dask.deploy.planner import PlanError, load_plan
@@ -609,6 +649,8 @@ def _main(argv: list[str] | None) -> int:
         return cmd_plan(args)
     if args.command == "job-script":
         return cmd_job_script(args)
+    if args.command == "eval":
+        return cmd_eval(args)
     return EXIT_BAD_INPUT
 
 

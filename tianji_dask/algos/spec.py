@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from tianji_dask.config.schema import ExperimentConfig
 
 
@@ -47,6 +49,15 @@ class AlgorithmSpec(Protocol):
 
     def learner_role(self) -> Callable[..., LearnerLoopRole]:
         """The learner role class: ``(cfg, buffer, publisher, obs_dim, action_space, seed, ...)``."""
+        ...
+
+    def evaluation_policy(
+        self, cfg: ExperimentConfig, state: dict, action_space, obs_dim: int, *, epsilon: float, seed: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """The trained policy of a learner's checkpoint ``state`` acting on ``cfg.actor.device``
+        without its exploration: observations as the env gives them -> the env's actions (a
+        value-based policy keeps ``epsilon`` of random actions; a policy-gradient one takes its
+        most likely action, or its mean)."""
         ...
 
     # --- rules ------------------------------------------------------------------------------

@@ -531,6 +531,11 @@ class RunConfig(_Section):
         5.0, gt=0, description="seconds without a heartbeat before a host is declared lost"
     )
     checkpoint: bool = Field(True, description="write checkpoints into the run directory")
+    tensorboard: bool = Field(
+        False,
+        description="also write each metrics row as TensorBoard scalars into <run dir>/tensorboard while the "
+        "run goes (tensorboard --logdir runs/); needs pip install 'tianji-dask[tensorboard]'",
+    )
     checkpoint_interval: float = Field(
         600.0,
         ge=0,

@@ -147,6 +147,18 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, dict[str, torch.Tensor]]
     return state, meta
 
 
+def load_run_checkpoint(run_dir: Path, algo: str, env_id: str) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+    """The learner checkpoint in ``run_dir/checkpoint`` (:func:`load_checkpoint`), which must be
+    of ``algo`` on ``env_id`` (the run's config): :class:`CheckpointError` otherwise."""
+    state, meta = load_checkpoint(Path(run_dir) / "checkpoint")
+    if (meta.get("algo"), meta.get("env_id")) != (algo, env_id):
+        raise CheckpointError(
+            f"its checkpoint is of {meta.get('algo')} on {meta.get('env_id')}, the config of {algo} on {env_id}; "
+            "the directory holds files of two runs"
+        )
+    return state, meta
+
+
 def _plain_state(state: dict) -> dict[str, dict[str, torch.Tensor]]:
     import torch
 

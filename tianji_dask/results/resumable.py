@@ -107,20 +107,14 @@ def check_resumable(
         )
     from tianji_dask.results.checkpoint import (  # torch: after the cheap checks
         CheckpointError,
-        load_checkpoint,
+        load_run_checkpoint,
         pack_state,
     )
 
     try:
-        state, meta = load_checkpoint(run_dir / "checkpoint")
+        state, meta = load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id)
     except CheckpointError as exc:
         raise _refuse(run_dir, f"{exc}; a run continues from its learner checkpoint (run.checkpoint: true)") from None
-    if (meta.get("algo"), meta.get("env_id")) != (cfg.algo.name, cfg.env.id):
-        raise _refuse(
-            run_dir,
-            f"its checkpoint is of {meta.get('algo')} on {meta.get('env_id')}, the config of {cfg.algo.name} "
-            f"on {cfg.env.id}; the directory holds files of two runs",
-        )
     return ResumePoint(run_dir, cfg, pack_state(state), meta, files["metrics.nc"], files["episodes.nc"])
 
 

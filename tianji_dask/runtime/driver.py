@@ -33,6 +33,7 @@ from tianji_dask.config.schema import DQNConfig
 from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.results.resumable import ResumePoint, check_resumable
 from tianji_dask.results.rundir import prepare_run_dir, run_name, write_config
+from tianji_dask.results.tensorboard import TensorBoardRows, check_tensorboard
 from tianji_dask.runtime.checkpoint_writer import CheckpointWriter
 from tianji_dask.runtime.cuda_mps import mps_control
 from tianji_dask.runtime.distributed_mode import DistributedMode
@@ -71,8 +72,10 @@ def check_before_start(cfg: ExperimentConfig, *, on_this_machine: bool, serial: 
     """What a run checks before it starts anything: the env (built once; its spaces are
     returned) and, where the run's replay memories live on this machine (its own LocalCluster,
     or serial), that they fit; for its own LocalCluster, that a CUDA MPS daemon the deployment
-    settings require can start. Raises :class:`ConfigError`."""
+    settings require can start; that TensorBoard can be written if asked. Raises :class:`ConfigError`."""
     spaces = check_env(cfg)
+    if cfg.run.tensorboard:
+        check_tensorboard()
     if on_this_machine:
         check_replay_fits(cfg, spaces, serial=serial)
         if not serial:  # the run's own LocalCluster
@@ -160,6 +163,10 @@ class Run:
         )
         if resume is not None:
             self.recorder.continue_from(resume.metrics, resume.episodes)
+        self._tensorboard = TensorBoardRows(self.run_dir, self.t0) if cfg.run.tensorboard else None
+        given_on_row = on_row or (lambda row: None)
+        if self._tensorboard is not None:
+            given_on_row = _both(self._tensorboard, given_on_row)
         self._loop = RunLoop(
             cfg,
             self.recorder,
@@ -169,7 +176,7 @@ class Run:
             checkpoints=CheckpointWriter(
                 cfg, run_name=self.name, run_dir=self.run_dir, tally=self.recorder.tally, t0=self.t0, on_event=on_event
             ),
-            on_row=on_row or (lambda row: None),
+            on_row=given_on_row,
         )
         self._mode: Callable[[], None] = (
             partial(run_serial, self._loop)
@@ -276,7 +283,18 @@ class Run:
             error=error,
             final_row=row,
         )
+        if self._tensorboard is not None:
+            self._tensorboard(row)
+            self._tensorboard.close()
         self._done.set()
+
+
+def _both(first: Callable[[dict], None], second: Callable[[dict], None]) -> Callable[[dict], None]:
+    def both(row: dict) -> None:
+        first(row)
+        second(row)
+
+    return both
 
 
 def _run_security(tls: bool, client, serial: bool):

@@ -9,6 +9,8 @@ from tianji_dask.config.schema import DQNConfig
 from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from tianji_dask.algos.spec import PlanFields
     from tianji_dask.config.schema import ExperimentConfig
 
@@ -51,6 +53,26 @@ class DQNSpec:
         from tianji_dask.algos.dqn.learner import DQNLearnerRole
 
         return DQNLearnerRole
+
+    def evaluation_policy(
+        self, cfg: ExperimentConfig, state: dict, action_space, obs_dim: int, *, epsilon: float, seed: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        from tianji_dask.algos.dqn.core import DQNPolicy
+        from tianji_dask.algos.networks import network_kind
+        from tianji_dask.envs import action_count
+
+        algo = cfg.algo_as(DQNConfig)
+        policy = DQNPolicy(
+            obs_dim,
+            action_count(action_space),
+            algo.hidden_sizes,
+            seed,
+            network=network_kind(cfg),
+            device=cfg.actor.device,
+            dueling=algo.dueling,
+        )
+        policy.load(0, state["online"])
+        return lambda obs: policy.act(obs, epsilon)
 
     def samples_per_update(self, cfg: ExperimentConfig) -> int:
         return cfg.algo_as(DQNConfig).batch_size

@@ -150,6 +150,12 @@ class PPOPolicy:
         out = (self._graphed(inputs) if self._graphed is not None else self._infer(inputs)).cpu().numpy()
         return out[0].astype(np.int64), out[1], out[2]
 
+    def most_likely(self, obs: np.ndarray) -> np.ndarray:
+        """The most likely action of each observation (evaluation: no sampling)."""
+        with torch.inference_mode():
+            logits, _ = self.net.heads(torch.from_numpy(obs).to(self.device))
+            return logits.argmax(dim=-1).cpu().numpy()
+
     def act_async(self, obs: np.ndarray, envs: slice | np.ndarray = slice(None)):
         """:meth:`act` in two halves: the inference is launched now, and the returned call gives
         its results. On a GPU the host is free in between (the copy back is queued behind the

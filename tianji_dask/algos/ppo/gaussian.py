@@ -164,6 +164,13 @@ class GaussianPolicy:
             logp = gaussian_log_prob(mean, log_std, actions)
             return actions.cpu().numpy(), logp.cpu().numpy(), self.net.value(x).cpu().numpy()
 
+    def most_likely(self, obs: np.ndarray) -> np.ndarray:
+        """The mean action of each raw observation (normalised as in training, the running
+        statistics unchanged), clipped to the space's bounds: evaluation, no noise."""
+        with torch.inference_mode():
+            mean, _, _ = self.net.policy(torch.from_numpy(self.normalize(obs)).to(self.device))
+            return self.env_actions(mean.cpu().numpy())
+
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return self.net.value(torch.from_numpy(obs).to(self.device)).cpu().numpy()

@@ -10,6 +10,8 @@ from tianji_dask.config.schema import PPOConfig
 from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from tianji_dask.algos.spec import PlanFields
     from tianji_dask.config.schema import ExperimentConfig
 
@@ -33,6 +35,15 @@ class PPOSpec:
         from tianji_dask.algos.ppo.learner import PPOLearnerRole
 
         return PPOLearnerRole
+
+    def evaluation_policy(
+        self, cfg: ExperimentConfig, state: dict, action_space, obs_dim: int, *, epsilon: float, seed: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        from tianji_dask.algos.ppo.core import acting_policy
+
+        policy = acting_policy(cfg, action_space, obs_dim, seed)
+        policy.load(0, state["net"])
+        return policy.most_likely
 
     def samples_per_update(self, cfg: ExperimentConfig) -> int:
         """The one PPO batch rule: every rollout of an iteration, each ``rollout_steps`` x ``num_envs``."""

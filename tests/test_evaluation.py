@@ -1,0 +1,86 @@
+"""``tianji-dask eval``: the input it refuses before an env is built, and the actions its
+policies take without exploration. The trained policies' evaluations run where the runs are
+trained: test_learning (CartPole, DQN and PPO) and test_atari (a tiny Pong run, end to end)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import cli_here
+
+from tianji_dask.algos.ppo.core import PPOPolicy
+from tianji_dask.algos.ppo.gaussian import GaussianPolicy
+from tianji_dask.results.checkpoint import save_checkpoint
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory of CartPole DQN whose checkpoint holds an untrained network."""
+    from tianji_dask.algos.dqn.core import DQNLearner
+    from tianji_dask.config import load_config
+
+    cfg = load_config("configs/cartpole_dqn.yaml", [])
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy("configs/cartpole_dqn.yaml", d / "config.yaml")
+    learner = DQNLearner(4, 2, cfg.algo, seed=0)
+    save_checkpoint(d / "checkpoint", learner.state(), {"algo": "dqn", "env_id": "CartPole-v1", "updates": 0})
+    return d
+
+
+def test_a_run_dir_plays_and_its_file_is_never_overwritten(run_dir):
+    first = cli_here("eval", run_dir, "--episodes", "3", "--envs", "2")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("episode ") == 3 and "3 episodes: return" in first.stdout
+    before = (run_dir / "eval.nc").read_bytes()
+    again = cli_here("eval", run_dir, "--episodes", "3")
+    assert again.returncode == 2 and "eval.nc exists and is kept" in again.stderr
+    assert (run_dir / "eval.nc").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "args", "said"),
+    [
+        ("nothing", ["--episodes", "0"], "episodes=0: play at least one"),
+        ("nothing", ["--epsilon", "1.5"], "epsilon=1.5: a probability"),
+        ("no_dir", [], "no such directory"),
+        ("no_config", [], "not a run directory (no config.yaml)"),
+        ("no_checkpoint", [], "no checkpoint directory at"),
+        ("other_run", [], "its checkpoint is of dqn on CartPole-v1, the config of ppo on CartPole-v1"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_fix(run_dir, change, args, said):
+    target = run_dir
+    if change == "no_dir":
+        target = run_dir / "missing"
+    elif change == "no_config":
+        (run_dir / "config.yaml").unlink()
+    elif change == "no_checkpoint":
+        shutil.rmtree(run_dir / "checkpoint")
+    elif change == "other_run":
+        shutil.copy("configs/cartpole_ppo.yaml", run_dir / "config.yaml")
+    r = cli_here("eval", target, *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert said in r.stderr and not (run_dir / "eval.nc").exists()
+
+
+def test_ppo_takes_its_most_likely_action():
+    policy = PPOPolicy(4, 3, [16], seed=0)
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    with torch.no_grad():
+        logits, _ = policy.net.heads(torch.from_numpy(obs))
+    np.testing.assert_array_equal(policy.most_likely(obs), logits.argmax(dim=-1).numpy())
+
+
+def test_a_gaussian_policy_takes_its_clipped_mean():
+    low, high = np.array([-0.1], np.float32), np.array([0.1], np.float32)
+    policy = GaussianPolicy(3, low, high, [16], seed=0, gamma=0.99, num_envs=8)
+    obs = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32) * 10
+    first, second = policy.most_likely(obs), policy.most_likely(obs)
+    np.testing.assert_array_equal(first, second)
+    with torch.no_grad():
+        mean, _, _ = policy.net.policy(torch.from_numpy(policy.normalize(obs)))
+    np.testing.assert_array_equal(first, np.clip(mean.numpy(), low, high))

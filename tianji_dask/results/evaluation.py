@@ -1,0 +1,177 @@
+"""Evaluating a trained run: its learner checkpoint's policy played for whole episodes
+(``tianji-dask eval RUN_DIR``, :func:`evaluate`).
+
+The policy acts without its exploration (:meth:`AlgorithmSpec.evaluation_policy`: greedy DQN
+keeping ``epsilon`` of random actions, 0.001 by default as Atari evaluations do; PPO's most likely
+action, or its mean for continuous actions) on ``envs`` parallel envs of the run's env. Returns are
+the env's own: full Atari games, no reward clipping, no episode ended at a lost life. Each env
+plays its share of the episodes, so short episodes are not over-counted. ``eval.nc`` holds one row
+per episode (return, length, the env that played it) and, as attributes, the checkpoint's updates
+and env steps; it is never overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tianji_dask.config import ConfigError, load_config
+
+EVAL_FILE = "eval.nc"
+
+
+@dataclass
+class Evaluation:
+    """What :func:`evaluate` measured; ``path`` is the ``eval.nc`` it wrote."""
+
+    returns: np.ndarray
+    lengths: np.ndarray
+    updates: int
+    env_steps: int
+    path: Path
+
+    @property
+    def mean(self) -> float:
+        return float(self.returns.mean())
+
+    @property
+    def std(self) -> float:
+        return float(self.returns.std())
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.returns)} episodes: return {self.mean:.1f} +- {self.std:.1f} "
+            f"(min {self.returns.min():.1f}, max {self.returns.max():.1f}), mean length {self.lengths.mean():.0f}; "
+            f"checkpoint at {self.updates:,} updates, {self.env_steps:,} env steps"
+        )
+
+
+def _refuse(run_dir: Path, problem: str) -> ConfigError:
+    return ConfigError(f"eval {run_dir}: {problem}")
+
+
+def evaluate(
+    run_dir: str | Path,
+    *,
+    episodes: int = 20,
+    envs: int | None = None,
+    epsilon: float = 0.001,
+    seed: int = 1_000_003,
+    device: str = "cpu",
+    out: str | Path | None = None,
+    on_episode: Callable[[int, float, int], None] = lambda k, ret, length: None,
+) -> Evaluation:
+    """Play ``episodes`` episodes with the policy of ``run_dir``'s checkpoint; write ``out``
+    (default ``run_dir/eval.nc``) and return what was measured. Every problem with the input (the
+    directory, its config or checkpoint, an ``out`` that exists) is a :class:`ConfigError` before
+    an env is built. ``on_episode(k, return, length)`` is called as episode k (from 1) ends."""
+    run_dir = Path(run_dir)
+    if episodes < 1:
+        raise _refuse(run_dir, f"episodes={episodes}: play at least one")
+    if not 0.0 <= epsilon <= 1.0:
+        raise _refuse(run_dir, f"epsilon={epsilon}: a probability, in [0, 1]")
+    if not run_dir.is_dir():
+        raise _refuse(run_dir, "no such directory; give the directory a run wrote (it holds config.yaml)")
+    if not (run_dir / "config.yaml").is_file():
+        raise _refuse(run_dir, "not a run directory (no config.yaml); give the directory a run wrote")
+    path = Path(out) if out is not None else run_dir / EVAL_FILE
+    if path.exists():
+        raise _refuse(run_dir, f"{path} exists and is kept; give another file (--out) or remove it")
+    cfg = load_config(run_dir / "config.yaml", [f"actor.device={device}"])
+
+    from tianji_dask.algos.registry import spec_for
+    from tianji_dask.results.checkpoint import CheckpointError, load_run_checkpoint
+
+    try:
+        state, meta = load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id)
+    except CheckpointError as exc:
+        raise _refuse(run_dir, f"{exc}; a run writes its checkpoint with run.checkpoint: true") from None
+    n_envs = min(episodes, envs or min(episodes, cfg.env.num_envs, 16))
+    env = _env(cfg, n_envs)
+    try:
+        obs_space = env.single_observation_space
+        obs_dim = int(np.prod(obs_space.shape))
+        act = spec_for(cfg).evaluation_policy(cfg, state, env.single_action_space, obs_dim, epsilon=epsilon, seed=seed)
+        returns, lengths, played_by = _play(env, act, episodes, seed, _obs_dtype(cfg), on_episode)
+    finally:
+        env.close()
+    result = Evaluation(returns, lengths, int(meta.get("updates", 0)), int(meta.get("env_steps", 0)), path)
+    _write(result, played_by, cfg, run_dir, epsilon=epsilon, seed=seed)
+    return result
+
+
+def _env(cfg, n_envs: int):
+    from tianji_dask.envs import make_env
+
+    return make_env(cfg.env.model_copy(update={"num_envs": n_envs, "async_batch": 0, "step_groups": 1}), 0)
+
+
+def _obs_dtype(cfg) -> type:
+    from tianji_dask.envs import observation_dtype
+
+    return observation_dtype(cfg.env)
+
+
+def _play(env, act, episodes: int, seed: int, obs_dtype, on_episode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step every env until each has ended its share of ``episodes``: (returns, lengths, the env
+    of each episode), in the order they ended."""
+    n = env.num_envs
+    share = np.array([episodes // n + (i < episodes % n) for i in range(n)])
+    ended = np.zeros(n, np.int64)
+    running_return, running_length = np.zeros(n), np.zeros(n, np.int64)
+    returns: list[float] = []
+    lengths: list[int] = []
+    played_by: list[int] = []
+    obs, _ = env.reset(seed=seed)
+    while len(returns) < episodes:
+        obs, rewards, terminated, truncated, _ = env.step(act(obs.astype(obs_dtype, copy=False)))
+        running_return += rewards
+        running_length += 1
+        for i in np.flatnonzero(terminated | truncated):
+            if ended[i] < share[i]:
+                ended[i] += 1
+                returns.append(float(running_return[i]))
+                lengths.append(int(running_length[i]))
+                played_by.append(int(i))
+                on_episode(len(returns), returns[-1], lengths[-1])
+            running_return[i], running_length[i] = 0.0, 0
+    return np.asarray(returns), np.asarray(lengths), np.asarray(played_by)
+
+
+def _write(result: Evaluation, played_by: np.ndarray, cfg, run_dir: Path, *, epsilon: float, seed: int) -> None:
+    """``eval.nc``, written beside and renamed into place so a crash leaves no half file."""
+    import xarray as xr
+
+    ds = xr.Dataset(
+        {
+            "return": ("episode", result.returns),
+            "length": ("episode", result.lengths),
+            "env": ("episode", played_by),
+        },
+        coords={"episode": np.arange(1, len(result.returns) + 1)},
+        attrs={
+            "run_dir": str(run_dir),
+            "algo": cfg.algo.name,
+            "env_id": cfg.env.id,
+            "checkpoint_updates": result.updates,
+            "checkpoint_env_steps": result.env_steps,
+            "epsilon": epsilon,
+            "seed": seed,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "return_mean": result.mean,
+            "return_std": result.std if math.isfinite(result.std) else 0.0,
+        },
+    )
+    result.path.parent.mkdir(parents=True, exist_ok=True)
+    partial = result.path.with_name(f".{result.path.name}.partial-{os.getpid()}")
+    try:
+        ds.to_netcdf(partial, engine="h5netcdf")
+        os.replace(partial, result.path)
+    finally:
+        partial.unlink(missing_ok=True)
