@@ -10,7 +10,9 @@ The public API, loaded on first use so that importing this package stays light:
 - ``tianji_dask.open_run(path)``, ``tianji_dask.open_runs(paths)``: runs as xarray Datasets
   (:mod:`tianji_dask.results.analysis`); ``tianji_dask.load_checkpoint(directory)``;
 - ``tianji_dask.evaluate(run_dir, episodes=20)``: the trained policy played without exploration,
-  into ``eval.nc`` (:mod:`tianji_dask.results.evaluation`).
+  into ``eval.nc`` (:mod:`tianji_dask.results.evaluation`);
+- ``tianji_dask.sweep(config, ["seed=0,1,2"], parallel=2)``: a grid of runs, K at a time
+  (:mod:`tianji_dask.runtime.sweep`).
 
 The command line is ``tianji-dask``.
 """
@@ -28,6 +30,7 @@ _PUBLIC = {
     "open_runs": "tianji_dask.results.analysis",
     "load_checkpoint": "tianji_dask.results.checkpoint",
     "evaluate": "tianji_dask.results.evaluation",
+    "sweep": "tianji_dask.runtime.sweep",
 }
 __all__ = sorted(_PUBLIC)
 

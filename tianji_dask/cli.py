@@ -150,6 +150,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_profile_arguments(pl)
 
+    sw = sub.add_parser(
+        "sweep",
+        help="train every combination of a grid of config values, K runs at a time",
+        description="One run per combination of the --grid values (each its own hosts and directory "
+        "under the sweep's), --parallel at a time; a failed run is recorded and the others go on.",
+    )
+    sw.add_argument("config", help="experiment YAML file")
+    sw.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=V1,V2",
+        help="values of one config key (repeatable; the runs are every combination), e.g. --grid seed=0,1,2",
+    )
+    sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    sw.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
+    sw.add_argument("--out", type=Path, default=None, help="the sweep's directory (new or empty)")
+    sw.add_argument("--scheduler", default=None, metavar="ADDRESS", help="run on this Dask cluster's workers")
+
     ev = sub.add_parser(
         "eval",
         help="play a trained run's policy without exploration and write eval.nc",
@@ -570,6 +589,39 @@ def cmd_plan(args) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(args) -> int:
+    from tianji_dask.config import ConfigError
+    from tianji_dask.runtime.sweep import sweep
+
+    client = None
+    try:
+        if args.scheduler:
+            from distributed import Client
+
+            client = Client(args.scheduler, timeout=10)
+        done = sweep(
+            args.config,
+            args.grid,
+            overrides=args.overrides,
+            parallel=args.parallel,
+            out=args.out,
+            client=client,
+            on_line=lambda line: print(line, flush=True),
+        )
+    except ConfigError as exc:
+        return _bad_input(str(exc))
+    except OSError as exc:  # the scheduler could not be reached
+        return _bad_input(f"--scheduler {args.scheduler}: {exc}")
+    finally:
+        if client is not None:
+            client.close()
+    failed = [r.name for r in done.runs if r.status in ("failed", "stopped")]
+    print(f"sweep: {len(done.runs) - len(failed)} of {len(done.runs)} runs finished; results in {done.out}")
+    if failed:
+        print(f"sweep: failed or stopped: {', '.join(failed)}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def cmd_eval(args) -> int:
     from tianji_dask.config import ConfigError
     from tianji_dask.results.evaluation import evaluate
@@ -651,6 +703,8 @@ def _main(argv: list[str] | None) -> int:
         return cmd_job_script(args)
     if args.command == "eval":
         return cmd_eval(args)
+    if args.command == "sweep":
+        return cmd_sweep(args)
     return EXIT_BAD_INPUT
 
 
