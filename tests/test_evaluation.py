@@ -84,3 +84,50 @@ def test_a_gaussian_policy_takes_its_clipped_mean():
     with torch.no_grad():
         mean, _, _ = policy.net.policy(torch.from_numpy(policy.normalize(obs)))
     np.testing.assert_array_equal(first, np.clip(mean.numpy(), low, high))
+
+
+def test_the_video_has_one_frame_per_step_of_its_episode(run_dir, tmp_path):
+    import gymnasium as gym
+    import imageio.v2 as imageio
+    import xarray as xr
+
+    from tianji_dask.algos.dqn.core import DQNPolicy
+    from tianji_dask.results.checkpoint import load_checkpoint
+
+    video = tmp_path / "episode.mp4"
+    r = cli_here("eval", run_dir, "--episodes", "2", "--epsilon", "0", "--seed", "5", "--video", video)
+    assert r.returncode == 0, r.stderr
+    # the same greedy policy on the same seed, stepped here: its episode's steps
+    policy = DQNPolicy(4, 2, [64, 64], seed=0)
+    policy.load(0, load_checkpoint(run_dir / "checkpoint")[0]["online"])
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=5)
+    steps, ended = 0, False
+    while not ended:
+        obs, _, terminated, truncated, _ = env.step(int(policy.act(obs[None].astype(np.float32), 0.0)[0]))
+        steps, ended = steps + 1, terminated or truncated
+    with imageio.get_reader(video) as reader:
+        frames = reader.count_frames()
+    assert frames == steps, (frames, steps)
+    assert f"video: {steps} frames" in r.stdout
+    assert xr.load_dataset(run_dir / "eval.nc").attrs["video_frames"] == steps
+
+
+@pytest.mark.parametrize(
+    ("video", "hidden", "said"),
+    [
+        ("episode.gif", None, "name an .mp4 file"),
+        ("episode.mp4", "pygame", "--video needs pygame, not installed: pip install 'tianji-dask[video]'"),
+        ("episode.mp4", "imageio_ffmpeg", "--video needs imageio_ffmpeg"),
+    ],
+)
+def test_a_video_that_cannot_be_made_is_refused_before_anything_plays(
+    run_dir, tmp_path, monkeypatch, video, hidden, said
+):
+    import sys
+
+    if hidden:
+        monkeypatch.setitem(sys.modules, hidden, None)  # as if not installed
+    r = cli_here("eval", run_dir, "--video", tmp_path / video)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert not (run_dir / "eval.nc").exists() and not (tmp_path / video).exists()

@@ -183,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=1_000_003, help="the envs' seed (default 1000003)")
     ev.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N (default cpu)")
     ev.add_argument("--out", type=Path, default=None, help="the NetCDF file to write (default RUN_DIR/eval.nc)")
+    ev.add_argument(
+        "--video",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also play one episode rendering its screen into PATH (.mp4; pip install 'tianji-dask[video]')",
+    )
 
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
     js.add_argument("config")
@@ -638,11 +645,14 @@ def cmd_eval(args) -> int:
             seed=args.seed,
             device=args.device,
             out=args.out,
+            video=args.video,
             on_episode=said,
         )
     except ConfigError as exc:
         return _bad_input(str(exc))
     print(result.summary())
+    if args.video is not None:
+        print(f"video: {result.video_frames} frames, one per step of its episode, in {args.video}")
     print(f"wrote {result.path}")
     return EXIT_OK
 

@@ -216,7 +216,7 @@ def _native_atari_class():
     return NativeAtariVectorEnv
 
 
-def _gymnasium_atari(env_id: str) -> gym.Env:
+def _gymnasium_atari(env_id: str, render_mode: str | None = None) -> gym.Env:
     import ale_py
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
@@ -227,6 +227,7 @@ def _gymnasium_atari(env_id: str) -> gym.Env:
         repeat_action_probability=0.0,
         full_action_space=False,
         max_num_frames_per_episode=ATARI_MAX_FRAMES,
+        render_mode=render_mode,
     )
     env = AtariPreprocessing(
         env,
@@ -238,6 +239,14 @@ def _gymnasium_atari(env_id: str) -> gym.Env:
         scale_obs=False,
     )
     return FrameStackObservation(env, ATARI_FRAME_STACK, padding_type="zero")
+
+
+def rendering_env(env_cfg) -> gym.Env:
+    """One env of ``env_cfg`` whose ``render()`` returns its screen (RGB), its observations as the
+    actors' envs give them (Atari: the same preprocessing through gymnasium's wrappers)."""
+    if getattr(env_cfg, "kind", "gym") == "atari":
+        return _gymnasium_atari(env_cfg.id, render_mode="rgb_array")
+    return gym.make(env_cfg.id, render_mode="rgb_array")
 
 
 def _vector_env(env_cfg, num_envs: int, seed: int, atari_threads: int) -> gym.vector.VectorEnv:

@@ -7,12 +7,15 @@ action, or its mean for continuous actions) on ``envs`` parallel envs of the run
 the env's own: full Atari games, no reward clipping, no episode ended at a lost life. Each env
 plays its share of the episodes, so short episodes are not over-counted. ``eval.nc`` holds one row
 per episode (return, length, the env that played it) and, as attributes, the checkpoint's updates
-and env steps; it is never overwritten.
+and env steps; it is never overwritten. ``video`` plays one more episode in an env that renders
+its screen and writes one frame per step to an MP4 file (imageio's ffmpeg; a GIF would merge
+identical frames, so it is not offered).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
 import math
 import os
 from collections.abc import Callable
@@ -24,6 +27,7 @@ import numpy as np
 from tianji_dask.config import ConfigError, load_config
 
 EVAL_FILE = "eval.nc"
+VIDEO_FPS = 30
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Evaluation:
     updates: int
     env_steps: int
     path: Path
+    video_frames: int = 0
 
     @property
     def mean(self) -> float:
@@ -65,6 +70,7 @@ def evaluate(
     seed: int = 1_000_003,
     device: str = "cpu",
     out: str | Path | None = None,
+    video: str | Path | None = None,
     on_episode: Callable[[int, float, int], None] = lambda k, ret, length: None,
 ) -> Evaluation:
     """Play ``episodes`` episodes with the policy of ``run_dir``'s checkpoint; write ``out``
@@ -84,6 +90,8 @@ def evaluate(
     if path.exists():
         raise _refuse(run_dir, f"{path} exists and is kept; give another file (--out) or remove it")
     cfg = load_config(run_dir / "config.yaml", [f"actor.device={device}"])
+    if video is not None:
+        _check_video(run_dir, Path(video), cfg)
 
     from tianji_dask.algos.registry import spec_for
     from tianji_dask.results.checkpoint import CheckpointError, load_run_checkpoint
@@ -102,8 +110,49 @@ def evaluate(
     finally:
         env.close()
     result = Evaluation(returns, lengths, int(meta.get("updates", 0)), int(meta.get("env_steps", 0)), path)
+    if video is not None:
+        result.video_frames = _record_video(cfg, act, Path(video), seed)
     _write(result, played_by, cfg, run_dir, epsilon=epsilon, seed=seed)
     return result
+
+
+def _check_video(run_dir: Path, video: Path, cfg) -> None:
+    """The video's file and the packages that render and encode it, before anything plays."""
+    if video.suffix != ".mp4":
+        raise _refuse(run_dir, f"--video {video}: name an .mp4 file")
+    if video.exists():
+        raise _refuse(run_dir, f"--video {video} exists and is kept; give another file or remove it")
+    needed = ["imageio", "imageio_ffmpeg"]
+    needed += ["cv2"] if getattr(cfg.env, "kind", "gym") == "atari" else ["pygame"]
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise _refuse(
+            run_dir,
+            f"--video needs {', '.join(missing)}, not installed: pip install 'tianji-dask[video]'",
+        )
+
+
+def _record_video(cfg, act, video: Path, seed: int) -> int:
+    """One episode in an env that renders its screen, one frame per step, written to ``video``;
+    returns the frames written (the episode's steps)."""
+    import imageio.v2 as imageio
+
+    from tianji_dask.envs import rendering_env
+
+    env = rendering_env(cfg.env)
+    try:
+        obs, _ = env.reset(seed=seed)
+        frames, obs_dtype, ended = [], _obs_dtype(cfg), False
+        while not ended:
+            action = act(np.asarray(obs, obs_dtype)[None])[0]
+            obs, _, terminated, truncated, _ = env.step(action)
+            frames.append(env.render())
+            ended = terminated or truncated
+    finally:
+        env.close()
+    video.parent.mkdir(parents=True, exist_ok=True)
+    imageio.mimwrite(video, frames, fps=VIDEO_FPS)
+    return len(frames)
 
 
 def _env(cfg, n_envs: int):
@@ -165,6 +214,7 @@ def _write(result: Evaluation, played_by: np.ndarray, cfg, run_dir: Path, *, eps
             "seed": seed,
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "return_mean": result.mean,
+            "video_frames": result.video_frames,
             "return_std": result.std if math.isfinite(result.std) else 0.0,
         },
     )
