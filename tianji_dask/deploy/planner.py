@@ -31,8 +31,8 @@ from tianji_dask.config.deployment import deployment_settings
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
 
-# Memory a host process needs besides replay: Python, torch, Dask worker (measured: 276 MB for
-# a CartPole actor, 362 MB for buffer + learner with a 100k replay; rounded up).
+# Memory a host process needs besides replay: Python, torch, Dask worker (docs/benchmarks.md,
+# "Memory of a host process", has the measurements these round up).
 ACTOR_PROCESS_BYTES = 512 * 2**20
 LEARNER_PROCESS_BYTES = 1024 * 2**20
 TIE = 0.02  # throughputs within 2 % count as equal; the simpler plan wins

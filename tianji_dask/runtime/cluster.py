@@ -89,12 +89,12 @@ def local_cluster(
     it starts (a private CUDA MPS daemon's directories)."""
     from distributed.system import MEMORY_LIMIT
 
-    # Dask's MALLOC_TRIM_THRESHOLD_ stays: it costs 20-40 % on receives of 512 KiB messages
-    # (shared/notes/dask_mechanics.md), but CartPole chunks are 12 KB, and without it the
-    # learner's process held 402 MB instead of 362 MB (the 400 MB per-host budget).
+    # Dask's MALLOC_TRIM_THRESHOLD_ stays: it keeps the small-message processes' memory low, and
+    # the channels raise glibc's thresholds themselves once large messages arrive
+    # (channels/malloc.py; docs/benchmarks.md has both measurements).
     # Dask's default memory limit splits the machine evenly between workers, and its nanny kills
     # a worker past 95 % of its share. The roles are not even: one buffer may hold a replay of
-    # most of the machine (Pong's 7.2 GB) beside actors of 0.6 GB, so each worker may use it all
+    # most of the machine beside small actors, so each worker may use it all
     # (the run checks before it starts that the replay fits: driver.check_replay_fits).
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
     # (tianji_dask.runtime.worker_signals).
