@@ -201,6 +201,13 @@ def test_a_cancelled_slurm_job_is_reported_not_left_hanging(slurm_conf, jobqueue
     assert wait_empty() == [], "closing the cluster left jobs"
 
 
+def _story(run, events: list[str]) -> str:
+    """Every event of the run and its actor's last rows, whole (pytest shortens a long list)."""
+    ds = run.metrics()
+    rows = ds[["actor_restarts", "actor_env_steps", "actor_param_version"]].isel(time=slice(-8, None))
+    return "\n".join([*events, "last rows:", str(rows.to_dataframe())])
+
+
 @pytest.mark.timeout(300)
 def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_goes_on_there(slurm_conf, jobqueue_defaults, tmp_path):
     """scancel of the actors' job mid-run: the cluster submits the job again (same name, size and
@@ -237,7 +244,7 @@ def test_a_cancelled_slurm_job_is_submitted_again_and_the_run_goes_on_there(slur
                 assert not run.done, (run.result, events)
                 first = dict((name, job) for job, name in squeue())
                 subprocess.run(["scancel", first["tianji-t4-g0-actors"]], check=True, timeout=15)
-                assert wait_until(lambda: new_actor_steps() > 1000 or run.done, 200), events
+                assert wait_until(lambda: new_actor_steps() > 1000 or run.done, 200), _story(run, events)
                 run.stop()
                 result = run.wait(timeout=60)
             assert result is not None and result.status == "stopped", (result, events)
