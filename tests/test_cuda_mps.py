@@ -68,7 +68,7 @@ def test_a_daemon_that_exits_at_once_fails_the_start_with_its_words_and_leaves_n
     program.chmod(0o755)
     mps = PrivateMps(str(program))
     with pytest.raises(RuntimeError, match=r"exited with status 3 .*cannot find a GPU"):
-        mps.__enter__()
+        mps.start()
     assert not mps.root.exists()
 
 

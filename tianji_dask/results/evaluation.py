@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.util
-import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tianji_dask.config import ConfigError, load_config
+from tianji_dask.results.rundir import run_dir_problem
 
 EVAL_FILE = "eval.nc"
 VIDEO_FPS = 30
@@ -82,10 +81,8 @@ def evaluate(
         raise _refuse(run_dir, f"episodes={episodes}: play at least one")
     if not 0.0 <= epsilon <= 1.0:
         raise _refuse(run_dir, f"epsilon={epsilon}: a probability, in [0, 1]")
-    if not run_dir.is_dir():
-        raise _refuse(run_dir, "no such directory; give the directory a run wrote (it holds config.yaml)")
-    if not (run_dir / "config.yaml").is_file():
-        raise _refuse(run_dir, "not a run directory (no config.yaml); give the directory a run wrote")
+    if problem := run_dir_problem(run_dir):
+        raise _refuse(run_dir, problem)
     path = Path(out) if out is not None else run_dir / EVAL_FILE
     if path.exists():
         raise _refuse(run_dir, f"{path} exists and is kept; give another file (--out) or remove it")
@@ -197,6 +194,8 @@ def _write(result: Evaluation, played_by: np.ndarray, cfg, run_dir: Path, *, eps
     """``eval.nc``, written beside and renamed into place so a crash leaves no half file."""
     import xarray as xr
 
+    from tianji_dask.results.recorder import write_netcdf_atomic
+
     ds = xr.Dataset(
         {
             "return": ("episode", result.returns),
@@ -215,13 +214,8 @@ def _write(result: Evaluation, played_by: np.ndarray, cfg, run_dir: Path, *, eps
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "return_mean": result.mean,
             "video_frames": result.video_frames,
-            "return_std": result.std if math.isfinite(result.std) else 0.0,
+            "return_std": result.std,
         },
     )
     result.path.parent.mkdir(parents=True, exist_ok=True)
-    partial = result.path.with_name(f".{result.path.name}.partial-{os.getpid()}")
-    try:
-        ds.to_netcdf(partial, engine="h5netcdf")
-        os.replace(partial, result.path)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_netcdf_atomic(ds, result.path)

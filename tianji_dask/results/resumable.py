@@ -19,6 +19,7 @@ from typing import Any
 from tianji_dask.config import ConfigError, load_config
 from tianji_dask.config.loading import parse_override
 from tianji_dask.config.schema import ExperimentConfig
+from tianji_dask.results.rundir import run_dir_problem
 
 RESUMABLE_SECTIONS = ("stop", "run")  # what --set may change when a run goes on
 
@@ -60,11 +61,9 @@ def check_resumable(
     from tianji_dask.results.recorder import missing_variables
 
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise _refuse(run_dir, "no such directory; give the directory a run wrote (it holds config.yaml)")
+    if problem := run_dir_problem(run_dir):
+        raise _refuse(run_dir, problem)
     saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        raise _refuse(run_dir, "not a run directory (no config.yaml); give the directory a run wrote")
     for text in overrides:
         keys, _ = parse_override(text)
         if keys[0] not in RESUMABLE_SECTIONS:

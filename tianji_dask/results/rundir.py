@@ -73,6 +73,15 @@ def prepare_run_dir(out: Path | None, *, root: Path | None = None, name: str) ->
     return out.absolute()
 
 
+def run_dir_problem(run_dir: Path) -> str | None:
+    """What keeps ``run_dir`` from being a directory a run wrote (None: it is one), said with the fix."""
+    if not run_dir.is_dir():
+        return "no such directory; give the directory a run wrote (it holds config.yaml)"
+    if not (run_dir / "config.yaml").is_file():
+        return "not a run directory (no config.yaml); give the directory a run wrote"
+    return None
+
+
 def write_config(run_dir: Path, config_yaml: str) -> None:
     """Write the resolved config to ``run_dir/config.yaml`` (atomically)."""
     path = Path(run_dir) / "config.yaml"

@@ -242,7 +242,7 @@ class RunCluster:
         if control is None:
             return
         try:
-            self._mps = PrivateMps(control).__enter__()
+            self._mps = PrivateMps(control).start()
         except RuntimeError as exc:
             if setting == "on":
                 raise HostLost(f"tianji.local-cluster.cuda-mps=on: {exc}") from None

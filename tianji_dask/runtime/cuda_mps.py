@@ -80,6 +80,9 @@ class PrivateMps:
         self._daemon: subprocess.Popen | None = None
 
     def __enter__(self) -> PrivateMps:
+        return self.start()
+
+    def start(self) -> PrivateMps:
         try:
             self._start()
         except BaseException:
