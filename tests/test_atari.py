@@ -310,6 +310,20 @@ def test_a_device_replay_draws_stored_transitions_uniformly_on_the_device(pong_r
     assert np.abs(counts[valid] - expected).max() < 5 * np.sqrt(expected)
 
 
+def _warmed_up_serial_run(overrides: list[str], transitions: int):
+    """A serial run of the small Pong DQN config whose buffer holds ``transitions``."""
+    from tianji_dask.runtime.serial import SerialRun
+
+    run = SerialRun(load_config(DQN_SMALL, overrides))
+    run.learner.publish()
+    run.actor.probe_params()
+    while len(run.buffer) < transitions:
+        run.actor.step()
+        run.actor.flush()
+        run.buffer.ingest()
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -319,8 +333,6 @@ def test_a_dqn_learner_trains_from_a_replay_on_its_device(replay, device):
     from the third update); prioritized: drawn by the host's sum-tree, stacks gathered there."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from tianji_dask.runtime.serial import SerialRun
-
     overrides = [
         "algo.replay_device=learner",
         f"algo.replay={replay}",
@@ -328,13 +340,7 @@ def test_a_dqn_learner_trains_from_a_replay_on_its_device(replay, device):
         "env.num_envs=2",
         f"learner.device={device}",
     ]
-    run = SerialRun(load_config(DQN_SMALL, [*overrides, "algo.batch_size=32", "algo.ratio_tolerance=null"]))
-    run.learner.publish()
-    run.actor.probe_params()
-    while len(run.buffer) < 64:
-        run.actor.step()
-        run.actor.flush()
-        run.buffer.ingest()
+    run = _warmed_up_serial_run([*overrides, "algo.batch_size=32", "algo.ratio_tolerance=null"], 64)
     assert isinstance(run.buffer.sample(4)["obs"], torch.Tensor)
     assert (run.buffer.device_sampler(32) is None) == (replay == "prioritized")
     for _ in range(5):
@@ -344,6 +350,33 @@ def test_a_dqn_learner_trains_from_a_replay_on_its_device(replay, device):
         run.buffer.ingest()
     counters = run.learner.heartbeat()["counters"]
     assert counters["updates"] == 5 and np.isfinite(counters["loss"]) and np.isfinite(counters["q_mean"])
+    run.actor.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_learner_on_a_device_replay_makes_updates_per_graph_a_launch_up_to_each_publication():
+    """``algo.updates_per_graph=4`` with a publication every 6 updates: launches of 4 and 2
+    updates (a launch ends where a publication is due), each publication at its update count,
+    the heartbeat's statistics the mean over the updates (here on the CPU, where a launch's
+    updates run in turn; the CUDA graph of several updates is tested in test_dqn.py)."""
+    overrides = [
+        "algo.replay_device=learner",
+        "algo.learning_starts=64",
+        "algo.batch_size=8",
+        "algo.ratio_tolerance=null",
+        "algo.updates_per_graph=4",
+        "env.num_envs=2",
+        "learner.device=cpu",
+        "learner.publish_interval=6",
+    ]
+    run = _warmed_up_serial_run(overrides, 64)
+    seen = []
+    for _ in range(4):
+        assert run.learner.step()
+        seen.append((run.learner.counters.updates, run.learner.counters.param_version))
+    assert seen == [(4, 0), (6, 6), (10, 6), (12, 12)]
+    counters = run.learner.heartbeat()["counters"]
+    assert counters["samples"] == 12 * 8 and np.isfinite(counters["loss"])
     run.actor.close()
     with pytest.raises(ConfigError, match="replay_device=learner keeps a frame replay.*env.kind=atari"):
         load_config(CONFIG, ["algo.replay_device=learner"])

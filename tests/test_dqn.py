@@ -345,6 +345,23 @@ def _atari_batch_on(device: str, n: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+def _cuda_learner_pair(monkeypatch, target_update_interval: int) -> tuple[DQNLearner, DQNLearner]:
+    """Two Nature-CNN learners of one seed on CUDA, under deterministic cuDNN (its default
+    convolution backward is not deterministic); cuDNN's benchmark switch, which a CUDA learner
+    turns on for its process, is restored after the test."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    cfg = dqn_config(lr=1e-4, target_update_interval=target_update_interval)
+    return tuple(DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn") for _ in range(2))
+
+
+def _same_state(a: DQNLearner, b: DQNLearner) -> None:
+    state_a, state_b = a.state(), b.state()
+    for comp in ("online", "target", "optim_state"):
+        for name, value in state_a[comp].items():
+            assert torch.equal(value, state_b[comp][name]), (comp, name)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_dqn_learner_on_cuda_replays_draw_and_update_as_a_graph_that_trains_as_the_eager_step(monkeypatch):
     """``update_sampled`` on CUDA runs two eager warm-up steps, then captures the draw and the
@@ -352,10 +369,7 @@ def test_dqn_learner_on_cuda_replays_draw_and_update_as_a_graph_that_trains_as_t
     each update. Same seeds, same batches, target syncs in between: the same statistics,
     parameters and optimiser state as eager updates, bit for bit (deterministic cuDNN: its
     default convolution backward is not deterministic)."""
-    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    cfg = dqn_config(lr=1e-4, target_update_interval=2)
-    graphed = DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
-    eager = DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    graphed, eager = _cuda_learner_pair(monkeypatch, target_update_interval=2)
     source = _atari_batch_on("cuda", 32, seed=0)
     for s in range(6):  # warm-up, warm-up, capture, replays
         batch = _atari_batch_on("cuda", 32, seed=s)
@@ -364,9 +378,88 @@ def test_dqn_learner_on_cuda_replays_draw_and_update_as_a_graph_that_trains_as_t
         got = graphed.update_sampled(lambda: dict(source)).clone()
         want = eager.update(batch)
         assert torch.equal(got, want), s
-    assert graphed._graphed is not None and len(graphed._graphed._graphs) == 1
-    state_graphed, state_eager = graphed.state(), eager.state()
-    for comp in ("online", "target", "optim_state"):
-        for name, value in state_graphed[comp].items():
-            assert torch.equal(value, state_eager[comp][name]), (comp, name)
+    assert graphed._graphed is not None and len(graphed._graphed[1]._graphs) == 1
+    _same_state(graphed, eager)
     assert graphed.updates == eager.updates == 6
+
+
+def _drawing_sampler(pool: dict[str, torch.Tensor], n: int):
+    """A device sampler as a replay's: ``n`` rows of ``pool`` drawn with device operations and
+    the device's generator only, reading the same tensors on every call."""
+    size = pool["actions"].shape[0]
+
+    def sample() -> dict[str, torch.Tensor]:
+        idx = torch.randint(0, size, (n,), device=pool["actions"].device)
+        return {k: v[idx] for k, v in pool.items()}
+
+    return sample
+
+
+def test_a_cpu_learner_makes_count_sampled_updates_in_turn_and_sums_their_statistics(one_torch_thread):
+    """``update_sampled(sample, count)`` on the CPU: the updates ``update`` makes on the same
+    draws, one at a time, target syncs included; the statistics are their sum."""
+    cfg = dqn_config(lr=1e-3, target_update_interval=2)
+    pool = {k: torch.as_tensor(v) for k, v in fixed_batch(n=64).items()}
+    counted, single = DQNLearner(4, 2, cfg, seed=0), DQNLearner(4, 2, cfg, seed=0)
+    torch.manual_seed(5)
+    got = counted.update_sampled(_drawing_sampler(pool, 16), count=3)
+    torch.manual_seed(5)
+    sample = _drawing_sampler(pool, 16)
+    want = sum(single.update(sample()) for _ in range(3))
+    assert torch.equal(got, want)
+    assert counted.updates == single.updates == 3
+    assert params_equal(counted.online, single.online) and params_equal(counted.target, single.target)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dqn_learner_on_cuda_makes_k_updates_in_one_launch_as_k_eager_updates(monkeypatch):
+    """``update_sampled(sample, 4)`` on CUDA replays four draws and updates as one CUDA graph a
+    launch; with a target sync every 6 updates the launches are 4, 2, 4, 2, ... (a launch ends
+    where a sync is due). Against eager updates on the same draws (the same CUDA generator
+    state: a capture does not advance it, a replay advances it as the eager draws do), with
+    deterministic cuDNN: the same parameters, target and Adam state, bit for bit, and the same
+    statistics up to the order of their sums."""
+    graphed, eager = _cuda_learner_pair(monkeypatch, target_update_interval=6)
+    pool = _atari_batch_on("cuda", 256, seed=0)
+    torch.cuda.manual_seed(7)
+    got = [graphed.update_sampled(_drawing_sampler(pool, 32), count=4).clone() for _ in range(9)]
+    torch.cuda.manual_seed(7)
+    sample = _drawing_sampler(pool, 32)
+    want = [sum(eager.update(sample()) for _ in range(4)) for _ in range(9)]
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        # a call split into launches of 2 + 2 sums its statistics as (a + b) + (c + d)
+        torch.testing.assert_close(g, w, msg=f"call {i}")
+    assert graphed._graphed is not None and sorted(graphed._graphed) == [2, 4]
+    assert all(len(g._graphs) == 1 for g in graphed._graphed.values())  # captured, then replayed
+    assert graphed.updates == eager.updates == 36
+    _same_state(graphed, eager)
+
+
+@pytest.mark.timeout(60)
+def test_bf16_dqn_learner_trains_close_to_float32(one_torch_thread):
+    """The Nature CNN trunk in bfloat16 (``algo.precision=bf16``) against float32, from the same
+    start, over 8 updates on the same batches: the losses within 2 % (mean Q, near 0, within
+    0.001), every parameter's change pointing the same way (cosine above 0.9; Adam's first steps
+    are about lr x sign(gradient), so elements with small gradients flip with bfloat16's
+    rounding). Actors' networks stay fp32."""
+    ref = DQNLearner(0, 6, dqn_config(lr=1e-4), seed=3, network="nature_cnn")
+    bf16 = DQNLearner(0, 6, dqn_config(lr=1e-4, precision="bf16"), seed=3, network="nature_cnn")
+    assert bf16.online.precision == bf16.target.precision == "bf16"
+    start = {k: v.clone() for k, v in ref.online.state_dict().items()}
+    for s in range(8):
+        batch = _atari_batch_on("cpu", 32, seed=s)
+        got, want = bf16.update(batch).tolist(), ref.update(batch).tolist()
+        assert got == pytest.approx(want, rel=2e-2, abs=1e-3), s  # mean Q is near 0
+    cosines = {}
+    for name, p in ref.online.state_dict().items():
+        moved_ref, moved_bf16 = p - start[name], bf16.online.state_dict()[name] - start[name]
+        cosines[name] = float(torch.nn.functional.cosine_similarity(moved_ref.flatten(), moved_bf16.flatten(), dim=0))
+    assert min(cosines.values()) > 0.9, cosines  # the first conv's bias the lowest (0.94)
+    policy = DQNPolicy(0, 6, [], seed=0, network="nature_cnn")
+    policy.load(1, bf16.policy_params())
+    assert policy.net.precision == "fp32"
+
+
+def test_a_dqn_precision_other_than_fp32_needs_the_nature_cnn():
+    with pytest.raises(ValueError, match="needs the Nature CNN"):
+        DQNLearner(4, 2, dqn_config(precision="bf16"), seed=0)

@@ -44,6 +44,41 @@ def _to_float(obs: torch.Tensor) -> torch.Tensor:
     return obs
 
 
+Precision = Literal["fp32", "tf32", "bf16"]
+
+
+def trunk_features(trunk: nn.Module, obs: torch.Tensor, precision: Precision) -> torch.Tensor:
+    """The Nature CNN trunk's float32 output on uint8 frame stacks, computed as ``precision``
+    says: "fp32" on frames as they come; "tf32" on channels-last frames (tensor cores take NHWC
+    without transposes; :func:`set_trunk_precision` allows TF32 matmuls); "bf16" on
+    channels-last frames under autocast to bfloat16, the output cast back to float32, so the
+    heads, the loss and every parameter and gradient stay float32."""
+    if precision == "fp32":
+        return trunk(_to_float(obs))
+    x = _to_float(obs.contiguous(memory_format=torch.channels_last))  # permuted as uint8: a quarter of the bytes
+    if precision == "tf32":
+        return trunk(x)
+    # no cast cache: each weight is cast once per forward anyway, and a cache must not
+    # outlive a CUDA graph's capture
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
+        h = trunk(x)
+    return h.float()
+
+
+def set_trunk_precision(net: nn.Module, precision: Precision, device: torch.device) -> None:
+    """A learner's ``algo.precision`` on its Nature CNN (actors keep "fp32"); "tf32" on CUDA
+    also turns on TF32 matmuls, a process-wide switch read when a matmul is launched or
+    captured (the 512-unit layer's forward and backward; cuDNN's convolutions use TF32 by
+    default already)."""
+    if precision == "fp32":
+        return
+    if not isinstance(net, (NatureQNetwork, AtariActorCritic)):
+        raise ValueError(f"algo.precision={precision} needs the Nature CNN, not {type(net).__name__}")
+    net.precision = precision
+    if precision == "tf32" and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+
 def nature_trunk(in_channels: int = FRAME_STACK, init=None, fc: bool = True) -> nn.Sequential:
     """The three convolutions and (``fc``) the 512-unit layer, ReLU after each."""
     layers: list[nn.Linear | nn.Conv2d] = [
@@ -90,9 +125,11 @@ class NatureQNetwork(nn.Module):
         super().__init__()
         self.trunk = nature_trunk(in_channels, fc=not dueling)
         self.head: nn.Module = DuelingHead(TRUNK_FEATURES, n_actions, 512) if dueling else nn.Linear(512, n_actions)
+        #: How the trunk computes (:func:`trunk_features`): a learner's ``algo.precision``.
+        self.precision: Precision = "fp32"
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.trunk(_to_float(obs)))
+        return self.head(trunk_features(self.trunk, obs, self.precision))
 
 
 def _orthogonal(std: float = math.sqrt(2)):
@@ -117,25 +154,12 @@ class AtariActorCritic(nn.Module):
         self.trunk = nature_trunk(in_channels, init=_orthogonal())
         self.actor = _orthogonal(0.01)(nn.Linear(512, n_actions))
         self.critic = _orthogonal(1.0)(nn.Linear(512, 1))
-        #: How the trunk computes (a PPO learner's ``algo.precision``; actors keep "fp32"):
-        #: "fp32" on frames as they come; "tf32" on channels-last frames (tensor cores take NHWC
-        #: without transposes; the learner allows TF32 matmuls); "bf16" on channels-last frames
-        #: under autocast to bfloat16, its features returned as float32, so the heads, the loss
-        #: and every parameter and gradient stay float32.
-        self.precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+        #: How the trunk computes (:func:`trunk_features`): a learner's ``algo.precision``.
+        self.precision: Precision = "fp32"
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """The trunk's 512 float32 features of a batch of frame stacks."""
-        if self.precision == "fp32":
-            return self.trunk(_to_float(obs))
-        x = _to_float(obs.contiguous(memory_format=torch.channels_last))  # permuted as uint8: a quarter of the bytes
-        if self.precision == "tf32":
-            return self.trunk(x)
-        # no cast cache: each weight is cast once per forward anyway, and a cache must not
-        # outlive a CUDA graph's capture
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
-            h = self.trunk(x)
-        return h.float()
+        return trunk_features(self.trunk, obs, self.precision)
 
     def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, value) of a batch."""

@@ -27,6 +27,22 @@ def problem(*lines: str) -> PydanticCustomError:
     return PydanticCustomError(PROBLEM, "{text}", {"text": "\n".join(lines)})
 
 
+Precision = Literal["fp32", "tf32", "bf16"]
+
+
+def precision_field(heads: str) -> Any:
+    """The ``algo.precision`` field of an algorithm whose Nature CNN feeds ``heads``."""
+    return Field(
+        "fp32",
+        description="how the learner's Nature CNN trunk (convolutions and 512-unit layer, forward "
+        "and backward) computes (env.kind atari only): 'fp32' float32 on frames as they come (on "
+        "CUDA cuDNN's convolutions use TF32 by default); 'tf32' on channels-last frames, and on "
+        "CUDA TF32 matmuls too (torch.backends.cuda.matmul.allow_tf32, for the learner's "
+        f"process); 'bf16' on channels-last frames under bfloat16 autocast. The {heads}, the "
+        "loss, the gradients and Adam stay float32, and actors infer in float32",
+    )
+
+
 class _Section(BaseModel):
     # strict: YAML already types its values, so "64" (a string) for an int or true for a count is
     # a mistake to report, not to coerce. Floats still accept ints (lr: 1 is fine).
@@ -199,6 +215,16 @@ class DQNConfig(_Section):
         description="widths of the Q-network's hidden layers",
     )
     max_grad_norm: float = Field(10.0, gt=0, description="gradient clipping norm")
+    precision: Precision = precision_field("Q head")
+    updates_per_graph: int = Field(
+        1,
+        ge=1,
+        description="a learner that draws its batches on its device (replay_device: learner, "
+        "uniform replay, one learner a group, relaxed mode): updates per CUDA graph launch, each "
+        "on its own batch drawn inside the graph; a launch never spans a target sync or a "
+        "publication, so the updates are those made one at a time (on a CPU learner they run in "
+        "turn). Other learners draw each batch on the host between updates, one an update",
+    )
     ratio_tolerance: float | None = Field(
         0.25,
         gt=0,
@@ -354,15 +380,7 @@ class PPOConfig(_Section):
         "Same results; a data-parallel learner (a hook between backward and step) runs eagerly "
         "either way, and a CPU learner runs the iteration's code eagerly",
     )
-    precision: Literal["fp32", "tf32", "bf16"] = Field(
-        "fp32",
-        description="how the learner's Nature CNN trunk (convolutions and 512-unit layer, forward "
-        "and backward) computes (env.kind atari only): 'fp32' float32 on frames as they come (on "
-        "CUDA cuDNN's convolutions use TF32 by default); 'tf32' on channels-last frames, and on "
-        "CUDA TF32 matmuls too (torch.backends.cuda.matmul.allow_tf32, for the learner's "
-        "process); 'bf16' on channels-last frames under bfloat16 autocast. The policy and value "
-        "heads, the loss, the gradients and Adam stay float32, and actors infer in float32",
-    )
+    precision: Precision = precision_field("policy and value heads")
 
     @model_validator(mode="after")
     def _check_sde_sample_freq(self) -> PPOConfig:

@@ -9,6 +9,7 @@ or the Nature CNN for Atari (:mod:`tianji_dask.algos.networks`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.graphed import GraphedStep, InFlight
-from tianji_dask.algos.networks import DuelingHead, NatureQNetwork
+from tianji_dask.algos.networks import DuelingHead, NatureQNetwork, set_trunk_precision
 from tianji_dask.roles.learner_core import State, component, load_optimizer_state, optimizer_state
 
 if TYPE_CHECKING:
@@ -145,13 +146,15 @@ MAX_UPDATES_IN_FLIGHT = 8
 
 
 class DQNLearner:
-    """Online + target network with Adam; ``update(batch)`` or ``update_sampled(sample)`` does one
-    gradient step and returns its statistics as a device tensor, without waiting for the device.
+    """Online + target network with Adam; ``update(batch)`` does one gradient step,
+    ``update_sampled(sample, count)`` ``count`` of them on batches drawn on the device; both
+    return their statistics as a device tensor, without waiting for the device.
 
     On CUDA, Adam is fused and capturable (its learning rate a device tensor), so that
-    ``update_sampled`` replays the draw from a device replay and the whole update as one CUDA
-    graph (:class:`~tianji_dask.algos.graphed.GraphedStep`); at most
-    :data:`MAX_UPDATES_IN_FLIGHT` updates are queued on the device at a time."""
+    ``update_sampled`` replays the draws from a device replay and the whole updates as one CUDA
+    graph (:class:`~tianji_dask.algos.graphed.GraphedStep`) per launch; at most
+    :data:`MAX_UPDATES_IN_FLIGHT` launches are queued on the device at a time. The trunk
+    computes as ``algo.precision`` says (:func:`~tianji_dask.algos.networks.trunk_features`)."""
 
     #: What the statistics tensor an update returns holds, in order.
     stat_names = ("loss", "q_mean")
@@ -167,6 +170,12 @@ class DQNLearner:
         self.target = q_network(obs_dim, n_actions, algo.hidden_sizes, network, algo.dueling).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
+        for net in (self.online, self.target):
+            set_trunk_precision(net, algo.precision, self.device)
+        if self.device.type == "cuda":
+            # a process-wide switch: cuDNN times its convolution algorithms at each new shape (the
+            # eager warm-up updates) and keeps the fastest; its defaults at batch 32 are slower
+            torch.backends.cudnn.benchmark = True
         self.updates = 0
         self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT) if self.device.type == "cuda" else None
         self._sample: Callable[[], dict[str, torch.Tensor]] | None = None
@@ -179,7 +188,8 @@ class DQNLearner:
         graphed = self.device.type == "cuda"
         lr = torch.tensor(self.algo.lr, device=self.device) if graphed else self.algo.lr
         self.optim = torch.optim.Adam(self.online.parameters(), lr=lr, fused=True, capturable=graphed)
-        self._graphed = GraphedStep(self._sampled_step, self._zero_grad) if graphed else None
+        # one graph per number of updates a launch makes
+        self._graphed: dict[int, GraphedStep] | None = {} if graphed else None
 
     def _zero_grad(self) -> None:
         self.optim.zero_grad(set_to_none=True)
@@ -193,23 +203,46 @@ class DQNLearner:
         self._stepped()
         return stats
 
-    def update_sampled(self, sample: Callable[[], dict[str, torch.Tensor]]) -> torch.Tensor:
-        """One gradient step on the batch ``sample()`` draws on the device with device
-        operations only (:meth:`FrameReplay.sample_on_device
-        <tianji_dask.roles.frame_replay.FrameReplay.sample_on_device>`); on CUDA replayed, draw
-        included, as one CUDA graph, so ``sample`` must read the same tensors on every call.
-        The returned statistics belong to the graph: read them before the next update."""
+    def update_sampled(self, sample: Callable[[], dict[str, torch.Tensor]], count: int = 1) -> torch.Tensor:
+        """``count`` gradient steps, each on its own batch ``sample()`` draws on the device with
+        device operations only (:meth:`FrameReplay.sample_on_device
+        <tianji_dask.roles.frame_replay.FrameReplay.sample_on_device>`). On CUDA the draws and
+        updates are replayed as one CUDA graph a launch, so ``sample`` must read the same tensors
+        on every call; a launch ends where a target sync is due, which then happens between
+        launches, at the same update as one update at a time would make it. Returns the
+        statistics summed over the updates; they may belong to a graph: read them before the
+        next update."""
         self._sample = sample
         if self._graphed is None:
             stats = self.update(sample())
-        else:
-            stats = self._graphed({})
-            self._stepped()
-        return stats
+            for _ in range(count - 1):
+                stats = stats + self.update(sample())
+            return stats
+        total: torch.Tensor | None = None
+        while count > 0:
+            n = min(count, self.algo.target_update_interval - self.updates % self.algo.target_update_interval)
+            graphed = self._graphed.get(n)
+            if graphed is None:
+                graphed = self._graphed[n] = GraphedStep(partial(self._sampled_steps, n), self._zero_grad)
+            stats = graphed({})
+            self._stepped(n)
+            count -= n
+            if total is None and count == 0:
+                return stats
+            total = stats.clone() if total is None else total.add_(stats)
+        assert total is not None
+        return total
 
-    def _sampled_step(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _sampled_steps(self, n: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``n`` updates, each on a fresh draw (``inputs`` is empty: the draws read the replay's
+        own tensors); their statistics summed (gradients cleared before the first by the
+        caller, before each later one here)."""
         assert self._sample is not None
-        return self._step(self._sample())
+        total = self._step(self._sample())
+        for _ in range(n - 1):
+            self._zero_grad()
+            total = total + self._step(self._sample())
+        return total
 
     def _step(self, t: dict[str, torch.Tensor], grad_hook=None) -> torch.Tensor:
         """Loss, backward, ``grad_hook()``, clipping and Adam's step, with no wait for the device
@@ -230,8 +263,9 @@ class DQNLearner:
         self.optim.step()
         return torch.stack([loss.detach(), q_taken.detach().mean()])
 
-    def _stepped(self) -> None:
-        self.updates += 1
+    def _stepped(self, n: int = 1) -> None:
+        """``n`` updates made (a launch of them never crosses a target sync)."""
+        self.updates += n
         if self.updates % self.algo.target_update_interval == 0:
             self.target.load_state_dict(self.online.state_dict())  # in place: graphs keep reading it
         if self._in_flight is not None:

@@ -88,15 +88,25 @@ class DQNLearnerRole(LearnerBase):
             return False
         return True
 
+    def updates_per_launch(self) -> int:
+        """Updates the next launch makes: ``algo.updates_per_graph`` on batches drawn on the
+        device, ending where a publication is due (one in synchronous mode); one otherwise."""
+        if self._sample is None or self.synchronous:
+            return 1
+        interval = self.cfg.learner.publish_interval
+        return min(self.algo.updates_per_graph, interval - self.counters.updates % interval)
+
     def update(self) -> None:
         """One gradient step on a batch from the local buffer (gradients averaged by
-        ``grad_hook`` in a data-parallel group)."""
+        ``grad_hook`` in a data-parallel group), or :meth:`updates_per_launch` of them on batches
+        drawn on the device."""
         algo = self.algo
         t = time.perf_counter()
         self._received_at_update = self.buffer.received
+        n = self.updates_per_launch()
         if self._sample is not None:
             with self.buffer.lock:  # the buffer's thread writes the replay's device tensors
-                stats = self.learner_core.update_sampled(self._sample)
+                stats = self.learner_core.update_sampled(self._sample, n)
         else:
             batch = self.buffer.sample(algo.batch_size)
             keys = batch.pop("keys", None)  # prioritized replay: where the batch came from
@@ -106,9 +116,9 @@ class DQNLearnerRole(LearnerBase):
         self.counters.train_s += time.perf_counter() - t
         # summed on the device: read once a heartbeat, not once an update
         self._stat_sum = stats.clone() if self._stat_sum is None else self._stat_sum.add_(stats)
-        self._n += 1
-        self.counters.updates += 1
-        self.counters.samples += algo.batch_size
+        self._n += n
+        self.counters.updates += n
+        self.counters.samples += algo.batch_size * n
         if self.synchronous or self.counters.updates % self.cfg.learner.publish_interval == 0:
             self.publish()  # synchronous mode: the actors wait for every version
 

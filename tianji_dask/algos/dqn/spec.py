@@ -113,8 +113,9 @@ class DQNSpec:
             run.buffer.ingest()
 
         def work() -> int:
-            run.learner.update()
-            return cfg.algo_as(DQNConfig).batch_size
+            before = run.learner.counters.samples
+            run.learner.update()  # one launch: algo.updates_per_graph updates on a device replay
+            return run.learner.counters.samples - before
 
         return work, run.buffer.replay.nbytes / run.buffer.replay.capacity
 

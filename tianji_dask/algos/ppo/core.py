@@ -23,7 +23,7 @@ from torch.distributions import Categorical
 
 from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.graphed import GraphedStep, Inputs
-from tianji_dask.algos.networks import AtariActorCritic, network_kind
+from tianji_dask.algos.networks import AtariActorCritic, network_kind, set_trunk_precision
 from tianji_dask.algos.ppo.gaussian import GaussianActorCritic, GaussianPolicy
 from tianji_dask.algos.ppo.mlp import tanh_mlp
 from tianji_dask.algos.ppo.normalization import Moments, RunningMoments
@@ -325,14 +325,7 @@ class PPOLearner:
         self._stat_names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss")
         # running statistics the network carries, by name (the Gaussian policy's; none otherwise)
         self._statistics = {n: m for n, m in self.net.named_modules() if isinstance(m, RunningMoments)}
-        if algo.precision != "fp32":
-            if not isinstance(self.net, AtariActorCritic):
-                raise ValueError(f"algo.precision={algo.precision} needs the Nature CNN, not network {network!r}")
-            self.net.precision = algo.precision
-            if algo.precision == "tf32" and self.device.type == "cuda":
-                # a process-wide switch, read when a matmul is launched (or captured): the 512-unit
-                # layer's forward and backward (cuDNN's convolutions use TF32 by default already)
-                torch.backends.cuda.matmul.allow_tf32 = True
+        set_trunk_precision(self.net, algo.precision, self.device)
         self._frames: torch.Tensor | None = None  # the iteration graph's frames, padded to a capacity
         self._make_optimizer()
 
