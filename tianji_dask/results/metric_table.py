@@ -167,6 +167,13 @@ TIME_VARS: dict[str, TimeVar] = {
     "episodes": TimeVar("episodes finished (all actors)", "1", "int64", lambda s: s.episodes),
     "return_mean_100": TimeVar("mean return of the last 100 episodes", "1", "float64", lambda s: s.return_mean_100),
     "replay_ratio": TimeVar("samples consumed / transitions received", "1", "float64", replay_ratio),
+    "received": TimeVar(
+        "transitions received (cumulative, all buffers): the replay ratio over an interval is the "
+        "growth of samples over the growth of this",
+        "1",
+        "int64",
+        summed("buffer", "received", int),
+    ),
     "replay_size": TimeVar("transitions held in replay (all buffers)", "1", "float64", lambda s: float(replay_size(s))),
     "replay_fill": TimeVar("replay fill fraction (held / capacity)", "1", "float64", replay_fill),
     "param_version": TimeVar("latest published parameter version", "1", "float64", latest_param_version),
