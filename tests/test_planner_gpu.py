@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-from conftest import CONFIG
+from conftest import CONFIG, cli_here
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import load_config
@@ -196,3 +196,37 @@ def test_a_plan_written_before_plans_chose_devices_leaves_the_configs_devices():
     old = Plan.from_dict(plan)
     assert "learner.device" not in old.overrides() and "env.atari_threads" not in old.overrides()
     assert old.apply(pong()).learner.device == "cuda"  # the config's
+
+
+def test_the_pong_dqn_config_is_the_plan_its_stored_profile_gives_at_batch_32():
+    """configs/pong_dqn.yaml is sized by a plan made from an H200 machine's profile, which
+    measured batches 32, 64 and 128; planning again among batch 32 only gives the same plan (3
+    CPU actors: the GPU learner is the bottleneck, and a GPU actor of as many cores would share
+    its GPU), and the plan leaves the config as it is. Among all three, batch 128 trains the
+    most samples a second (the plan the config does not follow: it learned slower per env step)."""
+    dqn_path = CONFIG.parent / "pong_dqn.yaml"
+    dqn = load_config(dqn_path, check_env=False, check_device=False)
+    results = CONFIG.parent.parent / "benchmarks" / "results" / "plan_pong_dqn_h200_20261129"
+    profile_ = Profile.load(results / "plan.profile.nc", dqn)
+    stored = load_plan(results / "plan.yaml")
+    again = make_plan(dqn, profile_.with_batch_sizes([32]), Resources(cores=16, gpus=1))
+    assert again.overrides() == stored.overrides()
+    assert (again.actors, again.actor_device, again.batch_size) == (3, "cpu", 32)
+    assert stored.apply(dqn) == dqn
+    widest = make_plan(dqn, profile_, Resources(cores=16, gpus=1))
+    assert widest.batch_size == 128 and widest.overrides()["algo.train_freq"] == 4
+    with pytest.raises(PlanError, match="--batch-sizes 48: not in the profile, which measured 32,64,128"):
+        profile_.with_batch_sizes([48])
+
+
+def test_a_plan_from_a_stored_profile_chooses_among_the_batch_sizes_given(tmp_path):
+    """``plan --profile P --batch-sizes ...`` plans among those of the profile's batch sizes; one
+    the profile did not measure is refused before anything is written, naming those it did."""
+    stored = CONFIG.parent.parent / "benchmarks" / "results" / "plan_pong_dqn_h200_20261129" / "plan.profile.nc"
+    common = ["plan", str(CONFIG.parent / "pong_dqn.yaml"), "--cores", "16", "--gpus", "1", "--profile", str(stored)]
+    r = cli_here(*common, "--batch-sizes", "32,64", "--out", str(tmp_path / "p.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert load_plan(tmp_path / "p.yaml").batch_size == 64  # the faster of the two
+    r = cli_here(*common, "--batch-sizes", "48", "--out", str(tmp_path / "q.yaml"))
+    assert r.returncode == 2 and "--batch-sizes 48: not in the profile, which measured 32,64,128" in r.stderr
+    assert not (tmp_path / "q.yaml").exists()

@@ -211,7 +211,8 @@ def _add_profile_arguments(p) -> None:
         "--batch-sizes",
         default=None,
         metavar="LIST",
-        help="DQN: comma-separated batch sizes to measure (default: the config's)",
+        help="DQN: comma-separated batch sizes to measure (default: the config's); plan with an "
+        "existing --profile: the batch sizes of it the plan may choose among (default: all)",
     )
     p.add_argument("--max-actors", type=int, default=None, help="largest actor count measured (default: workers)")
     p.add_argument(
@@ -583,7 +584,10 @@ def cmd_plan(args) -> int:
         else:
             print(f"tianji-dask: no profile at {path}: measuring one on this machine", file=sys.stderr)
             _measure(cfg, args, path)
-        plan = make_plan(cfg, Profile.load(path, cfg), res)
+        profile = Profile.load(path, cfg)
+        if args.batch_sizes:  # a profile measured before: the plan chooses among these only
+            profile = profile.with_batch_sizes(_batch_sizes(args.batch_sizes))
+        plan = make_plan(cfg, profile, res)
     except (PlanError, ProfileError) as exc:
         return _bad_input(str(exc))
     console = plain_console(stderr=False)

@@ -19,7 +19,7 @@ config), so it is tested on synthetic profiles with known optima.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,6 +117,26 @@ class Profile:
             gpu_learner_samples_per_s=tuple(float(v) for v in _values(ds, "gpu_learner_samples_per_s")),
             env_threads=tuple(int(t) for t in _values(ds, "env_threads")),
             gpu_actor_env_steps_per_s=tuple(float(v) for v in _values(ds, "gpu_actor_env_steps_per_s")),
+        )
+
+    def with_batch_sizes(self, batch_sizes: list[int]) -> Profile:
+        """The profile with only these of its learner batch sizes, for a plan that may choose
+        only among them; :class:`PlanError` naming the measured ones when one was not measured."""
+        missing = [b for b in batch_sizes if b not in self.batch_sizes]
+        if missing:
+            raise PlanError(
+                f"--batch-sizes {','.join(map(str, missing))}: not in the profile, which measured "
+                f"{','.join(map(str, self.batch_sizes))}; choose among those, or measure a new "
+                "profile with these batch sizes (--profile to a file that does not exist)"
+            )
+        keep = [self.batch_sizes.index(b) for b in batch_sizes]
+        return replace(
+            self,
+            batch_sizes=tuple(batch_sizes),
+            learner_samples_per_s=tuple(tuple(row[j] for j in keep) for row in self.learner_samples_per_s),
+            gpu_learner_samples_per_s=tuple(self.gpu_learner_samples_per_s[j] for j in keep)
+            if self.gpu_learner_samples_per_s
+            else (),
         )
 
     @property
@@ -346,7 +366,9 @@ def group_shapes(
     """Every group of ``cores`` cores the profile can predict: a learner on the CPU with T
     threads or on the GPU, and single-core actors on the rest (at most ``max_actors``), or (on a
     GPU, for an env that steps on threads) one actor with inference on the GPU stepping its envs
-    on t threads."""
+    on t threads. A learner on the GPU may also have fewer CPU actors than the rest of the
+    cores: where it is the bottleneck, the fewest that keep up with it (the actors' inference
+    then stays off the GPU the learner needs, as it would not with a GPU actor of as many cores)."""
     learners = [("cpu", T, profile.tr_l(T, batch) / R) for T in range(1, cores) if profile.threads]
     if gpu and profile.gpu_learner:
         learners.append(("cuda", 1, profile.tr_l_gpu(batch) / R))
@@ -354,7 +376,9 @@ def group_shapes(
         rest = cores - (T if device == "cpu" else 1)
         A = min(rest, max_actors or rest)
         env_threads = 1 if threaded_env else None
-        yield GroupShape(device, T, "cpu", A, env_threads, profile.tr_a(A), consumption)
+        counts = range(1, A + 1) if device == "cuda" else (A,)
+        for k in counts:
+            yield GroupShape(device, T, "cpu", k, env_threads, profile.tr_a(k), consumption)
         if gpu and threaded_env and profile.gpu_actor:
             for t in range(1, rest + 1):
                 yield GroupShape(device, T, "cuda", 1, t, profile.tr_a_gpu(t), consumption)
