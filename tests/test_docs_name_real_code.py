@@ -105,3 +105,10 @@ def test_every_class_and_member_the_doc_names_is_defined(doc):
             if func not in names:
                 missing.append(f"{func}()")
     assert not missing, f"docs/{doc} names code that is not defined: {sorted(set(missing))}"
+
+
+def test_the_architecture_page_stays_an_overview():
+    """docs/architecture.md is the overview and the reading path: reference material goes in the
+    modules' docstrings and the other pages, measurements in benchmarks.md (issue 33's bound)."""
+    lines = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 400, f"docs/architecture.md has {lines} lines: move reference material to where the code is"
