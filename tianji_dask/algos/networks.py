@@ -16,11 +16,13 @@ the bytes of float32. Which network a run uses is derived from the config
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 from torch.distributions import Categorical
+
+from tianji_dask.config.schema import Precision
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -42,9 +44,6 @@ def _to_float(obs: torch.Tensor) -> torch.Tensor:
     if obs.dtype == torch.uint8:
         return obs.float().div_(255.0)
     return obs
-
-
-Precision = Literal["fp32", "tf32", "bf16"]
 
 
 def trunk_features(trunk: nn.Module, obs: torch.Tensor, precision: Precision) -> torch.Tensor:
