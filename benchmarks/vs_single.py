@@ -363,7 +363,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7])
     p.add_argument("--config", default="configs/pong_ppo.yaml")
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="for tianji-dask only")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="a config override KEY=VALUE (the single script takes the hyperparameters it changes too)",
+    )
     p.add_argument("--target", type=float, default=18.0)
     p.add_argument("--max-seconds", type=float, default=300.0)
     p.add_argument("--single-max-seconds", type=float, help="the single process's limit (default --max-seconds)")

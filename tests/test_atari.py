@@ -642,7 +642,7 @@ def test_shipped_pong_configs_load():
     plain = big.model_dump()
     assert {k for k in plain["algo"] if plain["algo"][k] != apex["algo"][k]} == {"exploration", "replay"}
     assert all(plain[s] == apex[s] for s in plain if s != "algo")
-    assert big.algo.buffer_size == 50_000 and big.algo.target_replay_ratio == 32
+    assert big.algo.buffer_size == 100_000 and big.algo.target_replay_ratio == 32
     assert FrameReplay.nbytes_for(big.algo.buffer_size) < 10e9
     ppo = load_config("configs/pong_ppo.yaml", check_env=False, check_device=False)
     # a rollout carries each frame once: its steps' new frames plus each env's first stack

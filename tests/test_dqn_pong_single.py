@@ -70,7 +70,8 @@ def test_the_race_runs_the_single_script_with_the_configs_hyperparameters():
     assert (Path(cmd[0]).name, envs, algo) == ("dqn_pong_single.py", 3 * 8, "dqn")
     flags = dict(zip(cmd[1::2], cmd[2::2]))
     assert flags["--lr"] == "0.0003" and flags["--envs"] == "24" and flags["--max-seconds"] == "900.0"
-    assert flags["--train-freq"] == "1" and flags["--n-step"] == "3" and flags["--buffer-size"] == "50000"
+    assert flags["--train-freq"] == "2" and flags["--n-step"] == "3" and flags["--buffer-size"] == "100000"
+    assert flags["--batch-size"] == "64" and flags["--target-update-interval"] == "500"
     source = SCRIPT.read_text()
     assert all(f'add_argument("{f}"' in source for f in flags), "a flag the script does not take"
     shorter_rollouts = ["env.num_envs=128", "algo.rollout_steps=64"]

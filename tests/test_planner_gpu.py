@@ -198,21 +198,32 @@ def test_a_plan_written_before_plans_chose_devices_leaves_the_configs_devices():
     assert old.apply(pong()).learner.device == "cuda"  # the config's
 
 
-def test_the_pong_dqn_config_is_the_plan_its_stored_profile_gives_at_batch_32():
+def test_the_pong_dqn_config_is_the_plan_its_stored_profile_gives_among_batches_32_and_64():
     """configs/pong_dqn.yaml is sized by a plan made from an H200 machine's profile, which
-    measured batches 32, 64 and 128; planning again among batch 32 only gives the same plan (3
-    CPU actors: the GPU learner is the bottleneck, and a GPU actor of as many cores would share
-    its GPU), and the plan leaves the config as it is. Among all three, batch 128 trains the
-    most samples a second (the plan the config does not follow: it learned slower per env step)."""
+    measured batches 32, 64 and 128; planning again among 32 and 64 gives the same plan (batch
+    64, 5 CPU actors: the GPU learner is the bottleneck, and a GPU actor of as many cores would
+    share its GPU), and the plan leaves the config as it is. Among 32 alone, the serial
+    algorithm's batch comes back (train_freq 1, target sync every 1,000 updates, lr 1e-4, 3
+    actors for the slower learner); among all three, batch 128 trains the most samples a second
+    (the plan the config does not follow: it learned slower per env step)."""
     dqn_path = CONFIG.parent / "pong_dqn.yaml"
     dqn = load_config(dqn_path, check_env=False, check_device=False)
     results = CONFIG.parent.parent / "benchmarks" / "results" / "plan_pong_dqn_h200_20261129"
     profile_ = Profile.load(results / "plan.profile.nc", dqn)
     stored = load_plan(results / "plan.yaml")
-    again = make_plan(dqn, profile_.with_batch_sizes([32]), Resources(cores=16, gpus=1))
+    again = make_plan(dqn, profile_.with_batch_sizes([32, 64]), Resources(cores=16, gpus=1))
     assert again.overrides() == stored.overrides()
-    assert (again.actors, again.actor_device, again.batch_size) == (3, "cpu", 32)
+    assert (again.actors, again.actor_device, again.batch_size) == (5, "cpu", 64)
     assert stored.apply(dqn) == dqn
+    serial = make_plan(dqn, profile_.with_batch_sizes([32]), Resources(cores=16, gpus=1))
+    scaled = serial.overrides()
+    assert (serial.actors, serial.batch_size) == (3, 32)
+    assert (scaled["algo.train_freq"], scaled["algo.buffer_size"], scaled["algo.target_update_interval"]) == (
+        1,
+        50_000,
+        1_000,
+    )
+    assert scaled["algo.lr"] == pytest.approx(1e-4, rel=1e-5)
     widest = make_plan(dqn, profile_, Resources(cores=16, gpus=1))
     assert widest.batch_size == 128 and widest.overrides()["algo.train_freq"] == 4
     with pytest.raises(PlanError, match="--batch-sizes 48: not in the profile, which measured 32,64,128"):
