@@ -414,3 +414,44 @@ def test_the_readme_results_block_runs_on_a_run_and_draws_each_plot_apart(runs, 
 @pytest.mark.timeout(240)
 def test_the_metrics_doc_block_runs_on_a_run_and_draws_each_plot_apart(runs, tmp_path, monkeypatch, capsys):
     opening_a_run_with_xarray("docs/metrics.md", runs, tmp_path, monkeypatch, capsys)
+
+
+def _counters(updates_from: float, ratio: float) -> xr.Dataset:
+    """A run's counters by hand: rows every 0.5 s for 30 s, 100 transitions received a second,
+    updates from ``updates_from`` s on consuming ``ratio`` samples per transition."""
+    t = np.arange(0.0, 30.01, 0.5)
+    received = 100.0 * t
+    samples = np.where(t >= updates_from, ratio * (received - 100.0 * updates_from), 0.0)
+    updates = samples / 32.0
+    return xr.Dataset(
+        {"samples": ("time", samples), "received": ("time", received), "updates": ("time", updates)},
+        coords={"time": t},
+    )
+
+
+def test_replay_ratio_per_window_from_the_first_update(runs):
+    """``ds.tianji.replay_ratio(window_s)``: samples consumed per transition received in each
+    window after the first update (the warm-up left out, where the recorded cumulative
+    ``replay_ratio`` counts it); several runs side by side; a run without ``received`` is
+    refused with what it lacks."""
+    ds = _counters(updates_from=5.5, ratio=8.0)
+    r = ds.tianji.replay_ratio(window_s=5.0)
+    assert r.dims == ("window",) and r.attrs["units"] == "1"
+    np.testing.assert_allclose(r["window"].values, [0, 5, 10, 15])  # from the row that shows an update (6 s)
+    np.testing.assert_allclose(r.values, 8.0)
+    two = xr.concat([ds, _counters(updates_from=10.0, ratio=4.0)], dim=pd.Index(["a", "b"], name="run"))
+    both = two.tianji.replay_ratio(window_s=5.0)
+    assert both.dims == ("run", "window")
+    np.testing.assert_allclose(both.sel(run="a").values, 8.0)
+    np.testing.assert_allclose(both.sel(run="b").values, [4.0, 4.0, 4.0, np.nan])  # 10.5-30 s: three
+    with pytest.raises(ValueError, match="needs metrics.nc's received"):
+        ds.drop_vars("received").tianji.replay_ratio()
+    with pytest.raises(ValueError, match="window_s=0"):
+        ds.tianji.replay_ratio(window_s=0)
+
+    run = open_run(runs["dist-seed0-actors2"][0])  # a real run: the windows tile it from its first update
+    windows = run.tianji.replay_ratio(window_s=1.0)
+    t = run["time"].values
+    first = t[np.flatnonzero(run["updates"].values > 0)[0]]
+    assert len(windows) == int((t[-1] - first) // 1.0)
+    assert np.isfinite(windows.values).any() and (windows.fillna(0).values >= 0).all()

@@ -60,6 +60,21 @@ def test_figures_agree_with_the_recorder(runs, tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
 
 
+def test_a_run_that_records_received_reports_its_replay_ratio_windows(tmp_path):
+    """A run recorded with ``received`` (issue 30's race) gets the least and the most replay
+    ratio of its 10-s windows (``ds.tianji.replay_ratio``); older runs, without it, get neither."""
+    from tianji_dask.results.analysis import open_run
+
+    run = RESULTS / "dqn_vs_single_h200_20261129" / "tianji-seed53"
+    r = summary("--dqn", str(run), "--budget", "300", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rates = json.loads((tmp_path / "pong_summary.json").read_text())["runs"][0]["median_throughput"]
+    windows = open_run(run).tianji.replay_ratio(10.0)
+    assert rates["replay_ratio_10s_min"] == pytest.approx(float(windows.min()), abs=1e-3)
+    assert rates["replay_ratio_10s_max"] == pytest.approx(float(windows.max()), abs=1e-3)
+    assert 32 * 0.9 < rates["replay_ratio_10s_min"] <= rates["replay_ratio_10s_max"] < 32 * 1.1
+
+
 def test_the_budget_bounds_what_counts(runs, tmp_path):
     budget = 240.0
     r = summary("--ppo", *(str(runs / p) for p in PPO), "--budget", str(budget), "--out", str(tmp_path))

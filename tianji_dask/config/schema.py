@@ -227,10 +227,13 @@ class DQNConfig(_Section):
     )
     ratio_tolerance: float | None = Field(
         0.25,
-        gt=0,
+        ge=0,
         lt=1,
         description="relative band around target_replay_ratio outside which the balance "
-        "controller slows the faster side; null turns the controller off (nothing ever waits)",
+        "controller slows the faster side, on the counts since the start: its width in env steps "
+        "grows with the run, so a window of the run may stray further. 0 holds the ratio to the "
+        "controller's quanta alone (a chunk per actor, a publication's samples) at any moment; "
+        "null turns the controller off (nothing ever waits)",
     )
 
     @property

@@ -342,6 +342,41 @@ class TianjiAccessor:
         )
         return table if groups else table.reset_index(drop=True)
 
+    def replay_ratio(self, window_s: float = 10.0) -> xr.DataArray:
+        """The replay ratio over consecutive windows of ``window_s`` seconds from each run's first
+        learner update: samples consumed per transition received within the window (the growth
+        of ``samples`` over that of ``received``), the figure the balance controller holds. The
+        recorded ``replay_ratio`` is cumulative and counts the warm-up's transitions. Dim
+        ``window`` (the window's start, seconds after the first update), and ``run`` for several
+        runs; NaN where a window received nothing or a run ended sooner."""
+        ds = self._ds
+        if not window_s > 0:
+            raise ValueError(f"replay_ratio: window_s={window_s!r}; give a positive number of seconds")
+        missing = [v for v in ("samples", "received", "updates") if v not in ds]
+        if missing:
+            raise ValueError(
+                f"replay_ratio needs metrics.nc's {', '.join(missing)}; a run recorded before "
+                "`received` was (2026-11-29) has only the cumulative `replay_ratio`"
+            )
+        several = "run" in ds.dims
+        per_run = (
+            [_windowed_ratio(ds.isel(run=i), window_s) for i in range(ds.sizes["run"])]
+            if several
+            else [_windowed_ratio(ds, window_s)]
+        )
+        values = np.full((len(per_run), max((len(r) for r in per_run), default=0)), np.nan)
+        for i, ratios in enumerate(per_run):
+            values[i, : len(ratios)] = ratios
+        coords: dict[str, Any] = {"window": np.arange(values.shape[1]) * float(window_s)}
+        attrs = {
+            "long_name": f"samples consumed per transition received, {window_s:g}-s windows from the first update",
+            "units": "1",
+        }
+        if several:
+            coords["run"] = ds["run"].values
+            return xr.DataArray(values, dims=("run", "window"), coords=coords, name="replay_ratio", attrs=attrs)
+        return xr.DataArray(values[0], dims=("window",), coords=coords, name="replay_ratio", attrs=attrs)
+
     # --- plots
     def plot_return(self, x: str = "time", ax=None):
         """Mean return of the last 100 episodes against ``time`` or ``env_steps``; returns the Axes."""
@@ -407,6 +442,22 @@ class TianjiAccessor:
             if np.isnan(np.asarray(line.get_ydata(), dtype=float)).all():
                 line.set_label("_" + line.get_label())  # nothing drawn: keep it out of the legend
         return ax
+
+
+def _windowed_ratio(ds: xr.Dataset, window_s: float) -> np.ndarray:
+    """One run's replay ratio per ``window_s`` window from its first update (rows a stacked
+    Dataset pads with NaN dropped); empty before any update."""
+    t, samples, received, updates = (ds[v].values.astype(float) for v in ("time", "samples", "received", "updates"))
+    keep = np.isfinite(samples) & np.isfinite(received) & np.isfinite(updates)
+    t, samples, received, updates = t[keep], samples[keep], received[keep], updates[keep]
+    started = np.flatnonzero(updates > 0)
+    if not len(started):
+        return np.empty(0)
+    first = started[0]
+    edges = t[first] + window_s * np.arange(int((t[-1] - t[first]) // window_s) + 1)
+    rows = np.searchsorted(t, edges)  # the first row at or after each edge
+    consumed, got = np.diff(samples[rows]), np.diff(received[rows])
+    return np.where(got > 0, consumed / np.where(got > 0, got, 1.0), np.nan)
 
 
 def _axes(ax):
