@@ -39,3 +39,13 @@ def on_slot_gpu(cfg: ExperimentConfig, slot: int) -> ExperimentConfig:
             "actor": cfg.actor.model_copy(update={"device": actor}),
         }
     )
+
+
+def bind_thread(device: str) -> None:
+    """Make ``device`` the calling thread's current CUDA device (for ``cuda:N``), so that what
+    torch makes without naming a device (streams, events, CUDA graphs' pools) lands on the GPU of
+    this thread's host and not on GPU 0. Nothing for ``cpu`` or a plain ``cuda``."""
+    if device.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))

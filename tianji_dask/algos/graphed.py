@@ -9,7 +9,8 @@ The step must not wait for the GPU (no ``.item()``, no data-dependent Python bra
 optimiser must be built with ``capturable=True`` (and a tensor learning rate, changed in place),
 and the tensors it reads besides its inputs (parameters, optimiser state) must keep their
 storage: replacing any of them (loading an optimiser's state dict) needs a new
-:class:`GraphedStep`.
+:class:`GraphedStep`. Its stream, memory pool and graphs belong to its ``device``, whatever the
+calling thread's current device is (a worker's host on its second GPU).
 """
 
 from __future__ import annotations
@@ -34,12 +35,20 @@ class GraphedStep:
     read or copy it before the next call.
     """
 
-    def __init__(self, fn: Callable[[Inputs], torch.Tensor], zero_grad: Callable[[], None], warmup: int = 2):
+    def __init__(
+        self,
+        fn: Callable[[Inputs], torch.Tensor],
+        zero_grad: Callable[[], None],
+        warmup: int = 2,
+        device: torch.device | str | None = None,
+    ):
         self.fn = fn
         self.zero_grad = zero_grad
         self.warmup = warmup
-        self.stream = torch.cuda.Stream()
-        self.pool = torch.cuda.graph_pool_handle()
+        self.device = _cuda_device(device)
+        with torch.cuda.device(self.device):
+            self.stream = torch.cuda.Stream()
+            self.pool = torch.cuda.graph_pool_handle()
         self._warm: dict[ShapeKey, int] = {}
         self._graphs: dict[ShapeKey, tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]] = {}
 
@@ -48,6 +57,10 @@ class GraphedStep:
         return tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()))
 
     def __call__(self, inputs: Inputs) -> torch.Tensor:
+        with torch.cuda.device(self.device):
+            return self._call(inputs)
+
+    def _call(self, inputs: Inputs) -> torch.Tensor:
         key = self._key(inputs)
         captured = self._graphs.get(key)
         if captured is None:
@@ -87,13 +100,22 @@ class InFlight:
     the oldest. Steps that never wait for the device (a replayed graph) could otherwise queue
     without end, and the counts the host reports would run ahead of the work done."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, device: torch.device | str | None = None):
         self.limit = limit
+        self.device = _cuda_device(device)
         self._events: deque[torch.cuda.Event] = deque()
 
     def mark(self) -> None:
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         self._events.append(event)
         if len(self._events) > self.limit:
             self._events.popleft().synchronize()
+
+
+def _cuda_device(device: torch.device | str | None) -> torch.device:
+    """``device`` with its index (``cuda`` alone: the current one); None: the current device."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"a CUDA graph needs a CUDA device, not {device}")
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import psutil
 
+from tianji_dask.devices import bind_thread
 from tianji_dask.roles.heartbeats import COUNTERS, Heartbeat
 from tianji_dask.roles.loop import LoopRole
 
@@ -65,6 +66,7 @@ class HostLoop(ABC, Generic[R]):
         torch.set_num_threads(self._torch_threads())
         interval = self.cfg.run.metrics_interval
         try:
+            bind_thread(self._device())
             began = time.monotonic()
             self.role = self._make_role()
             self._built_s = time.monotonic() - began
@@ -122,6 +124,10 @@ class HostLoop(ABC, Generic[R]):
 
     def _torch_threads(self) -> int:
         return self.cfg.topology.torch_threads
+
+    def _device(self) -> str:
+        """The device this host's role computes on (a learner's and its buffer's by default)."""
+        return self.cfg.learner.device
 
     @abstractmethod
     def _make_role(self) -> R:

@@ -452,6 +452,9 @@ class ActorHost(_LoopHost[ActorLoopRole]):
         self.params = ChannelService.current().open_latest(params_channel, replace=incarnation > 0)
         self._args = (seed, buffer_address, traj_channel)
 
+    def _device(self) -> str:
+        return self.cfg.actor.device
+
     def _make_role(self) -> ActorLoopRole:
         seed, buffer_address, traj_channel = self._args
         c = self.cfg.channel

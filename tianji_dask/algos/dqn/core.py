@@ -177,7 +177,7 @@ class DQNLearner:
             # eager warm-up updates) and keeps the fastest; its defaults at batch 32 are slower
             torch.backends.cudnn.benchmark = True
         self.updates = 0
-        self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT) if self.device.type == "cuda" else None
+        self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT, self.device) if self.device.type == "cuda" else None
         self._sample: Callable[[], dict[str, torch.Tensor]] | None = None
         self._make_optimizer()
 
@@ -223,7 +223,9 @@ class DQNLearner:
             n = min(count, self.algo.target_update_interval - self.updates % self.algo.target_update_interval)
             graphed = self._graphed.get(n)
             if graphed is None:
-                graphed = self._graphed[n] = GraphedStep(partial(self._sampled_steps, n), self._zero_grad)
+                graphed = self._graphed[n] = GraphedStep(
+                    partial(self._sampled_steps, n), self._zero_grad, device=self.device
+                )
             stats = graphed({})
             self._stepped(n)
             count -= n

@@ -123,7 +123,9 @@ class PPOPolicy:
         self.net.requires_grad_(False)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
-        self._graphed = GraphedStep(self._infer, lambda: None) if self.device.type == "cuda" else None
+        self._graphed = (
+            GraphedStep(self._infer, lambda: None, device=self.device) if self.device.type == "cuda" else None
+        )
         self._pinned: dict[tuple[int, ...], torch.Tensor] = {}  # act_async's host buffers, by shape
 
     def load(self, version: int, params: dict) -> None:
@@ -342,9 +344,9 @@ class PPOLearner:
         self._graphed: GraphedStep | None = None
         self._graphed_iteration: GraphedStep | None = None
         if graphed and self.algo.cuda_graph == "iteration":
-            self._graphed_iteration = GraphedStep(self._iteration, self._zero_grad, warmup=1)
+            self._graphed_iteration = GraphedStep(self._iteration, self._zero_grad, warmup=1, device=self.device)
         elif graphed:
-            self._graphed = GraphedStep(self._minibatch_step, self._zero_grad)
+            self._graphed = GraphedStep(self._minibatch_step, self._zero_grad, device=self.device)
 
     def _zero_grad(self) -> None:
         self.optim.zero_grad(set_to_none=True)
