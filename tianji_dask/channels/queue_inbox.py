@@ -27,7 +27,7 @@ from collections import Counter, deque
 
 from distributed.comm import CommClosedError
 
-from .common import ChannelError, Item, call_soon, logger, on_event_loop
+from .common import ChannelError, Item, call_soon, logger, on_event_loop, unpack_small
 from .malloc import fit_allocator
 
 
@@ -255,10 +255,16 @@ class QueueInbox:
                 or len(entry) != 3
                 or not isinstance(entry[0], int)
                 or not isinstance(entry[1], int)
-                or not isinstance(entry[2], dict)
+                or not isinstance(entry[2], (dict, bytes, bytearray, memoryview))
             ):
                 raise _Malformed(f"expected an item [seq, nbytes, payload dict], got {_describe(entry)}")
-            entries.append(entry)
+            seq, nbytes, payload = entry
+            if not isinstance(payload, dict):  # a small item, pickled by its sender
+                try:
+                    payload = unpack_small(payload)
+                except ValueError as exc:
+                    raise _Malformed(f"item {seq}: {exc}") from None
+            entries.append((seq, nbytes, payload))
         now = time.time()
         with self._cond:
             if self._closed:

@@ -11,7 +11,8 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
 
     sender   -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "queue"}
     receiver -> {"window": bytes}  or  {"error": text}
-    sender   -> {"items": [[seq, nbytes, payload], ...]}      (repeated, up to max_batch_bytes)
+    sender   -> {"items": [[seq, nbytes, payload], ...]}      (repeated, up to max_batch_bytes;
+                                                              a payload under SMALL_ITEM_BYTES as its pickle)
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
@@ -34,10 +35,12 @@ from .common import (
     FULL_POLICIES,
     HANDLER_OP,
     QUEUE_KIND,
+    SMALL_ITEM_BYTES,
     ChannelError,
     call_soon,
     logger,
     on_event_loop,
+    pack_small,
     payload_nbytes,
     resolve_loop,
 )
@@ -302,7 +305,7 @@ class QueueSender:
             while True:
                 batch = self._take_batch()
                 if batch:
-                    await comm.write({"items": [[seq, nb, to_serialize(p)] for seq, nb, p in batch]})
+                    await comm.write({"items": [[seq, nb, _wire(nb, p)] for seq, nb, p in batch]})
                     with self._cond:
                         self._sent_items += len(batch)
                         self._sent_bytes += sum(nb for _, nb, _ in batch)
@@ -365,3 +368,9 @@ class QueueSender:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
+
+
+def _wire(nbytes: int, payload: dict):
+    """How an item's payload goes on the wire: its arrays as frames of their own (no copy), or,
+    for a small one, one pickle (cheaper than serialising its objects one by one)."""
+    return pack_small(payload) if nbytes < SMALL_ITEM_BYTES else to_serialize(payload)
