@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 
 import pytest
 import torch
@@ -76,6 +77,7 @@ def test_two_groups_on_one_cluster_each_compute_on_their_own_gpu(tmp_path):
             timeout=30,
         ).stdout.split()
         busy |= set(apps)
+        time.sleep(0.5)
     result = run.wait(timeout=280)
     assert result is not None and result.error is None, result and result.error
     assert result.status == "max_env_steps", result.status
