@@ -502,3 +502,14 @@ def test_a_learner_precision_for_the_nature_cnn_is_refused_for_an_mlp(precision)
     assert load_config("configs/pong_ppo_small.yaml", [f"algo.precision={precision}"]).algo.precision == precision
     default = load_config("configs/pong_ppo_small.yaml").algo
     assert (default.precision, default.cuda_graph) == ("fp32", "iteration")
+
+
+def test_compile_without_a_cpp_compiler_names_the_fix(monkeypatch, tmp_path):
+    """``algo.compile`` on a CPU learner needs the C++ compiler inductor calls: with none on PATH
+    the config is refused before any work, naming what to install and the way out."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    message = error_text(["algo.compile=true"])
+    assert "algo.compile=true" in message and "C++ compiler" in message and "algo.compile=false" in message
+    monkeypatch.setenv("CXX", sys.executable)  # any executable found: the check passes
+    assert load_config(SHIPPED, ["algo.compile=true"], check_env=False).algo.compile

@@ -463,3 +463,62 @@ def test_bf16_dqn_learner_trains_close_to_float32(one_torch_thread):
 def test_a_dqn_precision_other_than_fp32_needs_the_nature_cnn():
     with pytest.raises(ValueError, match="needs the Nature CNN"):
         DQNLearner(4, 2, dqn_config(precision="bf16"), seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread):
+    """``algo.compile``: the loss (forward and backward) and the clipped Adam step through
+    torch.compile. Five updates on the same batches, a target sync among them: parameters,
+    target and statistics as the eager learner's, up to the fused kernels' rounding; its state
+    restored into another compiled learner (a new optimiser, compiled again) goes on as the
+    eager one does."""
+    cfg = dqn_config(lr=1e-3, target_update_interval=3)
+    frames = torch._dynamo.utils.counters["frames"]
+    before = frames["ok"]
+    eager, fused = DQNLearner(4, 2, cfg, seed=0), DQNLearner(4, 2, cfg.model_copy(update={"compile": True}), seed=0)
+    assert isinstance(fused.optim, torch.optim.Adam) and fused.optim.defaults["foreach"]
+    compiled_at_start = frames["ok"]
+    assert compiled_at_start >= before + 2  # the loss and the step, before the first update
+    for s in range(5):
+        batch = fixed_batch(seed=s)
+        torch.testing.assert_close(fused.update(batch), eager.update(batch), msg=f"update {s}")
+    assert frames["ok"] == compiled_at_start  # nothing compiled again
+    for a, b in ((fused.online, eager.online), (fused.target, eager.target)):
+        for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            torch.testing.assert_close(p, q, msg=name)
+    resumed = DQNLearner(4, 2, cfg.model_copy(update={"compile": True}), seed=1)
+    resumed.restore(fused.state())
+    batch = fixed_batch(seed=9)
+    torch.testing.assert_close(resumed.update(batch), eager.update(batch))
+    assert resumed.updates == eager.updates == 6
+    for (name, p), q in zip(resumed.online.state_dict().items(), eager.online.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_compiled_cuda_learner_replays_k_updates_a_launch_as_the_eager_learner(monkeypatch):
+    """``algo.compile`` on CUDA: the compiled loss and Adam step warm up eagerly (compiling),
+    then are captured with the draws in the launch's CUDA graph; 4 updates a launch, a target
+    sync every 6, against eager updates on the same draws: parameters, target and Adam's state
+    as the eager learner's, up to the fused kernels' rounding (Adam's steps are about lr x the
+    gradient's sign, so an element whose gradient is within rounding of 0 may move by lr the
+    other way)."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    cfg = dqn_config(lr=1e-4, target_update_interval=6)
+    eager = DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
+    fused = DQNLearner(0, 6, cfg.model_copy(update={"compile": True}), seed=0, device="cuda", network="nature_cnn")
+    pool = _atari_batch_on("cuda", 256, seed=0)
+    torch.cuda.manual_seed(7)
+    got = [fused.update_sampled(_drawing_sampler(pool, 32), count=4).clone() for _ in range(6)]
+    torch.cuda.manual_seed(7)
+    sample = _drawing_sampler(pool, 32)
+    want = [sum(eager.update(sample()) for _ in range(4)) for _ in range(6)]
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4, msg=f"call {i}")
+    assert fused._graphed is not None and all(len(g._graphs) == 1 for g in fused._graphed.values())
+    state_f, state_e = fused.state(), eager.state()
+    for comp in ("online", "target"):
+        for name, value in state_f[comp].items():
+            torch.testing.assert_close(value, state_e[comp][name], rtol=0, atol=5e-4, msg=f"{comp} {name}")

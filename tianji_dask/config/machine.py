@@ -12,6 +12,7 @@ env again before it starts (:class:`tianji_dask.runtime.driver.Run`).
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Any, NamedTuple
 
 from tianji_dask.config.errors import ConfigError
@@ -124,6 +125,33 @@ def check_device(config: ExperimentConfig) -> None:
     """
     for section in ("learner", "actor"):
         _check_one_device(f"{section}.device", getattr(config, section).device)
+    if getattr(config.algo, "compile", False):
+        problem = compiler_problem(config.learner.device)
+        if problem:
+            raise ConfigError(f"algo.compile=true: {problem}")
+
+
+def compiler_problem(device: str) -> str | None:
+    """Why ``torch.compile`` cannot build kernels for ``device`` here, with the fix; None when it
+    can: inductor writes C++ for the CPU (a compiler on PATH) and Triton kernels for CUDA."""
+    import shutil
+
+    if device == "cpu":
+        compilers = [c for c in (os.environ.get("CXX"), "g++", "clang++") if c and shutil.which(c)]
+        if not compilers:
+            return (
+                "torch.compile needs a C++ compiler for a CPU learner (install g++, or set CXX); "
+                "or set algo.compile=false"
+            )
+        return None
+    from torch.utils._triton import has_triton
+
+    if not has_triton():
+        return (
+            f"torch.compile needs Triton for a learner on {device} (pip install triton, the version "
+            "torch was built with); or set algo.compile=false"
+        )
+    return None
 
 
 def _check_one_device(name: str, device: str) -> None:

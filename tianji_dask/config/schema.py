@@ -225,6 +225,13 @@ class DQNConfig(_Section):
         "publication, so the updates are those made one at a time (on a CPU learner they run in "
         "turn). Other learners draw each batch on the host between updates, one an update",
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile the learner's loss (forward and backward) and its clipped Adam "
+        "step, fusing their many small kernels (on CUDA inside the update's CUDA graph); the "
+        "first updates compile, for tens of seconds. Needs a C++ compiler on a CPU learner and "
+        "Triton on a CUDA one",
+    )
     ratio_tolerance: float | None = Field(
         0.25,
         ge=0,

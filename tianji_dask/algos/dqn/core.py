@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.graphed import GraphedStep, InFlight
-from tianji_dask.algos.networks import DuelingHead, NatureQNetwork, set_trunk_precision
+from tianji_dask.algos.networks import FRAME_STACK, SCREEN, DuelingHead, NatureQNetwork, set_trunk_precision
+from tianji_dask.config.machine import compiler_problem
 from tianji_dask.roles.learner_core import State, component, load_optimizer_state, optimizer_state
 
 if TYPE_CHECKING:
@@ -145,6 +146,15 @@ class DQNPolicy:
 MAX_UPDATES_IN_FLIGHT = 8
 
 
+def compiled(fn: Callable, device: torch.device) -> Callable:
+    """``fn`` through ``torch.compile`` (inductor, static shapes); refused with the fix where
+    inductor has no compiler for ``device`` (:func:`~tianji_dask.config.machine.compiler_problem`)."""
+    problem = compiler_problem(device.type)
+    if problem:
+        raise RuntimeError(f"algo.compile=true: {problem}")
+    return torch.compile(fn, dynamic=False)
+
+
 class DQNLearner:
     """Online + target network with Adam; ``update(batch)`` does one gradient step,
     ``update_sampled(sample, count)`` ``count`` of them on batches drawn on the device; both
@@ -179,15 +189,27 @@ class DQNLearner:
         self.updates = 0
         self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT, self.device) if self.device.type == "cuda" else None
         self._sample: Callable[[], dict[str, torch.Tensor]] | None = None
+        self._loss = compiled(self._eager_loss, self.device) if algo.compile else self._eager_loss
         self._make_optimizer()
+        if algo.compile:
+            image = network == "nature_cnn"
+            shape = (FRAME_STACK, SCREEN, SCREEN) if image else (obs_dim,)
+            self._compile_now(shape, torch.uint8 if image else torch.float32)
 
     def _make_optimizer(self) -> None:
-        """Adam, fused (one kernel per step: about 20 % less Python overhead on small nets); on
-        CUDA capturable, with a new graph: a captured step keeps reading the optimiser state it
-        was captured with."""
+        """Adam, fused (one kernel per step: about 20 % less Python overhead on small nets), or
+        for ``algo.compile`` multi-tensor, which the compiler fuses with the clipping; on CUDA
+        capturable, with a new graph: a captured step keeps reading the optimiser state it was
+        captured with."""
         graphed = self.device.type == "cuda"
         lr = torch.tensor(self.algo.lr, device=self.device) if graphed else self.algo.lr
-        self.optim = torch.optim.Adam(self.online.parameters(), lr=lr, fused=True, capturable=graphed)
+        fused = not self.algo.compile
+        self.optim = torch.optim.Adam(
+            self.online.parameters(), lr=lr, capturable=graphed, fused=fused, foreach=not fused
+        )
+        self._optimizer_step = (
+            compiled(self._eager_optimizer_step, self.device) if self.algo.compile else self._eager_optimizer_step
+        )
         # one graph per number of updates a launch makes
         self._graphed: dict[int, GraphedStep] | None = {} if graphed else None
 
@@ -249,21 +271,57 @@ class DQNLearner:
     def _step(self, t: dict[str, torch.Tensor], grad_hook=None) -> torch.Tensor:
         """Loss, backward, ``grad_hook()``, clipping and Adam's step, with no wait for the device
         (gradients cleared before)."""
-        n = t["actions"].shape[0]
-        both = self.online(torch.cat([t["obs"], t["next_obs"]]))
-        q, q_next_online = both[:n], both[n:].detach()
-        with torch.no_grad():
-            q_next_target = self.target(t["next_obs"])
-        loss, q_taken, td = double_dqn_loss(
-            q, q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"], t.get("weights")
-        )
-        self._td_errors = td
+        frames = torch.cat([t["obs"], t["next_obs"]])  # contiguous: one compiled variant whatever the draw
+        loss, stats, td = self._loss(frames, t["actions"], t["rewards"], t["discounts"], t.get("weights"))
+        self._td_errors: torch.Tensor = td
         loss.backward()
         if grad_hook is not None:
             grad_hook()
+        self._optimizer_step()
+        return stats
+
+    def _eager_loss(
+        self,
+        frames: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        discounts: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss, the statistics :attr:`stat_names`, the TD errors) of a batch whose observations
+        and next observations are ``frames``, one after the other."""
+        n = actions.shape[0]
+        both = self.online(frames)
+        q, q_next_online = both[:n], both[n:].detach()
+        with torch.no_grad():
+            q_next_target = self.target(frames[n:])
+        loss, q_taken, td = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts, weights)
+        return loss, torch.stack([loss.detach(), q_taken.detach().mean()]), td
+
+    def _compile_now(self, obs_shape: tuple[int, ...], obs_dtype: torch.dtype) -> None:
+        """Compile the loss, its backward and the Adam step on a batch of zeros, so that the
+        compiler runs while the replay fills rather than at the first update. Parameters stay as
+        they were (Adam moves a parameter by its averaged gradient, all zeros here) and Adam's
+        step counts go back to 0: the first real update is that of a fresh learner."""
+        n, device = self.algo.batch_size, self.device
+        weights = torch.ones(n, device=device) if self.algo.replay == "prioritized" else None
+        frames = torch.zeros((2 * n, *obs_shape), dtype=obs_dtype, device=device)
+        actions = torch.zeros(n, dtype=torch.int64, device=device)
+        # distinct tensors: the compiled code is specialised to its inputs' aliasing
+        rewards, discounts = torch.zeros(n, device=device), torch.zeros(n, device=device)
+        loss, _, _ = self._loss(frames, actions, rewards, discounts, weights)
+        loss.backward()
+        for p in self.online.parameters():
+            assert p.grad is not None
+            p.grad.zero_()
+        self._optimizer_step()
+        for state in self.optim.state.values():
+            state["step"].zero_()
+        self._zero_grad()
+
+    def _eager_optimizer_step(self) -> None:
         nn.utils.clip_grad_norm_(self.online.parameters(), self.algo.max_grad_norm, foreach=True)
         self.optim.step()
-        return torch.stack([loss.detach(), q_taken.detach().mean()])
 
     def _stepped(self, n: int = 1) -> None:
         """``n`` updates made (a launch of them never crosses a target sync)."""
