@@ -411,6 +411,20 @@ def test_a_cpu_learner_makes_count_sampled_updates_in_turn_and_sums_their_statis
     assert params_equal(counted.online, single.online) and params_equal(counted.target, single.target)
 
 
+def _four_a_launch_and_four_eager(
+    graphed: DQNLearner, eager: DQNLearner, calls: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The statistics of ``calls`` calls of ``update_sampled(sample, 4)`` on a pool of Atari
+    batches, and of as many sums of 4 eager updates on the same draws (same CUDA seed)."""
+    pool = _atari_batch_on("cuda", 256, seed=0)
+    torch.cuda.manual_seed(7)
+    got = [graphed.update_sampled(_drawing_sampler(pool, 32), count=4).clone() for _ in range(calls)]
+    torch.cuda.manual_seed(7)
+    sample = _drawing_sampler(pool, 32)
+    want = [sum(eager.update(sample()) for _ in range(4)) for _ in range(calls)]
+    return got, want
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_dqn_learner_on_cuda_makes_k_updates_in_one_launch_as_k_eager_updates(monkeypatch):
     """``update_sampled(sample, 4)`` on CUDA replays four draws and updates as one CUDA graph a
@@ -420,12 +434,7 @@ def test_dqn_learner_on_cuda_makes_k_updates_in_one_launch_as_k_eager_updates(mo
     deterministic cuDNN: the same parameters, target and Adam state, bit for bit, and the same
     statistics up to the order of their sums."""
     graphed, eager = _cuda_learner_pair(monkeypatch, target_update_interval=6)
-    pool = _atari_batch_on("cuda", 256, seed=0)
-    torch.cuda.manual_seed(7)
-    got = [graphed.update_sampled(_drawing_sampler(pool, 32), count=4).clone() for _ in range(9)]
-    torch.cuda.manual_seed(7)
-    sample = _drawing_sampler(pool, 32)
-    want = [sum(eager.update(sample()) for _ in range(4)) for _ in range(9)]
+    got, want = _four_a_launch_and_four_eager(graphed, eager, calls=9)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         # a call split into launches of 2 + 2 sums its statistics as (a + b) + (c + d)
         torch.testing.assert_close(g, w, msg=f"call {i}")
@@ -509,12 +518,7 @@ def test_a_compiled_cuda_learner_replays_k_updates_a_launch_as_the_eager_learner
     cfg = dqn_config(lr=1e-4, target_update_interval=6)
     eager = DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn")
     fused = DQNLearner(0, 6, cfg.model_copy(update={"compile": True}), seed=0, device="cuda", network="nature_cnn")
-    pool = _atari_batch_on("cuda", 256, seed=0)
-    torch.cuda.manual_seed(7)
-    got = [fused.update_sampled(_drawing_sampler(pool, 32), count=4).clone() for _ in range(6)]
-    torch.cuda.manual_seed(7)
-    sample = _drawing_sampler(pool, 32)
-    want = [sum(eager.update(sample()) for _ in range(4)) for _ in range(6)]
+    got, want = _four_a_launch_and_four_eager(fused, eager, calls=6)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4, msg=f"call {i}")
     assert fused._graphed is not None and all(len(g._graphs) == 1 for g in fused._graphed.values())
