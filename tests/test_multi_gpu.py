@@ -69,7 +69,7 @@ def test_two_groups_on_one_cluster_each_compute_on_their_own_gpu(tmp_path):
     )
     run = train(cfg, out=tmp_path / "run")
     busy: set[str] = set()
-    while not run.done() and len(busy) < 2:
+    while not run.done and len(busy) < 2:
         apps = subprocess.run(
             ["nvidia-smi", "--query-compute-apps=gpu_bus_id", "--format=csv,noheader"],
             capture_output=True,
