@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from conftest import CONFIG
@@ -476,12 +477,16 @@ def test_a_dqn_precision_other_than_fp32_needs_the_nature_cnn():
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread):
+def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread, monkeypatch):
     """``algo.compile``: the loss (forward and backward) and the clipped Adam step through
     torch.compile. Five updates on the same batches, a target sync among them: parameters,
     target and statistics as the eager learner's, up to the fused kernels' rounding; its state
     restored into another compiled learner (a new optimiser, compiled again) goes on as the
-    eager one does."""
+    eager one does. Compiled in this process: inductor's pool of compile processes would
+    outlive the test as children of this one, where other tests count a run's processes."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
     cfg = dqn_config(lr=1e-3, target_update_interval=3)
     frames = torch._dynamo.utils.counters["frames"]
     before = frames["ok"]
@@ -501,6 +506,7 @@ def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread
     batch = fixed_batch(seed=9)
     torch.testing.assert_close(resumed.update(batch), eager.update(batch))
     assert resumed.updates == eager.updates == 6
+    assert not psutil.Process().children(recursive=True)
     for (name, p), q in zip(resumed.online.state_dict().items(), eager.online.state_dict().values(), strict=True):
         torch.testing.assert_close(p, q, msg=name)
 
