@@ -65,6 +65,7 @@ def test_shipped_config_loads_with_documented_values():
     assert config.stop.max_seconds == 600
     assert (config.run.metrics_interval, config.run.heartbeat_timeout) == (0.5, 5.0)
     assert config.run.checkpoint is True
+    assert (config.run.eval_every_env_steps, config.run.eval_episodes) == (10_000, 20)
 
 
 def test_derived_values():
@@ -87,6 +88,8 @@ def test_model_defaults_match_shipped_file():
         "env": {"id": "CartPole-v1"},
         "algo": {"name": "dqn"},
         "stop": shipped.stop.model_dump(),
+        # evaluations are off by default (20 whole Atari games each would cost minutes) and on here
+        "run": {"eval_every_env_steps": shipped.run.eval_every_env_steps},
     }
     assert validate_config(minimal) == shipped
 
@@ -238,7 +241,7 @@ def test_to_json_round_trips():
         ),
         pytest.param(
             ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=null"],
-            ["stop:", "all null", "never stop", "set at least one"],
+            ["stop:", "target_eval_return are all null", "never stop", "set at least one"],
             id="no-stop-criterion",
         ),
         pytest.param(
@@ -284,6 +287,17 @@ def test_to_json_round_trips():
         ),
         pytest.param(["env=5"], ["env=5", "must be a section"], id="section-not-mapping"),
         pytest.param(["seed=-1"], ["seed=-1", "greater than or equal to 0"], id="negative-seed"),
+        pytest.param(
+            ["run.eval_every_env_steps=-10"],
+            ["run.eval_every_env_steps=-10", "greater than or equal to 0"],
+            id="eval-every-negative",
+        ),
+        pytest.param(["run.eval_episodes=0"], ["run.eval_episodes=0", "greater than or equal to 1"], id="eval-none"),
+        pytest.param(
+            ["run.eval_every_env_steps=0", "stop.target_eval_return=450"],
+            ["stop.target_eval_return=450.0", "run.eval_every_env_steps=0 makes none", "set run.eval_every_env_steps"],
+            id="eval-target-without-evaluations",
+        ),
     ],
 )
 def test_bad_values(overrides, expected):

@@ -41,6 +41,40 @@ def test_a_run_dir_plays_and_its_file_is_never_overwritten(run_dir):
     assert (run_dir / "eval.nc").read_bytes() == before
 
 
+def test_the_best_checkpoint_is_played_where_the_run_kept_one_and_latest_picks_the_other(run_dir):
+    from tianji_dask.algos.dqn.core import DQNLearner
+    from tianji_dask.config import load_config
+
+    learner = DQNLearner(4, 2, load_config("configs/cartpole_dqn.yaml", []).algo, seed=1)
+    meta = {"algo": "dqn", "env_id": "CartPole-v1", "updates": 7, "eval_return_mean": 20.0}
+    save_checkpoint(run_dir / "checkpoint_best", learner.state(), meta)
+    best = cli_here("eval", run_dir, "--episodes", "2", "--out", run_dir / "best.nc")
+    assert best.returncode == 0, best.stderr
+    assert "checkpoint_best at 7 updates" in best.stdout
+    assert f"played {run_dir / 'checkpoint_best'}, the best evaluated while it trained" in best.stdout
+    latest = cli_here("eval", run_dir, "--episodes", "2", "--latest", "--out", run_dir / "latest.nc")
+    assert latest.returncode == 0, latest.stderr
+    assert (
+        "checkpoint at 0 updates" in latest.stdout and f"played {run_dir / 'checkpoint'}, the latest" in latest.stdout
+    )
+    import xarray as xr
+
+    assert xr.load_dataset(run_dir / "best.nc").attrs["checkpoint"] == "checkpoint_best"
+    assert xr.load_dataset(run_dir / "latest.nc").attrs["checkpoint"] == "checkpoint"
+
+
+def test_a_best_checkpoint_asked_for_and_missing_names_the_setting(run_dir):
+    from tianji_dask.config import ConfigError
+    from tianji_dask.results.evaluation import evaluate
+
+    with pytest.raises(
+        ConfigError, match=r"no checkpoint directory at .*checkpoint_best.*run.eval_every_env_steps > 0"
+    ):
+        evaluate(run_dir, which="best")
+    with pytest.raises(ConfigError, match="which='newest': one of latest, best"):
+        evaluate(run_dir, which="newest")
+
+
 @pytest.mark.parametrize(
     ("change", "args", "said"),
     [

@@ -123,7 +123,7 @@ def test_rates_sums_and_ratios():
     assert (r["dropped"], r["seq_gaps"]) == (2, 1)
 
     ds = m.dataset()
-    assert ds.sizes == {"time": 1, "actor": 2, "buffer": 1, "learner": 1}
+    assert ds.sizes == {"time": 1, "actor": 2, "buffer": 1, "learner": 1, "evaluation": 0}
     np.testing.assert_allclose(ds.actor_env_fps.sel(time=1.0).values, [2000.0, 1000.0])
     np.testing.assert_allclose(ds.actor_env_steps.values, [[1000.0, 500.0]])
     np.testing.assert_allclose(ds.actor_param_version.values, [[8.0, 6.0]])
@@ -668,3 +668,33 @@ def test_the_runs_writes_beside_a_users_reads_in_the_same_process_do_not_crash_i
     )
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert int(r.stdout) > 20
+
+
+def test_evaluations_are_records_beside_the_rows_and_a_continued_run_keeps_them(tmp_path):
+    m = recorder()
+    feed_group(m)
+    m.row(1.0)
+    m.record_evaluation(mean=120.5, std=3.0, env_steps=10_000, t_rel=4.0)
+    m.record_evaluation(mean=98.0, std=1.0, env_steps=20_000, t_rel=8.0)
+    assert m.best_evaluation() == 120.5
+    m.write(tmp_path)
+    with xr.open_dataset(tmp_path / "metrics.nc") as first:
+        first.load()
+    assert first["eval_return_mean"].dims == ("evaluation",)
+    assert first["eval_return_mean"].values.tolist() == [120.5, 98.0]
+    assert first["eval_env_steps"].values.tolist() == [10_000, 20_000]
+    for name in ("eval_return_mean", "eval_return_std", "eval_env_steps", "eval_time"):
+        assert first[name].attrs["long_name"] and first[name].attrs["units"], name
+    with xr.open_dataset(tmp_path / "episodes.nc") as eps:
+        eps.load()
+    later = recorder()
+    later.continue_from(first, eps)
+    later.record_evaluation(mean=130.0, std=0.0, env_steps=30_000, t_rel=2.0)
+    ds = later.dataset()
+    assert ds["eval_return_mean"].values.tolist() == [120.5, 98.0, 130.0]
+    assert ds["eval_time"].values[-1] == first["time"].values[-1] + 2.0  # the continued run's clock goes on
+    # files written before evaluations existed continue with the new ones alone
+    older = recorder()
+    older.continue_from(first.drop_vars(["eval_return_mean", "eval_return_std", "eval_env_steps", "eval_time"]), eps)
+    older.record_evaluation(mean=1.0, std=0.0, env_steps=1, t_rel=0.0)
+    assert older.dataset()["eval_return_mean"].values.tolist() == [1.0]

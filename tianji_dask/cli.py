@@ -174,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="play a trained run's policy without exploration and write eval.nc",
         description="Load RUN_DIR's checkpoint and config, play whole episodes with the policy's "
         "greedy (DQN) or most likely (PPO) actions on the env's own rewards, write RUN_DIR/eval.nc "
-        "(or --out) and print the returns' mean, std, min and max.",
+        "(or --out) and print the returns' mean, std, min and max. The checkpoint is the best one "
+        "the run evaluated while it trained (checkpoint_best, run.eval_every_env_steps) where it has "
+        "one, else its latest; --latest takes the latest.",
     )
     ev.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the directory a run wrote")
     ev.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")
@@ -183,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=1_000_003, help="the envs' seed (default 1000003)")
     ev.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N (default cpu)")
     ev.add_argument("--out", type=Path, default=None, help="the NetCDF file to write (default RUN_DIR/eval.nc)")
+    ev.add_argument(
+        "--latest",
+        action="store_true",
+        help="play RUN_DIR/checkpoint, the run's latest, even where it kept a best one (checkpoint_best)",
+    )
     ev.add_argument(
         "--video",
         type=Path,
@@ -650,11 +657,14 @@ def cmd_eval(args) -> int:
             device=args.device,
             out=args.out,
             video=args.video,
+            which="latest" if args.latest else None,
             on_episode=said,
         )
     except ConfigError as exc:
         return _bad_input(str(exc))
     print(result.summary())
+    which = "the best evaluated while it trained" if result.checkpoint != "checkpoint" else "the latest"
+    print(f"played {args.run_dir / result.checkpoint}, {which}")
     if args.video is not None:
         print(f"video: {result.video_frames} frames, one per step of its episode, in {args.video}")
     print(f"wrote {result.path}")

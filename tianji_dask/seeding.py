@@ -37,3 +37,10 @@ def group_seeds(root: int, group: int, n_actors: int) -> RoleSeeds:
         return role_seeds(root, n_actors)
     child = np.random.SeedSequence(root).spawn(group + 1)[group]
     return role_seeds(int(child.generate_state(1)[0]), n_actors)
+
+
+def evaluation_seed(root: int) -> int:
+    """The env and epsilon seed of every evaluation a run of root seed ``root`` makes while it
+    trains: the same for all of them, so that they compare policies on the same episodes, and
+    another than ``tianji-dask eval``'s own, so that a later evaluation plays other episodes."""
+    return int(np.random.SeedSequence([root, 0xE7A1]).generate_state(1)[0])

@@ -540,12 +540,17 @@ class StopConfig(_Section):
     target_return: float | None = Field(None, description="mean return over the last 100 episodes; null = no target")
     max_env_steps: int | None = Field(None, ge=1, description="env steps (all actors together); null = no limit")
     max_seconds: float | None = Field(None, gt=0, description="wall-clock seconds; null = no limit")
+    target_eval_return: float | None = Field(
+        None,
+        description="mean return of an evaluation of the policy without exploration (run.eval_every_env_steps); "
+        "null = no target",
+    )
 
     @model_validator(mode="after")
     def _check_some_criterion(self) -> StopConfig:
-        if self.target_return is None and self.max_env_steps is None and self.max_seconds is None:
+        if all(v is None for v in (self.target_return, self.max_env_steps, self.max_seconds, self.target_eval_return)):
             raise problem(
-                "stop: target_return, max_env_steps and max_seconds are all null, so the run "
+                "stop: target_return, max_env_steps, max_seconds and target_eval_return are all null, so the run "
                 "would never stop; set at least one (e.g. --set stop.max_seconds=600)"
             )
         return self
@@ -564,6 +569,14 @@ class RunConfig(_Section):
         description="also write each metrics row as TensorBoard scalars into <run dir>/tensorboard while the "
         "run goes (tensorboard --logdir runs/); needs pip install 'tianji-dask[tensorboard]'",
     )
+    eval_every_env_steps: int = Field(
+        0,
+        ge=0,
+        description="env steps (all actors) between evaluations of the learner's current policy without "
+        "exploration, as tianji-dask eval plays it, in a process of the driver's own (0: no evaluation); each "
+        "mean return goes into metrics.nc (eval_return_mean) and the best policy into <run dir>/checkpoint_best",
+    )
+    eval_episodes: int = Field(20, ge=1, description="episodes played by each evaluation of run.eval_every_env_steps")
     checkpoint_interval: float = Field(
         600.0,
         ge=0,
@@ -655,6 +668,12 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_sections(self) -> ExperimentConfig:
+        if self.stop.target_eval_return is not None and not self.run.eval_every_env_steps:
+            raise problem(
+                f"stop.target_eval_return={self.stop.target_eval_return} stops the run on an evaluation, and "
+                "run.eval_every_env_steps=0 makes none: set run.eval_every_env_steps (e.g. 10000) or "
+                "stop.target_eval_return=null"
+            )
         steps = self.stop.max_env_steps
         if steps is not None and steps < self.algo.learning_starts:
             raise problem(

@@ -147,10 +147,12 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, dict[str, torch.Tensor]]
     return state, meta
 
 
-def load_run_checkpoint(run_dir: Path, algo: str, env_id: str) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
-    """The learner checkpoint in ``run_dir/checkpoint`` (:func:`load_checkpoint`), which must be
+def load_run_checkpoint(
+    run_dir: Path, algo: str, env_id: str, name: str = "checkpoint"
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+    """The learner checkpoint in ``run_dir/name`` (:func:`load_checkpoint`), which must be
     of ``algo`` on ``env_id`` (the run's config): :class:`CheckpointError` otherwise."""
-    state, meta = load_checkpoint(Path(run_dir) / "checkpoint")
+    state, meta = load_checkpoint(Path(run_dir) / name)
     if (meta.get("algo"), meta.get("env_id")) != (algo, env_id):
         raise CheckpointError(
             f"its checkpoint is of {meta.get('algo')} on {meta.get('env_id')}, the config of {algo} on {env_id}; "

@@ -10,6 +10,10 @@ per episode (return, length, the env that played it) and, as attributes, the che
 and env steps; it is never overwritten. ``video`` plays one more episode in an env that renders
 its screen and writes one frame per step to an MP4 file (imageio's ffmpeg; a GIF would merge
 identical frames, so it is not offered).
+
+A run that evaluated itself while it trained (``run.eval_every_env_steps``) keeps the policy of its
+best evaluation in ``checkpoint_best``; :func:`evaluate` plays that one where it exists (``which``
+picks), and :func:`play_state` is what both play.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tianji_dask.results.rundir import run_dir_problem
 
 EVAL_FILE = "eval.nc"
 VIDEO_FPS = 30
+CHECKPOINTS = {"latest": "checkpoint", "best": "checkpoint_best"}  # which -> directory in the run's
 
 
 @dataclass
@@ -38,6 +43,7 @@ class Evaluation:
     updates: int
     env_steps: int
     path: Path
+    checkpoint: str = "checkpoint"  # the run directory's checkpoint that was played
     video_frames: int = 0
 
     @property
@@ -52,7 +58,7 @@ class Evaluation:
         return (
             f"{len(self.returns)} episodes: return {self.mean:.1f} +- {self.std:.1f} "
             f"(min {self.returns.min():.1f}, max {self.returns.max():.1f}), mean length {self.lengths.mean():.0f}; "
-            f"checkpoint at {self.updates:,} updates, {self.env_steps:,} env steps"
+            f"{self.checkpoint} at {self.updates:,} updates, {self.env_steps:,} env steps"
         )
 
 
@@ -70,13 +76,21 @@ def evaluate(
     device: str = "cpu",
     out: str | Path | None = None,
     video: str | Path | None = None,
+    which: str | None = None,
     on_episode: Callable[[int, float, int], None] = lambda k, ret, length: None,
 ) -> Evaluation:
-    """Play ``episodes`` episodes with the policy of ``run_dir``'s checkpoint; write ``out``
-    (default ``run_dir/eval.nc``) and return what was measured. Every problem with the input (the
-    directory, its config or checkpoint, an ``out`` that exists) is a :class:`ConfigError` before
-    an env is built. ``on_episode(k, return, length)`` is called as episode k (from 1) ends."""
+    """Play ``episodes`` episodes with the policy of one of ``run_dir``'s checkpoints; write
+    ``out`` (default ``run_dir/eval.nc``) and return what was measured. ``which``: ``"best"``
+    (``checkpoint_best``, the best policy evaluated while the run trained), ``"latest"``
+    (``checkpoint``), or None: the best where the run has one, else the latest. Every problem
+    with the input (the directory, its config or checkpoint, an ``out`` that exists) is a
+    :class:`ConfigError` before an env is built. ``on_episode(k, return, length)`` is called as
+    episode k (from 1) ends."""
     run_dir = Path(run_dir)
+    if which is None:
+        which = "best" if (run_dir / CHECKPOINTS["best"]).is_dir() else "latest"
+    if which not in CHECKPOINTS:
+        raise _refuse(run_dir, f"which={which!r}: one of {', '.join(CHECKPOINTS)}")
     if episodes < 1:
         raise _refuse(run_dir, f"episodes={episodes}: play at least one")
     if not 0.0 <= epsilon <= 1.0:
@@ -90,27 +104,52 @@ def evaluate(
     if video is not None:
         _check_video(run_dir, Path(video), cfg)
 
-    from tianji_dask.algos.registry import spec_for
     from tianji_dask.results.checkpoint import CheckpointError, load_run_checkpoint
 
+    name = CHECKPOINTS[which]
     try:
-        state, meta = load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id)
+        state, meta = load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id, name)
     except CheckpointError as exc:
-        raise _refuse(run_dir, f"{exc}; a run writes its checkpoint with run.checkpoint: true") from None
-    n_envs = min(episodes, envs or min(episodes, cfg.env.num_envs, 16))
-    env = _env(cfg, n_envs)
-    try:
-        obs_space = env.single_observation_space
-        obs_dim = int(np.prod(obs_space.shape))
-        act = spec_for(cfg).evaluation_policy(cfg, state, env.single_action_space, obs_dim, epsilon=epsilon, seed=seed)
-        returns, lengths, played_by = _play(env, act, episodes, seed, _obs_dtype(cfg), on_episode)
-    finally:
-        env.close()
-    result = Evaluation(returns, lengths, int(meta.get("updates", 0)), int(meta.get("env_steps", 0)), path)
+        fix = (
+            "a run keeps its best policy with run.eval_every_env_steps > 0"
+            if which == "best"
+            else "a run writes its checkpoint with run.checkpoint: true"
+        )
+        raise _refuse(run_dir, f"{exc}; {fix}") from None
+    act, returns, lengths, played_by = play_state(
+        cfg, state, episodes, envs=envs, epsilon=epsilon, seed=seed, on_episode=on_episode
+    )
+    result = Evaluation(returns, lengths, int(meta.get("updates", 0)), int(meta.get("env_steps", 0)), path, name)
     if video is not None:
         result.video_frames = _record_video(cfg, act, Path(video), seed)
     _write(result, played_by, cfg, run_dir, epsilon=epsilon, seed=seed)
     return result
+
+
+def play_state(
+    cfg,
+    state: dict,
+    episodes: int,
+    *,
+    envs: int | None = None,
+    epsilon: float = 0.001,
+    seed: int = 1_000_003,
+    on_episode: Callable[[int, float, int], None] = lambda k, ret, length: None,
+) -> tuple[Callable[[np.ndarray], np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    """Play ``episodes`` episodes with the policy of a learner's ``state`` (tensors) of a run of
+    ``cfg``, without exploration, on ``envs`` parallel envs (default: the config's, at most 16):
+    (the policy, returns, lengths, the env of each episode)."""
+    from tianji_dask.algos.registry import spec_for
+
+    n_envs = min(episodes, envs or min(episodes, cfg.env.num_envs, 16))
+    env = _env(cfg, n_envs)
+    try:
+        obs_dim = int(np.prod(env.single_observation_space.shape))
+        act = spec_for(cfg).evaluation_policy(cfg, state, env.single_action_space, obs_dim, epsilon=epsilon, seed=seed)
+        returns, lengths, played_by = _play(env, act, episodes, seed, _obs_dtype(cfg), on_episode)
+    finally:
+        env.close()
+    return act, returns, lengths, played_by
 
 
 def _check_video(run_dir: Path, video: Path, cfg) -> None:
@@ -207,6 +246,7 @@ def _write(result: Evaluation, played_by: np.ndarray, cfg, run_dir: Path, *, eps
             "run_dir": str(run_dir),
             "algo": cfg.algo.name,
             "env_id": cfg.env.id,
+            "checkpoint": result.checkpoint,
             "checkpoint_updates": result.updates,
             "checkpoint_env_steps": result.env_steps,
             "epsilon": epsilon,

@@ -356,6 +356,19 @@ HOST_VARS: dict[str, tuple[str, str, str, str]] = {
 # Per role: the values kept per host each row, in the order of HOST_VARS.
 HOST_KEYS = {role: tuple(src for dim, _, _, src in HOST_VARS.values() if dim == role) for role in ROLES}
 
+# One record per evaluation of the policy while the run trained (run.eval_every_env_steps), along
+# metrics.nc's ``evaluation`` dimension: name -> (long_name, units, dtype).
+EVAL_VARS: dict[str, tuple[str, str, str]] = {
+    "eval_return_mean": (
+        "mean return of the policy without exploration over run.eval_episodes episodes",
+        "1",
+        "float64",
+    ),
+    "eval_return_std": ("standard deviation of those returns", "1", "float64"),
+    "eval_env_steps": ("env steps (all actors) when the evaluated policy was taken", "1", "int64"),
+    "eval_time": ("wall time since start when the evaluated policy was taken", "s", "float64"),
+}
+
 EPISODE_VARS: dict[str, tuple[str, str, str]] = {
     "return": ("episode return (undiscounted)", "1", "float64"),
     "length": ("episode length", "1", "int64"),

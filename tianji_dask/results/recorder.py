@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from tianji_dask.results.metric_table import ADDED_LATER, EPISODE_VARS, HOST_KEYS, HOST_VARS, TIME_VARS
+from tianji_dask.results.metric_table import ADDED_LATER, EPISODE_VARS, EVAL_VARS, HOST_KEYS, HOST_VARS, TIME_VARS
 from tianji_dask.results.tally import Tally
 from tianji_dask.roles.heartbeats import ROLES
 
@@ -76,6 +76,7 @@ class MetricsRecorder:
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._host_rows: list[dict[tuple[str, int], tuple[float, ...]]] = []
+        self._evaluations: list[dict[str, float]] = []  # EVAL_VARS of each evaluation, in order
         self._status, self._error = RUNNING, ""
         self._prior: xr.Dataset | None = None  # a continued run (continue_from): the previous run's rows
 
@@ -128,6 +129,24 @@ class MetricsRecorder:
             self._host_rows.append(per_host)
             return dict(r)
 
+    def record_evaluation(self, *, mean: float, std: float, env_steps: int, t_rel: float) -> None:
+        """One evaluation of the policy taken at ``env_steps`` and ``t_rel`` seconds since ``t0``
+        (the variables of ``EVAL_VARS``, along the ``evaluation`` dimension of :meth:`dataset`)."""
+        with self._lock:
+            self._evaluations.append(
+                {
+                    "eval_return_mean": mean,
+                    "eval_return_std": std,
+                    "eval_env_steps": env_steps,
+                    "eval_time": t_rel + self.tally.time_offset,
+                }
+            )
+
+    def best_evaluation(self) -> float:
+        """The highest mean of this run's evaluations so far (:meth:`record_evaluation`); -inf before any."""
+        with self._lock:
+            return max((e["eval_return_mean"] for e in self._evaluations), default=-math.inf)
+
     # ---------------------------------------------------------------- datasets
     def set_outcome(self, status: str, error: str | None = None) -> None:
         """How the run ended, for the ``status`` and ``error`` attrs of every later dataset and
@@ -162,6 +181,7 @@ class MetricsRecorder:
         with self._lock:
             rows = list(self._rows)
             host_rows = list(self._host_rows)
+            evaluations = list(self._evaluations)
             attrs = self.attrs()
         n = len(rows)
         times = np.array([r["time"] for r in rows], dtype="float64")
@@ -185,13 +205,34 @@ class MetricsRecorder:
             coords[role] = (role, np.array(ids[role], dtype="int64"), {"long_name": f"{role} host id", "units": "1"})
         ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
         if self._prior is None:
-            return ds
+            return ds.merge(self._evaluations_dataset(evaluations))
         names = [*TIME_VARS, *HOST_VARS]
         both = xr.concat([self._prior[names], ds], dim="time", join="outer", combine_attrs="drop_conflicts")
         both.attrs = attrs
         for name in TIME_VARS:  # an outer join of host ids never touches these: keep their dtypes
             both[name] = both[name].astype(TIME_VARS[name].dtype)
-        return both
+        earlier = []  # files of a version before evaluations have none
+        if all(k in self._prior for k in EVAL_VARS):
+            columns = [self._prior[k].values for k in EVAL_VARS]
+            earlier = [{k: v.item() for k, v in zip(EVAL_VARS, values)} for values in zip(*columns)]
+        return both.merge(self._evaluations_dataset([*earlier, *evaluations]))
+
+    @staticmethod
+    def _evaluations_dataset(evaluations: list[dict[str, float]]) -> xr.Dataset:
+        """EVAL_VARS along ``evaluation``, whose coordinate numbers them (so runs with different
+        counts stack, as ``open_runs`` does)."""
+        data_vars = {
+            name: xr.Variable(
+                ("evaluation",),
+                np.array([e[name] for e in evaluations], dtype=dtype),
+                {"long_name": long_name, "units": units},
+            )
+            for name, (long_name, units, dtype) in EVAL_VARS.items()
+        }
+        index = np.arange(len(evaluations), dtype="int64")
+        return xr.Dataset(
+            data_vars, coords={"evaluation": ("evaluation", index, {"long_name": "evaluation index", "units": "1"})}
+        )
 
     def episodes_dataset(self) -> xr.Dataset:
         """Per-episode records in arrival order: dimension ``episode``."""

@@ -1,5 +1,7 @@
 """Writes a run's checkpoints into ``run_dir/checkpoint``: periodic ones from the running
-learner's snapshot while the run goes on, and the final one at its end."""
+learner's snapshot while the run goes on, and the final one at its end; and into
+``run_dir/checkpoint_best`` the state of the best evaluation while it trained
+(``training_evaluation.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from tianji_dask.results.tally import Tally
 if TYPE_CHECKING:
     from tianji_dask.runtime.cluster import RunCluster
 
+BEST_CHECKPOINT = "checkpoint_best"
 HURRIED_CHECKPOINT_S = 5.0  # how long a run told to stop at once still waits for the final checkpoint
 
 
@@ -37,6 +40,7 @@ class CheckpointWriter:
         # (state, metadata) of the running learner, set by each mode while it runs: the state as
         # tensors (serial) or packed by the learner's host (distributed)
         self.snapshot: Callable[[], tuple[dict | bytes, dict]] | None = None
+        self.final: tuple[dict | bytes, dict] | None = None  # (state, metadata) of the final checkpoint, once saved
 
     def meta(self, learner) -> dict:
         """The metadata of a checkpoint of ``learner`` (a learner core in this process)."""
@@ -56,6 +60,22 @@ class CheckpointWriter:
             "wall_s": round(time.time() - self._t0 + self._tally.time_offset, 3),
         }
         save_checkpoint(self.run_dir / "checkpoint", state, meta)
+        if final:
+            self.final = (state, meta)
+
+    def save_best(self, state: bytes, meta: dict, *, env_steps: int, wall_s: float) -> None:
+        """The state of the best evaluation so far, taken at ``env_steps`` and ``wall_s`` (its
+        ``meta`` holds the evaluation): it replaces the earlier best only once it is whole."""
+        if not self.cfg.run.checkpoint:
+            return
+        from tianji_dask.results.checkpoint import save_checkpoint
+
+        meta = {**meta, "run_name": self.run_name, "final": False, "env_steps": env_steps}
+        meta["wall_s"] = round(wall_s + self._tally.time_offset, 3)
+        try:
+            save_checkpoint(self.run_dir / BEST_CHECKPOINT, state, meta)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not end the run; the earlier best stays
+            self._on_event(f"best checkpoint into {self.run_dir / BEST_CHECKPOINT} failed: {exc!r}; the run goes on")
 
     def save_periodic(self) -> None:
         snapshot = self.snapshot

@@ -68,6 +68,7 @@ class DistributedMode:
                 loop.last_row()
             if loop.cfg.run.checkpoint:
                 loop.checkpoints.save_final(run_cluster, hurry=loop.stopping.hurry.is_set())
+        loop.last_evaluations(hurry=loop.stopping.hurry.is_set())  # the cluster closed: its cores free
 
     def _start_hosts(self, run_cluster: RunCluster) -> None:
         """The run's hosts; those of a continued run from its checkpoint and its actors' counts."""

@@ -41,16 +41,17 @@ from tianji_dask.runtime.restarts import HostLost
 from tianji_dask.runtime.result_writer import ResultWriter
 from tianji_dask.runtime.run_loop import RunLoop, Stopping
 from tianji_dask.runtime.serial_mode import run_serial
+from tianji_dask.runtime.training_evaluation import TrainingEvaluations
 
 if TYPE_CHECKING:
     from tianji_dask.runtime.cluster import RunCluster
 
-FINISHED = ("target_reached", "max_env_steps", "max_seconds")
+FINISHED = ("target_reached", "eval_target_reached", "max_env_steps", "max_seconds")
 
 
 @dataclass
 class RunResult:
-    """How a run ended. ``status`` is one of ``target_reached``, ``max_env_steps``,
+    """How a run ended. ``status`` is one of ``target_reached``, ``eval_target_reached``, ``max_env_steps``,
     ``max_seconds``, ``stopped`` (``Run.stop``/Ctrl-C) or ``failed`` (``error`` says why).
     metrics.nc and episodes.nc carry both as their ``status`` and ``error`` attrs."""
 
@@ -167,15 +168,19 @@ class Run:
         given_on_row = on_row or (lambda row: None)
         if self._tensorboard is not None:
             given_on_row = _both(self._tensorboard, given_on_row)
+        checkpoints = CheckpointWriter(
+            cfg, run_name=self.name, run_dir=self.run_dir, tally=self.recorder.tally, t0=self.t0, on_event=on_event
+        )
         self._loop = RunLoop(
             cfg,
             self.recorder,
             t0=self.t0,
             stopping=self._stopping,
             results=ResultWriter(self.recorder, self.run_dir, on_event),
-            checkpoints=CheckpointWriter(
-                cfg, run_name=self.name, run_dir=self.run_dir, tally=self.recorder.tally, t0=self.t0, on_event=on_event
-            ),
+            checkpoints=checkpoints,
+            evaluations=TrainingEvaluations(cfg, self.recorder, checkpoints, t0=self.t0, on_event=on_event)
+            if cfg.run.eval_every_env_steps
+            else None,
             on_row=given_on_row,
         )
         self._mode: Callable[[], None] = (
@@ -260,6 +265,8 @@ class Run:
 
             error = f"{exc!r}\n{traceback.format_exc()}"
         finally:
+            if self._loop.evaluations is not None:
+                self._loop.evaluations.close()
             self._finish(error)
 
     def _cluster_is_up(self, run_cluster: RunCluster) -> None:

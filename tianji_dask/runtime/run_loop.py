@@ -1,5 +1,6 @@
 """What both of a run's modes do between two steps of their loop: check whether to stop (asked
-to, or a stop rule met) and do the periodic duties (interim results, checkpoints, metrics rows)."""
+to, or a stop rule met) and do the periodic duties (interim results, checkpoints, evaluations,
+metrics rows)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tianji_dask.config import ExperimentConfig
 from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.runtime.checkpoint_writer import CheckpointWriter
 from tianji_dask.runtime.result_writer import ResultWriter
+from tianji_dask.runtime.training_evaluation import TrainingEvaluations
 
 
 class Stopping:
@@ -41,6 +43,7 @@ class RunLoop:
         stopping: Stopping,
         results: ResultWriter,
         checkpoints: CheckpointWriter,
+        evaluations: TrainingEvaluations | None,
         on_row: Callable[[dict], None],
     ):
         self.cfg = cfg
@@ -49,6 +52,7 @@ class RunLoop:
         self.stopping = stopping
         self.results = results
         self.checkpoints = checkpoints
+        self.evaluations = evaluations  # None: run.eval_every_env_steps is 0
         self._on_row = on_row
         self._next_save = t0 + cfg.run.save_interval
         self._next_checkpoint = t0 + cfg.run.checkpoint_interval
@@ -78,6 +82,8 @@ class RunLoop:
         ):
             self.checkpoints.save_periodic()
             self._next_checkpoint = time.time() + self.cfg.run.checkpoint_interval
+        if self.evaluations is not None:
+            self.evaluations.tick(self.checkpoints.snapshot)
         if now >= next_row:
             self._on_row(self.recorder.row(now - self.t0))
             return now + self.cfg.run.metrics_interval
@@ -89,11 +95,19 @@ class RunLoop:
         checkpoint and the LocalCluster's shutdown after it (seconds) as time the hosts ran."""
         self.final_row = self.recorder.row(time.time() - self.t0)
 
+    def last_evaluations(self, *, hurry: bool) -> None:
+        """Once the hosts have stopped and the final checkpoint is saved: the evaluation under
+        way and one of the final checkpoint (none when told to stop at once)."""
+        if self.evaluations is not None and not hurry:
+            self.evaluations.finish(self.checkpoints.final)
+
 
 def _stop_rule_met(cfg: ExperimentConfig, recorder: MetricsRecorder, t0: float) -> str | None:
     s, tally = cfg.stop, recorder.tally
     if s.target_return is not None and not math.isnan(tally.time_to_target_s):
         return "target_reached"
+    if s.target_eval_return is not None and recorder.best_evaluation() >= s.target_eval_return:
+        return "eval_target_reached"
     if s.max_env_steps is not None and tally.env_steps >= s.max_env_steps:
         return "max_env_steps"
     # a continued run's budget counts the time before it too (the time axis of metrics.nc)

@@ -25,3 +25,4 @@ def run_serial(loop: RunLoop) -> None:
     loop.last_row()
     checkpoints.snapshot = None
     checkpoints.save(run.learner.state(), checkpoints.meta(run.learner), final=True)
+    loop.last_evaluations(hurry=loop.stopping.hurry.is_set())

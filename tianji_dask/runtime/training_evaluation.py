@@ -1,0 +1,218 @@
+"""Evaluations of the learner's policy while a run trains (``run.eval_every_env_steps``), and the
+best of them kept as ``checkpoint_best``: stable-baselines3's ``EvalCallback`` with its best model.
+
+Call protocol (the run loop's): :meth:`TrainingEvaluations.tick` between two steps of the run's
+loop, with the function that takes the learner's state; :meth:`TrainingEvaluations.finish` with the
+final checkpoint's state once the hosts have stopped; :meth:`TrainingEvaluations.close` on every
+exit path.
+
+Every ``run.eval_every_env_steps`` env steps the driver takes the learner's state (the snapshot a
+periodic checkpoint takes, between two updates) and hands it to an evaluator process, which plays
+``run.eval_episodes`` episodes with the policy ``tianji-dask eval`` plays
+(:func:`~tianji_dask.results.evaluation.play_state`: no exploration, the env's own rewards) and
+sends back their mean and std. One evaluation is under way at a time: one due while another
+plays waits for it. Each is a record of ``metrics.nc`` (``eval_return_mean`` ...); a mean above
+every earlier one (of this run and of the run it continues) makes that state ``checkpoint_best``,
+written as every checkpoint is (whole or not at all, ``results/checkpoint.py``). The final
+checkpoint is evaluated too, once the hosts have stopped. All evaluations of a run play the same
+episodes (:func:`~tianji_dask.seeding.evaluation_seed`), not those ``tianji-dask eval`` plays.
+
+Where it runs: a process of its own, forked from the driver's fork server (torch already
+imported) and niced, so that on a machine it shares with the run's hosts (its own LocalCluster)
+the OS runs the hosts first. Not a Dask host: it would need a worker of its own in every cluster
+a run is given (a plan's Slurm jobs are sized for the actors and learners alone, a
+``--scheduler``'s workers are the user's), and on a worker shared with an actor or a learner it
+would take that host's GIL. Not a thread of the driver: playing episodes would hold the GIL of
+the process that supervises the hosts and records their heartbeats. The hosts' only extra work is
+one copy of the learner's state per evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from tianji_dask.config import ExperimentConfig
+from tianji_dask.results.recorder import MetricsRecorder
+from tianji_dask.runtime.checkpoint_writer import BEST_CHECKPOINT, CheckpointWriter
+from tianji_dask.seeding import evaluation_seed
+
+NICENESS = 10
+FINAL_EVALUATION_S = 120.0  # how long a stopping run waits for its last evaluations
+STOP_S = 5.0  # how long the evaluator process gets to end before it is killed
+
+Snapshot = Callable[[], tuple[dict | bytes, dict]]  # the learner's (state, checkpoint metadata)
+
+
+@dataclass
+class _Taken:
+    """A state under evaluation: what it was taken at, and what to save if it is the best."""
+
+    packed: bytes
+    meta: dict
+    env_steps: int
+    t_rel: float
+
+
+class TrainingEvaluations:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        recorder: MetricsRecorder,
+        checkpoints: CheckpointWriter,
+        *,
+        t0: float,
+        on_event: Callable[[str], None],
+    ):
+        self.cfg = cfg
+        self.every = cfg.run.eval_every_env_steps
+        self._recorder = recorder
+        self._checkpoints = checkpoints
+        self._t0 = t0
+        self._on_event = on_event
+        self.best = best_evaluated(checkpoints.run_dir)  # a continued run's bar is its earlier best
+        self._next_due = recorder.tally.env_steps + self.every
+        self._taken: _Taken | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._off = False  # the evaluator failed: no more evaluations in this run
+
+    def tick(self, snapshot: Snapshot | None) -> None:
+        """Record an evaluation that ended; start one where due and none is under way."""
+        if self._off:
+            return
+        self._collect(wait=0.0)
+        steps = self._recorder.tally.env_steps
+        if self._taken is None and snapshot is not None and steps >= self._next_due:
+            self._next_due = steps + self.every
+            try:
+                state, meta = snapshot()
+            except Exception as exc:  # noqa: BLE001 - a learner busy or lost: the next one is due later
+                self._on_event(f"evaluation skipped: the learner's state was not taken: {exc!r}")
+                return
+            self._start(state, meta, steps)
+
+    def finish(self, final: tuple[dict | bytes, dict] | None) -> None:
+        """Once the hosts have stopped: the evaluation under way, then one of ``final`` (the final
+        checkpoint's state and metadata), each waited for up to :data:`FINAL_EVALUATION_S`."""
+        deadline = time.monotonic() + FINAL_EVALUATION_S
+        self._collect(wait=FINAL_EVALUATION_S)
+        if final is not None and not self._off and self._taken is None:
+            self._start(*final, self._recorder.tally.env_steps)
+            self._collect(wait=max(0.0, deadline - time.monotonic()))
+        if self._taken is not None:
+            self._on_event(f"the last evaluation did not end within {FINAL_EVALUATION_S:g} s; it is left out")
+
+    def close(self) -> None:
+        """End the evaluator process (killed after :data:`STOP_S`); a no-op where none started."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if process is None or conn is None:
+            return
+        with contextlib.suppress(OSError):
+            conn.send(None)
+        process.join(STOP_S)
+        if process.is_alive():
+            process.kill()
+            process.join(STOP_S)
+        conn.close()
+
+    # --- the driver's side of the evaluator process ----------------------------------------------
+    def _start(self, state: dict | bytes, meta: dict, env_steps: int) -> None:
+        from tianji_dask.results.checkpoint import pack_state
+
+        packed = state if isinstance(state, bytes) else pack_state(state)
+        if self._conn is None:
+            self._spawn()
+        assert self._conn is not None
+        self._taken = _Taken(packed, meta, env_steps, time.time() - self._t0)
+        try:
+            self._conn.send(packed)
+        except OSError as exc:
+            self._fail(f"the evaluator process did not take the state: {exc!r}")
+
+    def _spawn(self) -> None:
+        from tianji_dask.runtime.forked_workers import start_fork_server
+
+        start_fork_server()  # a serial run, or one given a client, has not started it
+        context = multiprocessing.get_context("forkserver")
+        ours, theirs = context.Pipe()
+        cfg = self.cfg.model_copy(update={"actor": self.cfg.actor.model_copy(update={"device": "cpu"})})
+        self._process = context.Process(
+            target=_serve,
+            args=(theirs, cfg, self.cfg.run.eval_episodes, evaluation_seed(self.cfg.seed)),
+            name="tianji-evaluator",
+            daemon=True,
+        )
+        self._process.start()
+        theirs.close()
+        self._conn = ours
+
+    def _collect(self, wait: float) -> None:
+        taken, conn = self._taken, self._conn
+        if taken is None or conn is None:
+            return
+        try:
+            if not conn.poll(wait):
+                return
+            answer = conn.recv()
+        except (EOFError, OSError) as exc:
+            self._fail(f"the evaluator process ended: {exc!r}")
+            return
+        self._taken = None
+        if answer[0] != "ok":
+            self._fail(f"an evaluation failed: {answer[1]}")
+            return
+        mean, std = answer[1], answer[2]
+        self._recorder.record_evaluation(mean=mean, std=std, env_steps=taken.env_steps, t_rel=taken.t_rel)
+        if mean > self.best:
+            self.best = mean
+            meta = {**taken.meta, "eval_return_mean": mean, "eval_return_std": std}
+            meta["eval_episodes"] = self.cfg.run.eval_episodes
+            self._checkpoints.save_best(taken.packed, meta, env_steps=taken.env_steps, wall_s=taken.t_rel)
+
+    def _fail(self, why: str) -> None:
+        self._off, self._taken = True, None
+        self._on_event(f"{why}; no more evaluations in this run")
+        self.close()
+
+
+def best_evaluated(run_dir: Path) -> float:
+    """The evaluation mean of ``run_dir``'s ``checkpoint_best``, or -inf where it has none."""
+    try:
+        meta = json.loads((Path(run_dir) / BEST_CHECKPOINT / "checkpoint.json").read_text())
+        return float(meta["eval_return_mean"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -math.inf
+
+
+def _serve(conn: Connection, cfg: ExperimentConfig, episodes: int, seed: int) -> None:
+    """The evaluator process: a learner state (packed) in, ``("ok", mean, std)`` or ``("error",
+    why)`` out, until None comes or the driver is gone."""
+    os.nice(NICENESS)
+    import torch
+
+    from tianji_dask.results.checkpoint import unpack_state
+    from tianji_dask.results.evaluation import play_state
+
+    torch.set_num_threads(1)
+    while True:
+        try:
+            packed = conn.recv()
+        except EOFError:
+            return
+        if packed is None:
+            return
+        try:
+            _, returns, _, _ = play_state(cfg, unpack_state(packed), episodes, seed=seed)
+            conn.send(("ok", float(returns.mean()), float(returns.std())))
+        except Exception as exc:  # noqa: BLE001 - the driver reports it and the run goes on
+            conn.send(("error", repr(exc)))
