@@ -25,6 +25,9 @@ CONFIG = "configs/cartpole_dqn.yaml"
         (["--grid", "seed=0", "--grid", "seed=1"], "seed is given twice"),
         (["--grid", "algo.nope=1,2"], "sweep run algo.nope=1: "),
         (["--grid", "seed=0,1", "--parallel", "0"], "parallel=0"),
+        (["--grid", "seed=0,1", "--slurm", "--scheduler", "tcp://127.0.0.1:1"], "give one"),
+        (["--grid", "seed=0,1", "--walltime", "00:10:00"], "size the Slurm jobs of a sweep: add --slurm"),
+        (["--grid", "topology.actors=1,2", "--slurm"], "needs other Slurm jobs than topology.actors=1"),
     ],
 )
 def test_a_bad_sweep_is_refused_before_anything_is_written(tmp_path, args, said):

@@ -168,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
     sw.add_argument("--out", type=Path, default=None, help="the sweep's directory (new or empty)")
     sw.add_argument("--scheduler", default=None, metavar="ADDRESS", help="run on this Dask cluster's workers")
+    sw.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit --parallel allocations of the plan's Slurm jobs (dask-jobqueue, jobqueue.yaml), "
+        "a run on each at a time",
+    )
+    sw.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml", help="--slurm: the jobs of this plan")
+    sw.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
 
     ev = sub.add_parser(
         "eval",
@@ -611,6 +619,14 @@ def cmd_sweep(args) -> int:
     from tianji_dask.config import ConfigError
     from tianji_dask.runtime.sweep import sweep
 
+    if args.slurm and args.scheduler:
+        return _bad_input(
+            "--slurm submits the sweep's own Slurm jobs; --scheduler runs on a cluster of yours: give one"
+        )
+    if (args.plan or args.walltime) and not args.slurm:
+        return _bad_input("--plan and --walltime size the Slurm jobs of a sweep: add --slurm")
+    if args.slurm:
+        return _slurm_sweep(args)
     client = None
     try:
         if args.scheduler:
@@ -633,6 +649,34 @@ def cmd_sweep(args) -> int:
     finally:
         if client is not None:
             client.close()
+    return _sweep_outcome(done)
+
+
+def _slurm_sweep(args) -> int:
+    from tianji_dask.config import ConfigError
+    from tianji_dask.deploy.planner import PlanError, load_plan
+    from tianji_dask.deploy.slurm_sweep import slurm_sweep
+
+    try:
+        done = slurm_sweep(
+            args.config,
+            args.grid,
+            parallel=args.parallel,
+            plan=load_plan(args.plan) if args.plan else None,
+            overrides=args.overrides,
+            out=args.out,
+            on_line=lambda line: print(line, flush=True),
+            **({"walltime": args.walltime} if args.walltime else {}),
+        )
+    except (ConfigError, PlanError) as exc:
+        return _bad_input(str(exc))
+    except Exception as exc:  # noqa: BLE001 - jobs that never started: say what Slurm said
+        print(f"tianji-dask: error: the Slurm jobs did not start: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return _sweep_outcome(done)
+
+
+def _sweep_outcome(done) -> int:
     failed = [r.name for r in done.runs if r.status in ("failed", "stopped")]
     print(f"sweep: {len(done.runs) - len(failed)} of {len(done.runs)} runs finished; results in {done.out}")
     if failed:

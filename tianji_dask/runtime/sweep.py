@@ -5,8 +5,10 @@ Every combination of the grid's values is a run with its own hosts and its own d
 the sweep's (``seed=0__algo.lr=0.0003``). All configs are loaded and checked before the first run
 starts, so a bad key or value is refused with nothing started or written. Without a client each
 run starts its own LocalCluster, as ``tianji-dask train`` does; with one, the runs share that
-cluster's workers. A run that fails is recorded ``failed`` in its files and the others go on; one
-line is printed as each run starts and ends. :meth:`Sweep.open` stacks the results with
+cluster's workers; with one client per slot (``clients``, K of them: e.g. K planned Slurm
+allocations, ``deploy/slurm_sweep.py``), each run goes to a slot no other run holds. A run that
+fails is recorded ``failed`` in its files and the others go on; one line is printed as each run
+starts and ends. :meth:`Sweep.open` stacks the results with
 :func:`~tianji_dask.results.analysis.open_runs`.
 """
 
@@ -65,6 +67,7 @@ class SweepRun:
     handle: Run | None = None
     status: str = "waiting"
     error: str | None = None
+    slot: int | None = None  # which of the ``parallel`` places it runs in, once started
 
 
 @dataclass
@@ -78,13 +81,24 @@ class Sweep:
     def ok(self) -> bool:
         return all(r.status not in ("failed", "stopped", "waiting") for r in self.runs)
 
-    def run(self, parallel: int = 1, client=None, on_line: Callable[[str], None] = print) -> Sweep:
+    def run(
+        self,
+        parallel: int = 1,
+        client=None,
+        on_line: Callable[[str], None] = print,
+        *,
+        clients: Sequence | None = None,
+    ) -> Sweep:
         """Run them, ``parallel`` at a time, and return when all have ended (Ctrl-C stops those
-        running, their results written); each run's :attr:`SweepRun.handle` is set as it starts."""
+        running, their results written); each run's :attr:`SweepRun.handle` is set as it starts.
+        ``clients``: one client per slot instead of ``client`` (``parallel`` of them), a run on
+        each at a time."""
         if parallel < 1:
             raise ConfigError(f"parallel={parallel}: at least one run at a time")
+        if clients is not None and (client is not None or len(clients) != parallel):
+            raise ConfigError(f"clients: give one per slot ({parallel}, as parallel), and no client beside them")
         self.out.mkdir(parents=True, exist_ok=True)
-        _Runner(self, parallel, client, on_line).run()
+        _Runner(self, list(clients) if clients is not None else [client] * parallel, on_line).run()
         return self
 
     def open(self):
@@ -137,8 +151,8 @@ def sweep(
 
 
 class _Runner:
-    def __init__(self, planned: Sweep, parallel: int, client, on_line: Callable[[str], None]):
-        self.planned, self.parallel, self.client, self.on_line = planned, parallel, client, on_line
+    def __init__(self, planned: Sweep, slots: list, on_line: Callable[[str], None]):
+        self.planned, self.slots, self.on_line = planned, slots, on_line  # slots: a client (or None) each
         self.total = len(planned.runs)
 
     def run(self) -> None:
@@ -146,8 +160,10 @@ class _Runner:
         running: list[SweepRun] = []
         try:
             while waiting or running:
-                while waiting and len(running) < self.parallel:
-                    running.append(self._start(waiting.pop(0)))
+                while waiting and len(running) < len(self.slots):
+                    held = {r.slot for r in running}
+                    slot = next(k for k in range(len(self.slots)) if k not in held)
+                    running.append(self._start(waiting.pop(0), slot))
                 time.sleep(POLL_S)
                 for r in [r for r in running if r.handle is None or r.handle.done]:
                     running.remove(r)
@@ -160,12 +176,13 @@ class _Runner:
                 self._ended(r)
             raise
 
-    def _start(self, r: SweepRun) -> SweepRun:
+    def _start(self, r: SweepRun, slot: int) -> SweepRun:
         from tianji_dask.runtime.driver import train
 
         k = self.planned.runs.index(r) + 1
+        r.slot = slot
         try:
-            r.handle = train(r.cfg, self.client, out=r.run_dir)
+            r.handle = train(r.cfg, self.slots[slot], out=r.run_dir)
         except Exception as exc:  # noqa: BLE001 - a run that cannot start is recorded, the others go on
             r.status, r.error = "failed", f"{type(exc).__name__}: {exc}"
             return r
