@@ -17,8 +17,8 @@ written as every checkpoint is (whole or not at all, ``results/checkpoint.py``).
 checkpoint is evaluated too, once the hosts have stopped. All evaluations of a run play the same
 episodes (:func:`~tianji_dask.seeding.evaluation_seed`), not those ``tianji-dask eval`` plays.
 
-Where it runs: a process of its own, forked from the driver's fork server (torch already
-imported) and niced, so that on a machine it shares with the run's hosts (its own LocalCluster)
+Where it runs: a process of its own (``evaluator_process.py``), started by the driver as the run's
+loop begins and niced, so that on a machine it shares with the run's hosts (its own LocalCluster)
 the OS runs the hosts first. Not a Dask host: it would need a worker of its own in every cluster
 a run is given (a plan's Slurm jobs are sized for the actors and learners alone, a
 ``--scheduler``'s workers are the user's), and on a worker shared with an actor or a learner it
@@ -32,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import multiprocessing
 import os
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,9 +47,9 @@ from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.runtime.checkpoint_writer import BEST_CHECKPOINT, CheckpointWriter
 from tianji_dask.seeding import evaluation_seed
 
-NICENESS = 10
 FINAL_EVALUATION_S = 120.0  # how long a stopping run waits for its last evaluations
 STOP_S = 5.0  # how long the evaluator process gets to end before it is killed
+EVALUATOR_MODULE = "tianji_dask.runtime.evaluator_process"
 
 Snapshot = Callable[[], tuple[dict | bytes, dict]]  # the learner's (state, checkpoint metadata)
 
@@ -81,14 +83,17 @@ class TrainingEvaluations:
         self.best = best_evaluated(checkpoints.run_dir)  # a continued run's bar is its earlier best
         self._next_due = recorder.tally.env_steps + self.every
         self._taken: _Taken | None = None
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None  # states to the evaluator
+        self._answers: Connection | None = None  # its answers
         self._off = False  # the evaluator failed: no more evaluations in this run
 
     def tick(self, snapshot: Snapshot | None) -> None:
         """Record an evaluation that ended; start one where due and none is under way."""
         if self._off:
             return
+        if self._conn is None:  # at the run's first tick: its imports overlap the first env steps
+            self._spawn()
         self._collect(wait=0.0)
         steps = self._recorder.tally.env_steps
         if self._taken is None and snapshot is not None and steps >= self._next_due:
@@ -113,57 +118,60 @@ class TrainingEvaluations:
 
     def close(self) -> None:
         """End the evaluator process (killed after :data:`STOP_S`); a no-op where none started."""
-        process, conn = self._process, self._conn
-        self._process = self._conn = None
-        if process is None or conn is None:
+        process, conn, answers = self._process, self._conn, self._answers
+        self._process = self._conn = self._answers = None
+        if process is None or conn is None or answers is None:
             return
-        with contextlib.suppress(OSError):
-            conn.send(None)
-        process.join(STOP_S)
-        if process.is_alive():
+        conn.close()  # the evaluator reads to the end of the pipe and exits
+        try:
+            process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
             process.kill()
-            process.join(STOP_S)
-        conn.close()
+            process.wait(STOP_S)
+        answers.close()
 
     # --- the driver's side of the evaluator process ----------------------------------------------
     def _start(self, state: dict | bytes, meta: dict, env_steps: int) -> None:
         from tianji_dask.results.checkpoint import pack_state
 
         packed = state if isinstance(state, bytes) else pack_state(state)
-        if self._conn is None:
+        if self._conn is None:  # finish() of a run stopped before its first tick
             self._spawn()
         assert self._conn is not None
         self._taken = _Taken(packed, meta, env_steps, time.time() - self._t0)
-        try:
-            self._conn.send(packed)
-        except OSError as exc:
-            self._fail(f"the evaluator process did not take the state: {exc!r}")
+        # from a thread: a state larger than the pipe's buffer waits for the evaluator to read it
+        # (seconds, while it imports torch the first time), and the run's loop must not wait; an
+        # evaluator that never reads ends, which _collect sees
+        threading.Thread(target=_send, args=(self._conn, packed), name="tianji-eval-send", daemon=True).start()
 
     def _spawn(self) -> None:
-        from tianji_dask.runtime.forked_workers import start_fork_server
-
-        start_fork_server()  # a serial run, or one given a client, has not started it
-        context = multiprocessing.get_context("forkserver")
-        ours, theirs = context.Pipe()
+        """The evaluator process (``evaluator_process.py``), started through ``/bin/sh`` ignoring
+        SIGINT and SIGTERM from its first instruction, as the run's workers do: the driver ends it."""
+        child_reads, driver_writes = os.pipe()
+        driver_reads, child_writes = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                ["/bin/sh", "-c", 'trap \'\' INT TERM; exec "$0" "$@"', sys.executable, "-m", EVALUATOR_MODULE]
+                + [str(child_reads), str(child_writes)],
+                pass_fds=(child_reads, child_writes),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(child_reads)
+            os.close(child_writes)
+        self._conn = Connection(driver_writes, readable=False)
+        self._answers = Connection(driver_reads, writable=False)
         cfg = self.cfg.model_copy(update={"actor": self.cfg.actor.model_copy(update={"device": "cpu"})})
-        self._process = context.Process(
-            target=_serve,
-            args=(theirs, cfg, self.cfg.run.eval_episodes, evaluation_seed(self.cfg.seed)),
-            name="tianji-evaluator",
-            daemon=True,
-        )
-        self._process.start()
-        theirs.close()
-        self._conn = ours
+        self._conn.send((cfg.to_json(), self.cfg.run.eval_episodes, evaluation_seed(self.cfg.seed)))
 
     def _collect(self, wait: float) -> None:
-        taken, conn = self._taken, self._conn
-        if taken is None or conn is None:
+        taken, answers = self._taken, self._answers
+        if taken is None or answers is None:
             return
         try:
-            if not conn.poll(wait):
+            if not answers.poll(wait):
                 return
-            answer = conn.recv()
+            answer = answers.recv()
         except (EOFError, OSError) as exc:
             self._fail(f"the evaluator process ended: {exc!r}")
             return
@@ -194,25 +202,6 @@ def best_evaluated(run_dir: Path) -> float:
         return -math.inf
 
 
-def _serve(conn: Connection, cfg: ExperimentConfig, episodes: int, seed: int) -> None:
-    """The evaluator process: a learner state (packed) in, ``("ok", mean, std)`` or ``("error",
-    why)`` out, until None comes or the driver is gone."""
-    os.nice(NICENESS)
-    import torch
-
-    from tianji_dask.results.checkpoint import unpack_state
-    from tianji_dask.results.evaluation import play_state
-
-    torch.set_num_threads(1)
-    while True:
-        try:
-            packed = conn.recv()
-        except EOFError:
-            return
-        if packed is None:
-            return
-        try:
-            _, returns, _, _ = play_state(cfg, unpack_state(packed), episodes, seed=seed)
-            conn.send(("ok", float(returns.mean()), float(returns.std())))
-        except Exception as exc:  # noqa: BLE001 - the driver reports it and the run goes on
-            conn.send(("error", repr(exc)))
+def _send(conn: Connection, packed: bytes) -> None:
+    with contextlib.suppress(OSError):  # closed by close(): the evaluator is ending anyway
+        conn.send(packed)
