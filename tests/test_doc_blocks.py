@@ -38,6 +38,14 @@ RUN_BY: dict[tuple[str, str], tuple[str, ...]] = {
         "test_analysis.py::test_the_readme_results_block_runs_on_a_run_and_draws_each_plot_apart",
     ),
     ("README.md", "./dev train --set seed=3 --set topology.actors=2"): (CHECKED_HERE,),
+    ("README.md", "./dev train --set stop.target_return=null --set stop.target_eval_return=500"): (
+        CHECKED_HERE,
+        "test_learning.py::test_cartpole_best_checkpoint_plays_450_greedily",
+    ),
+    # the same sweep through tianji_dask.deploy.slurm_sweep, with a plan that fits the local Slurm
+    ("README.md", "tianji-dask sweep configs/cartpole_dqn.yaml --grid seed=0,1,2,3 --parallel 2 --slurm --plan $P"): (
+        "test_slurm_sweep.py::test_four_seeds_two_at_a_time_on_two_allocations_of_the_plan",
+    ),
     ("README.md", "from distributed import Client, LocalCluster"): (
         "test_readme.py::test_readme_python_api_block_runs_as_a_script",
     ),
