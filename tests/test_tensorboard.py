@@ -39,6 +39,11 @@ def test_a_runs_rows_are_tensorboard_scalars_equal_to_its_metrics(tmp_path):
             assert len(events) == int(finite.sum()) > 0, (name, len(events), int(finite.sum()))
             np.testing.assert_allclose([e.value for e in events], recorded[finite], rtol=1e-6)
             assert [e.step for e in events] == [int(s) for s in steps[finite]]
+        # the evaluations (the shipped config's; here only the final one) at their policies' env steps
+        evaluated = ds["eval_return_mean"].values
+        assert len(evaluated) >= 1
+        np.testing.assert_allclose([e.value for e in scalars["eval_return_mean"]], evaluated, rtol=1e-6)
+        assert [e.step for e in scalars["eval_return_mean"]] == ds["eval_env_steps"].values.tolist()
 
 
 def test_tensorboard_without_its_package_is_refused_naming_the_fix(tmp_path, monkeypatch):

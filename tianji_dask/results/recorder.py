@@ -129,18 +129,19 @@ class MetricsRecorder:
             self._host_rows.append(per_host)
             return dict(r)
 
-    def record_evaluation(self, *, mean: float, std: float, env_steps: int, t_rel: float) -> None:
+    def record_evaluation(self, *, mean: float, std: float, env_steps: int, t_rel: float) -> dict[str, float]:
         """One evaluation of the policy taken at ``env_steps`` and ``t_rel`` seconds since ``t0``
-        (the variables of ``EVAL_VARS``, along the ``evaluation`` dimension of :meth:`dataset`)."""
+        (the variables of ``EVAL_VARS``, along the ``evaluation`` dimension of :meth:`dataset`);
+        returns its record."""
+        record = {
+            "eval_return_mean": mean,
+            "eval_return_std": std,
+            "eval_env_steps": env_steps,
+            "eval_time": t_rel + self.tally.time_offset,
+        }
         with self._lock:
-            self._evaluations.append(
-                {
-                    "eval_return_mean": mean,
-                    "eval_return_std": std,
-                    "eval_env_steps": env_steps,
-                    "eval_time": t_rel + self.tally.time_offset,
-                }
-            )
+            self._evaluations.append(record)
+        return dict(record)
 
     def best_evaluation(self) -> float:
         """The highest mean of this run's evaluations so far (:meth:`record_evaluation`); -inf before any."""

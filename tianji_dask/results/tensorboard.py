@@ -1,6 +1,7 @@
 """TensorBoard scalars of a run's metrics rows, written while the run goes (``run.tensorboard:
 true``), for ``tensorboard --logdir runs/``. ``metrics.nc`` stays the record: the events hold the
-same rows' scalars, each at the row's env steps and wall time, under the metrics' own names."""
+same rows' scalars, each at the row's env steps and wall time, under the metrics' own names, and
+each evaluation while the run trains as ``eval_return_mean`` at its policy's env steps."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ class TensorBoardRows:
         for name, value in row.items():
             if name != "time" and isinstance(value, (int, float)) and math.isfinite(value):
                 self._writer.add_scalar(name, value, global_step=step, walltime=wall)
+
+    def evaluation(self, record: dict) -> None:
+        """One evaluation while the run trains (``MetricsRecorder.record_evaluation``'s variables):
+        its ``eval_return_mean`` at the env steps and time its policy was taken."""
+        step, wall = int(record["eval_env_steps"]), self.t0 + float(record["eval_time"])
+        self._writer.add_scalar("eval_return_mean", record["eval_return_mean"], global_step=step, walltime=wall)
 
     def close(self) -> None:
         self._writer.close()

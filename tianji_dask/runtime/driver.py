@@ -178,7 +178,14 @@ class Run:
             stopping=self._stopping,
             results=ResultWriter(self.recorder, self.run_dir, on_event),
             checkpoints=checkpoints,
-            evaluations=TrainingEvaluations(cfg, self.recorder, checkpoints, t0=self.t0, on_event=on_event)
+            evaluations=TrainingEvaluations(
+                cfg,
+                self.recorder,
+                checkpoints,
+                t0=self.t0,
+                on_event=on_event,
+                on_evaluation=self._tensorboard.evaluation if self._tensorboard is not None else lambda record: None,
+            )
             if cfg.run.eval_every_env_steps
             else None,
             on_row=given_on_row,

@@ -73,6 +73,7 @@ class TrainingEvaluations:
         *,
         t0: float,
         on_event: Callable[[str], None],
+        on_evaluation: Callable[[dict], None] = lambda record: None,
     ):
         self.cfg = cfg
         self.every = cfg.run.eval_every_env_steps
@@ -80,9 +81,11 @@ class TrainingEvaluations:
         self._checkpoints = checkpoints
         self._t0 = t0
         self._on_event = on_event
+        self._on_evaluation = on_evaluation  # each record, as metrics.nc holds it (TensorBoard)
         self.best = best_evaluated(checkpoints.run_dir)  # a continued run's bar is its earlier best
         self._next_due = recorder.tally.env_steps + self.every
         self._taken: _Taken | None = None
+        self._last_steps = -1  # env steps of the latest state sent to the evaluator
         self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None  # states to the evaluator
         self._answers: Connection | None = None  # its answers
@@ -107,11 +110,13 @@ class TrainingEvaluations:
 
     def finish(self, final: tuple[dict | bytes, dict] | None) -> None:
         """Once the hosts have stopped: the evaluation under way, then one of ``final`` (the final
-        checkpoint's state and metadata), each waited for up to :data:`FINAL_EVALUATION_S`."""
+        checkpoint's state and metadata) unless the last one was taken at the same env steps,
+        together waited for up to :data:`FINAL_EVALUATION_S`."""
         deadline = time.monotonic() + FINAL_EVALUATION_S
         self._collect(wait=FINAL_EVALUATION_S)
-        if final is not None and not self._off and self._taken is None:
-            self._start(*final, self._recorder.tally.env_steps)
+        steps = self._recorder.tally.env_steps
+        if final is not None and not self._off and self._taken is None and steps != self._last_steps:
+            self._start(*final, steps)
             self._collect(wait=max(0.0, deadline - time.monotonic()))
         if self._taken is not None:
             self._on_event(f"the last evaluation did not end within {FINAL_EVALUATION_S:g} s; it is left out")
@@ -139,6 +144,7 @@ class TrainingEvaluations:
             self._spawn()
         assert self._conn is not None
         self._taken = _Taken(packed, meta, env_steps, time.time() - self._t0)
+        self._last_steps = env_steps
         # from a thread: a state larger than the pipe's buffer waits for the evaluator to read it
         # (seconds, while it imports torch the first time), and the run's loop must not wait; an
         # evaluator that never reads ends, which _collect sees
@@ -180,7 +186,9 @@ class TrainingEvaluations:
             self._fail(f"an evaluation failed: {answer[1]}")
             return
         mean, std = answer[1], answer[2]
-        self._recorder.record_evaluation(mean=mean, std=std, env_steps=taken.env_steps, t_rel=taken.t_rel)
+        self._on_evaluation(
+            self._recorder.record_evaluation(mean=mean, std=std, env_steps=taken.env_steps, t_rel=taken.t_rel)
+        )
         if mean > self.best:
             self.best = mean
             meta = {**taken.meta, "eval_return_mean": mean, "eval_return_std": std}

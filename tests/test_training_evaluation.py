@@ -1,0 +1,67 @@
+"""Evaluations while a run trains (``run.eval_every_env_steps``): their records in metrics.nc, the
+best state kept as checkpoint_best, and a run that goes on when its evaluator process dies. The
+learning side (a best checkpoint that plays 450) is test_learning's."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import psutil
+import pytest
+import xarray as xr
+from conftest import wait_until
+
+from tianji_dask.config import load_config
+from tianji_dask.results.checkpoint import load_run_checkpoint
+from tianji_dask.runtime.driver import train
+from tianji_dask.runtime.training_evaluation import EVALUATOR_MODULE
+
+EVALUATED = ["stop.target_return=null", "run.eval_every_env_steps=4000", "run.eval_episodes=4"]
+
+
+def evaluators() -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if EVALUATOR_MODULE in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_each_evaluation_is_a_record_and_the_best_is_kept(tmp_path):
+    cfg = load_config("configs/cartpole_dqn.yaml", [*EVALUATED, "stop.max_env_steps=16000"])
+    result = train(cfg, serial=True, out=tmp_path / "run").wait()
+    assert result.ok, result.error
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
+        means, steps = ds["eval_return_mean"].values, ds["eval_env_steps"].values
+        times = ds["eval_time"].values
+    assert len(means) >= 2 and steps[0] >= 4000 and steps[-1] == result.env_steps, steps  # the last: the final
+    assert np.all(np.diff(steps) > 0) and np.all(np.diff(times) > 0) and np.all(means >= 8), means
+    best = json.loads((result.run_dir / "checkpoint_best" / "checkpoint.json").read_text())
+    assert best["eval_return_mean"] == means.max() and best["eval_episodes"] == 4
+    assert best["env_steps"] == steps[means.argmax()]  # the state that evaluation played
+    load_run_checkpoint(result.run_dir, "dqn", "CartPole-v1", "checkpoint_best")  # whole, of this run
+    assert evaluators() == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_run_whose_evaluator_dies_goes_on_without_evaluations(tmp_path):
+    cfg = load_config("configs/cartpole_dqn.yaml", [*EVALUATED, "stop.max_env_steps=20000"])
+    events: list[str] = []
+    run = train(cfg, serial=True, out=tmp_path / "run", on_event=events.append)
+    assert wait_until(lambda: run.metrics().sizes["evaluation"] >= 1 or run.done, 120)
+    assert not run.done and len(evaluators()) == 1
+    evaluators()[0].kill()
+    result = run.wait()
+    assert result.ok, result.error
+    assert any("the evaluator process ended" in e and "no more evaluations in this run" in e for e in events), events
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
+        assert ds.sizes["evaluation"] <= 2  # the one before the kill, and at most one that ended with it
+    deadline = time.monotonic() + 10
+    while evaluators() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert evaluators() == []
