@@ -65,7 +65,7 @@ def test_shipped_config_loads_with_documented_values():
     assert config.stop.max_seconds == 600
     assert (config.run.metrics_interval, config.run.heartbeat_timeout) == (0.5, 5.0)
     assert config.run.checkpoint is True
-    assert (config.run.eval_every_env_steps, config.run.eval_episodes) == (10_000, 20)
+    assert (config.run.eval_every_env_steps, config.run.eval_episodes) == (0, 20)
 
 
 def test_derived_values():
@@ -88,8 +88,6 @@ def test_model_defaults_match_shipped_file():
         "env": {"id": "CartPole-v1"},
         "algo": {"name": "dqn"},
         "stop": shipped.stop.model_dump(),
-        # evaluations are off by default (20 whole Atari games each would cost minutes) and on here
-        "run": {"eval_every_env_steps": shipped.run.eval_every_env_steps},
     }
     assert validate_config(minimal) == shipped
 

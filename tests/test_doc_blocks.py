@@ -38,7 +38,11 @@ RUN_BY: dict[tuple[str, str], tuple[str, ...]] = {
         "test_analysis.py::test_the_readme_results_block_runs_on_a_run_and_draws_each_plot_apart",
     ),
     ("README.md", "./dev train --set seed=3 --set topology.actors=2"): (CHECKED_HERE,),
-    ("README.md", "./dev train --set stop.target_return=null --set stop.target_eval_return=500"): (
+    (
+        "README.md",
+        "./dev train --set run.eval_every_env_steps=10000 --set stop.target_return=null "
+        "--set stop.target_eval_return=500",
+    ): (
         CHECKED_HERE,
         "test_learning.py::test_cartpole_best_checkpoint_plays_450_greedily",
     ),

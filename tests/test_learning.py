@@ -46,7 +46,7 @@ def test_cartpole_reaches_150_within_budget(tmp_path, algo, serial):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("algo", "target"), [("dqn", 500), ("ppo", 475)])
 def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
-    """The shipped config with its evaluations (every 10,000 env steps, 20 episodes), trained until
+    """The shipped config with evaluations (every 10,000 env steps, 20 episodes), trained until
     one of them reaches ``target`` instead of until the training mean reaches 300: runs stopped at
     300 often held no policy that plays 450 (docs/benchmarks.md). Its best checkpoint, played by
     ``tianji-dask eval`` on episodes the evaluations never saw, scores at least 450 over 20. DQN's
@@ -55,6 +55,7 @@ def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
     cfg = load_config(
         f"configs/cartpole_{algo}.yaml",
         [
+            "run.eval_every_env_steps=10000",
             "stop.target_return=null",
             f"stop.target_eval_return={target}",
             "stop.max_env_steps=400000",

@@ -25,7 +25,13 @@ def _scalars(log_dir) -> dict[str, list]:
 def test_a_runs_rows_are_tensorboard_scalars_equal_to_its_metrics(tmp_path):
     cfg = load_config(
         "configs/cartpole_ppo.yaml",
-        ["run.tensorboard=true", "stop.target_return=null", "stop.max_env_steps=6000", "run.metrics_interval=0.2"],
+        [
+            "run.tensorboard=true",
+            "run.eval_every_env_steps=10000",
+            "stop.target_return=null",
+            "stop.max_env_steps=6000",
+            "run.metrics_interval=0.2",
+        ],
     )
     result = train(cfg, serial=True, out=tmp_path / "run").wait(timeout=120)
     assert result.ok, result.error
@@ -39,7 +45,7 @@ def test_a_runs_rows_are_tensorboard_scalars_equal_to_its_metrics(tmp_path):
             assert len(events) == int(finite.sum()) > 0, (name, len(events), int(finite.sum()))
             np.testing.assert_allclose([e.value for e in events], recorded[finite], rtol=1e-6)
             assert [e.step for e in events] == [int(s) for s in steps[finite]]
-        # the evaluations (the shipped config's; here only the final one) at their policies' env steps
+        # the evaluations (here only the final one) at their policies' env steps
         evaluated = ds["eval_return_mean"].values
         assert len(evaluated) >= 1
         np.testing.assert_allclose([e.value for e in scalars["eval_return_mean"]], evaluated, rtol=1e-6)

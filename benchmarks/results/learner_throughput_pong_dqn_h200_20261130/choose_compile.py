@@ -1,8 +1,10 @@
 """Exit 0 when the compiled variant's median samples/s beats the base's by 5 % or more."""
+
 import json
 import sys
+from pathlib import Path
 
-r = json.load(open(sys.argv[1]))
+r = json.loads(Path(sys.argv[1]).read_text())
 (res,) = r["results"].values()
 med = res["median"]
 ratio = med["compiled"] / med["base"]
