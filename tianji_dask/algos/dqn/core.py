@@ -146,13 +146,18 @@ class DQNPolicy:
 MAX_UPDATES_IN_FLIGHT = 8
 
 
+#: The torch.compile backend of ``algo.compile``: inductor, which generates fused kernels.
+COMPILE_BACKEND = "inductor"
+
+
 def compiled(fn: Callable, device: torch.device) -> Callable:
-    """``fn`` through ``torch.compile`` (inductor, static shapes); refused with the fix where
-    inductor has no compiler for ``device`` (:func:`~tianji_dask.config.machine.compiler_problem`)."""
+    """``fn`` through ``torch.compile`` (:data:`COMPILE_BACKEND`, static shapes); refused with
+    the fix where inductor has no compiler for ``device``
+    (:func:`~tianji_dask.config.machine.compiler_problem`)."""
     problem = compiler_problem(device.type)
     if problem:
         raise RuntimeError(f"algo.compile=true: {problem}")
-    return torch.compile(fn, dynamic=False)
+    return torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
 
 
 class DQNLearner:
