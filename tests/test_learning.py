@@ -19,12 +19,13 @@ from tianji_dask.runtime.driver import train
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("algo", ["dqn", "ppo"])
-@pytest.mark.parametrize("serial", [False, True], ids=["distributed", "serial"])
-def test_cartpole_reaches_150_within_budget(tmp_path, algo, serial):
+def test_cartpole_reaches_150_within_budget(tmp_path, algo):
+    """A serial run (distributed ones learn in :func:`test_cartpole_best_checkpoint_plays_450_greedily`,
+    to an evaluation of 475-500)."""
     cfg = load_config(
         f"configs/cartpole_{algo}.yaml", ["stop.target_return=150", "stop.max_env_steps=300000", "stop.max_seconds=180"]
     )
-    result = train(cfg, serial=serial, out=tmp_path / "run").wait()
+    result = train(cfg, serial=True, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "target_reached", (result.status, result.return_mean_100, result.env_steps)
     assert not math.isnan(result.time_to_target_s)
