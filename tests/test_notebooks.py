@@ -26,15 +26,15 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 600  # per cell; 03's training cell runs its runs of at most 60 s each
 SLURM_RAN = "ran on Slurm:"  # 02_slurm prints this after its run on the Slurm jobs
 SLURM_SKIPPED = "Slurm cells skipped"
-# Set after a notebook's cell tagged "parameters" (papermill's convention): a target of 100
+# Set after a notebook's cell tagged "parameters" (papermill's convention): a target of 60
 # instead of the config's 300 still shows every cell's output; in 03, one seed a run per actor
 # count (its table and figures take the settings that differ, its medians are one run's) and a
-# target of 60 still give a time to target for each run; 0.5 s per profile measurement still
+# target of 40 still give a time to target for each run; 0.3 s per profile measurement still
 # gives 02 a plan.
 TEST_PARAMETERS = {
-    "01_quickstart": "target_return = 100.0",
-    "02_slurm": "profile_seconds = 0.5\ntarget_return = 100.0",
-    "03_compare_runs": "seeds = (0,)\ntarget_return = 60.0",
+    "01_quickstart": "target_return = 60.0",
+    "02_slurm": "profile_seconds = 0.3\ntarget_return = 60.0",
+    "03_compare_runs": "seeds = (0,)\ntarget_return = 40.0",
 }
 
 
