@@ -24,6 +24,8 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tianji_dask.config import load_config
 from tianji_dask.results.analysis import RENAMED, RunNotFound, open_run, open_runs
+from tianji_dask.results.recorder import MetricsRecorder
+from tianji_dask.roles.heartbeats import BufferCounters, Heartbeat, LearnerCounters
 from tianji_dask.runtime.driver import train
 
 matplotlib.use("Agg")
@@ -417,14 +419,20 @@ def test_the_metrics_doc_block_runs_on_a_run_and_draws_each_plot_apart(runs, tmp
 
 
 def _counters(updates_from: float, ratio: float) -> xr.Dataset:
-    """A run's counters by hand: rows every 0.5 s for 30 s, 100 transitions received a second,
-    updates from ``updates_from`` s on consuming ``ratio`` samples per transition."""
+    """A run's counters and rates by hand: rows every 0.5 s for 30 s, 100 transitions received a
+    second, updates from ``updates_from`` s on consuming ``ratio`` samples per transition."""
     t = np.arange(0.0, 30.01, 0.5)
     received = 100.0 * t
     samples = np.where(t >= updates_from, ratio * (received - 100.0 * updates_from), 0.0)
-    updates = samples / 32.0
+    train_fps = np.where(t >= updates_from, ratio * 100.0, 0.0)
     return xr.Dataset(
-        {"samples": ("time", samples), "received": ("time", received), "updates": ("time", updates)},
+        {
+            "samples": ("time", samples),
+            "received": ("time", received),
+            "updates": ("time", samples / 32.0),
+            "train_fps": ("time", train_fps),
+            "receive_fps": ("time", np.full_like(t, 100.0)),
+        },
         coords={"time": t},
     )
 
@@ -432,8 +440,8 @@ def _counters(updates_from: float, ratio: float) -> xr.Dataset:
 def test_replay_ratio_per_window_from_the_first_update(runs):
     """``ds.tianji.replay_ratio(window_s)``: samples consumed per transition received in each
     window after the first update (the warm-up left out, where the recorded cumulative
-    ``replay_ratio`` counts it); several runs side by side; a run without ``received`` is
-    refused with what it lacks."""
+    ``replay_ratio`` counts it); several runs side by side; a run without the rates is refused
+    with what it lacks."""
     ds = _counters(updates_from=5.5, ratio=8.0)
     r = ds.tianji.replay_ratio(window_s=5.0)
     assert r.dims == ("window",) and r.attrs["units"] == "1"
@@ -444,14 +452,48 @@ def test_replay_ratio_per_window_from_the_first_update(runs):
     assert both.dims == ("run", "window")
     np.testing.assert_allclose(both.sel(run="a").values, 8.0)
     np.testing.assert_allclose(both.sel(run="b").values, [4.0, 4.0, 4.0, np.nan])  # 10.5-30 s: three
-    with pytest.raises(ValueError, match="needs metrics.nc's received"):
-        ds.drop_vars("received").tianji.replay_ratio()
+    with pytest.raises(ValueError, match="needs metrics.nc's receive_fps"):
+        ds.drop_vars("receive_fps").tianji.replay_ratio()
     with pytest.raises(ValueError, match="window_s=0"):
         ds.tianji.replay_ratio(window_s=0)
 
     run = open_run(runs["dist-seed0-actors2"][0])  # a real run: the windows tile it from its first update
-    windows = run.tianji.replay_ratio(window_s=1.0)
     t = run["time"].values
     first = t[np.flatnonzero(run["updates"].values > 0)[0]]
-    assert len(windows) == int((t[-1] - first) // 1.0)
+    window_s = (t[-1] - first) / 2.01  # two windows, however long the run trained
+    windows = run.tianji.replay_ratio(window_s=window_s)
+    assert len(windows) == 2
     assert np.isfinite(windows.values).any() and (windows.fillna(0).values >= 0).all()
+
+
+def test_replay_ratio_windows_hold_when_a_hosts_heartbeats_drift_past_the_rows():
+    """Hosts beat every interval after their last beat, so a beat drifts against the driver's
+    rows, and now and then a row repeats a host's counters. Windows differenced from the counters
+    then show a spike (measured on an H200 run: 35.5 where the controller held 32); windows from
+    the rates stay at the ratio the learner and buffer kept."""
+    m = MetricsRecorder(run_name="r", target_return=None, config_json="{}", t0=0.0)
+    received_per_s, ratio = 4000.0, 32.0
+    beats = [("buffer", k * 1.021) for k in range(118)] + [("learner", 0.5 + k * 0.997) for k in range(120)]
+    beats.sort(key=lambda b: b[1])
+    row_at = 1.0
+    for role, t in beats:
+        while row_at <= t:
+            m.row(row_at)
+            row_at += 1.0
+        counters: BufferCounters | LearnerCounters
+        if role == "buffer":
+            counters = BufferCounters(received=int(received_per_s * t))
+        else:
+            samples = int(ratio * received_per_s * t)
+            counters = LearnerCounters(updates=samples // 32, samples=samples)
+        m.add(Heartbeat(role, 0, counters, t=t).message())
+    ds = m.dataset()
+    windows = ds.tianji.replay_ratio(window_s=10.0)
+    assert len(windows) >= 10
+    np.testing.assert_allclose(windows.values, ratio, rtol=0.02)
+    # the counters do show the slips this guards against
+    times = ds["time"].values
+    first = times[np.flatnonzero(ds["updates"].values > 0)[0]]
+    edges = np.searchsorted(times, first + 10.0 * np.arange(len(windows) + 1))
+    differenced = np.diff(ds["samples"].values[edges]) / np.diff(ds["received"].values[edges])
+    assert np.abs(differenced / ratio - 1).max() > 0.05

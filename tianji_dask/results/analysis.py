@@ -344,20 +344,23 @@ class TianjiAccessor:
 
     def replay_ratio(self, window_s: float = 10.0) -> xr.DataArray:
         """The replay ratio over consecutive windows of ``window_s`` seconds from each run's first
-        learner update: samples consumed per transition received within the window (the growth
-        of ``samples`` over that of ``received``), the figure the balance controller holds. The
-        recorded ``replay_ratio`` is cumulative and counts the warm-up's transitions. Dim
-        ``window`` (the window's start, seconds after the first update), and ``run`` for several
-        runs; NaN where a window received nothing or a run ended sooner."""
+        learner update: samples consumed per transition received within the window, the figure
+        the balance controller holds. The recorded ``replay_ratio`` is cumulative and counts the
+        warm-up's transitions. Dim ``window`` (the window's start, seconds after the first
+        update), and ``run`` for several runs; NaN where a window received nothing or a run
+        ended sooner.
+
+        Within a window, the learners' ``train_fps`` and the buffers' ``receive_fps`` are summed
+        over its rows, each times its row's interval. These rates are measured over each host's
+        own heartbeat times. The counters ``samples`` and ``received`` are not differenced: a
+        row holds each host's latest heartbeat, and a host whose beat drifts past the rows' gives
+        one row no growth, which would put a whole interval into another window."""
         ds = self._ds
         if not window_s > 0:
             raise ValueError(f"replay_ratio: window_s={window_s!r}; give a positive number of seconds")
-        missing = [v for v in ("samples", "received", "updates") if v not in ds]
+        missing = [v for v in ("train_fps", "receive_fps", "updates") if v not in ds]
         if missing:
-            raise ValueError(
-                f"replay_ratio needs metrics.nc's {', '.join(missing)}; a run recorded before "
-                "`received` was (2026-11-29) has only the cumulative `replay_ratio`"
-            )
+            raise ValueError(f"replay_ratio needs metrics.nc's {', '.join(missing)}")
         several = "run" in ds.dims
         per_run = (
             [_windowed_ratio(ds.isel(run=i), window_s) for i in range(ds.sizes["run"])]
@@ -447,17 +450,22 @@ class TianjiAccessor:
 def _windowed_ratio(ds: xr.Dataset, window_s: float) -> np.ndarray:
     """One run's replay ratio per ``window_s`` window from its first update (rows a stacked
     Dataset pads with NaN dropped); empty before any update."""
-    t, samples, received, updates = (ds[v].values.astype(float) for v in ("time", "samples", "received", "updates"))
-    keep = np.isfinite(samples) & np.isfinite(received) & np.isfinite(updates)
-    t, samples, received, updates = t[keep], samples[keep], received[keep], updates[keep]
+    t, consumed, got, updates = (ds[v].values.astype(float) for v in ("time", "train_fps", "receive_fps", "updates"))
+    keep = np.isfinite(t) & np.isfinite(updates)
+    t, consumed, got, updates = t[keep], consumed[keep], got[keep], updates[keep]
     started = np.flatnonzero(updates > 0)
     if not len(started):
         return np.empty(0)
     first = started[0]
-    edges = t[first] + window_s * np.arange(int((t[-1] - t[first]) // window_s) + 1)
-    rows = np.searchsorted(t, edges)  # the first row at or after each edge
-    consumed, got = np.diff(samples[rows]), np.diff(received[rows])
-    return np.where(got > 0, consumed / np.where(got > 0, got, 1.0), np.nan)
+    # what a row's rates say was consumed and received since the row before
+    interval = np.diff(t, prepend=t[0])
+    consumed, got = np.nan_to_num(consumed) * interval, np.nan_to_num(got) * interval
+    windows = int((t[-1] - t[first]) // window_s)
+    which = np.floor((t - t[first]) / window_s - 1e-9).astype(int)  # a row closes the interval it ends
+    inside = (np.arange(len(t)) > first) & (which < windows)
+    consumed_w = np.bincount(which[inside], consumed[inside], minlength=windows)
+    got_w = np.bincount(which[inside], got[inside], minlength=windows)
+    return np.where(got_w > 0, consumed_w / np.where(got_w > 0, got_w, 1.0), np.nan)
 
 
 def _axes(ax):
