@@ -838,7 +838,8 @@ def _minibatch_loss_and_grads(learner: PPOLearner, batch: dict[str, np.ndarray])
 def test_precision_changes_only_the_trunk_within_tolerance(precision, features_rtol, grad_cosine, loss_rtol):
     """``algo.precision`` on the CPU (bfloat16 autocast works there): the loss, its stats and every
     gradient within the stated tolerances of float32's; the heads, the features handed to them,
-    the parameters and their gradients stay float32 and in their usual memory layout."""
+    the parameters and their gradients stay float32; the convolutions' weights are channels-last
+    like the frames (and leave the learner in the usual layout)."""
     batch = _atari_frames_batch(64, 5)
     ref = PPOLearner(0, 6, PPOConfig(name="ppo"), seed=2, network="nature_cnn")
     other = PPOLearner(0, 6, PPOConfig(name="ppo", precision=precision), seed=2, network="nature_cnn")
@@ -848,7 +849,10 @@ def test_precision_changes_only_the_trunk_within_tolerance(precision, features_r
     for x in (loss_b, feat_b, logits_b, values_b, *grads_b.values()):
         assert x.dtype == torch.float32
     for name, p in other.net.named_parameters():
-        assert p.is_contiguous() and grads_b[name].is_contiguous(), name
+        layout = torch.channels_last if p.dim() == 4 else torch.contiguous_format  # the convolutions'
+        assert p.is_contiguous(memory_format=layout) and grads_b[name].stride() == p.stride(), name
+    for name, array in other.policy_params().items():
+        assert array.flags["C_CONTIGUOUS"], name  # what actors and checkpoints receive
     assert not torch.equal(feat_a, feat_b) or precision == "tf32"  # bf16 really ran
     scale = feat_a.abs().max()
     assert float((feat_a - feat_b).abs().max() / scale) < features_rtol

@@ -68,12 +68,15 @@ def set_trunk_precision(net: nn.Module, precision: Precision, device: torch.devi
     """A learner's ``algo.precision`` on its Nature CNN (actors keep "fp32"); "tf32" on CUDA
     also turns on TF32 matmuls, a process-wide switch read when a matmul is launched or
     captured (the 512-unit layer's forward and backward; cuDNN's convolutions use TF32 by
-    default already)."""
+    default already). The convolutions' weights go channels-last like the frames, so that
+    cuDNN converts neither weights nor their gradients at each update; parameters leave the
+    learner in the usual layout (``policy_params``)."""
     if precision == "fp32":
         return
     if not isinstance(net, (NatureQNetwork, AtariActorCritic)):
         raise ValueError(f"algo.precision={precision} needs the Nature CNN, not {type(net).__name__}")
     net.precision = precision
+    net.trunk.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # missing from the stubs
     if precision == "tf32" and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
 

@@ -480,19 +480,19 @@ class _DeviceTransitions:
         t = self.torch
         size, newest, kept = self.scalars[0], self.scalars[1], self.scalars[2]
 
-        def draw():
-            # float64: n uniform ints below size (up to 2**53) with no visible bias
-            return (t.rand(n, dtype=t.float64, device=self.device) * size).long().clamp_(max=size - 1)
-
-        idx = draw()
-        for _ in range(DEVICE_REDRAWS):
-            idx = t.where(self.oldest[idx] >= kept, idx, draw())
-        idx = t.where(self.oldest[idx] >= kept, idx, newest)
+        # every draw at once (few kernels in a graph): the first of each column's draws that kept
+        # its frames; float64: uniform ints below size (up to 2**53) with no visible bias
+        draws = (t.rand((DEVICE_REDRAWS + 1, n), dtype=t.float64, device=self.device) * size).long()
+        draws = draws.clamp_(max=size - 1)
+        valid = self.oldest[draws] >= kept
+        first = valid.byte().argmax(dim=0, keepdim=True)
+        idx = t.where(valid.any(dim=0), draws.gather(0, first).squeeze(0), newest)
         k = self.stack
-        stacks = frames[self.positions[idx]].view(n, 2, k, *frame_shape)
+        positions = self.positions[idx]
         return {
-            "obs": stacks[:, 0],
-            "next_obs": stacks[:, 1],
+            # gathered apart: each half contiguous, as a compiled learner was compiled for
+            "obs": frames[positions[:, :k]].view(n, k, *frame_shape),
+            "next_obs": frames[positions[:, k:]].view(n, k, *frame_shape),
             "actions": self.actions[idx],
             "rewards": self.rewards[idx],
             "discounts": self.discounts[idx],

@@ -29,7 +29,7 @@ class LearnerCore(Protocol):
         ...
 
     def policy_params(self) -> dict[str, np.ndarray]:
-        """The weights actors act with, as fresh CPU numpy arrays."""
+        """The weights actors act with, as fresh C-contiguous CPU numpy arrays (:func:`host_arrays`)."""
         ...
 
     def load_policy_params(self, params: dict[str, np.ndarray]) -> None: ...
@@ -37,6 +37,15 @@ class LearnerCore(Protocol):
     def state(self) -> State: ...
 
     def restore(self, state: State) -> None: ...
+
+
+def host_arrays(module: nn.Module) -> dict[str, np.ndarray]:
+    """``module``'s state as fresh C-contiguous CPU numpy arrays, safe to hand to a channel
+    whatever the layout the learner keeps (channels-last convolutions)."""
+    return {
+        k: v.detach().to("cpu", memory_format=torch.contiguous_format, copy=True).numpy()
+        for k, v in module.state_dict().items()
+    }
 
 
 def optimizer_state(optim: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

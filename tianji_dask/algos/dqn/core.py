@@ -21,7 +21,7 @@ from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.graphed import GraphedStep, InFlight
 from tianji_dask.algos.networks import FRAME_STACK, SCREEN, DuelingHead, NatureQNetwork, set_trunk_precision
 from tianji_dask.config.machine import compiler_problem
-from tianji_dask.roles.learner_core import State, component, load_optimizer_state, optimizer_state
+from tianji_dask.roles.learner_core import State, component, host_arrays, load_optimizer_state, optimizer_state
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import DQNConfig
@@ -276,8 +276,9 @@ class DQNLearner:
     def _step(self, t: dict[str, torch.Tensor], grad_hook=None) -> torch.Tensor:
         """Loss, backward, ``grad_hook()``, clipping and Adam's step, with no wait for the device
         (gradients cleared before)."""
-        frames = torch.cat([t["obs"], t["next_obs"]])  # contiguous: one compiled variant whatever the draw
-        loss, stats, td = self._loss(frames, t["actions"], t["rewards"], t["discounts"], t.get("weights"))
+        loss, stats, td = self._loss(
+            t["obs"], t["next_obs"], t["actions"], t["rewards"], t["discounts"], t.get("weights")
+        )
         self._td_errors: torch.Tensor = td
         loss.backward()
         if grad_hook is not None:
@@ -287,19 +288,20 @@ class DQNLearner:
 
     def _eager_loss(
         self,
-        frames: torch.Tensor,
+        obs: torch.Tensor,
+        next_obs: torch.Tensor,
         actions: torch.Tensor,
         rewards: torch.Tensor,
         discounts: torch.Tensor,
         weights: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss, the statistics :attr:`stat_names`, the TD errors) of a batch whose observations
-        and next observations are ``frames``, one after the other."""
-        n = actions.shape[0]
-        both = self.online(frames)
-        q, q_next_online = both[:n], both[n:].detach()
+        """(loss, the statistics :attr:`stat_names`, the TD errors) of a batch. The online
+        network sees the next observations in a forward pass of their own, without autograd: one
+        forward over both halves would make the backward pass run over twice the batch."""
+        q = self.online(obs)
         with torch.no_grad():
-            q_next_target = self.target(frames[n:])
+            q_next_online = self.online(next_obs)
+            q_next_target = self.target(next_obs)
         loss, q_taken, td = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts, weights)
         return loss, torch.stack([loss.detach(), q_taken.detach().mean()]), td
 
@@ -310,11 +312,11 @@ class DQNLearner:
         step counts go back to 0: the first real update is that of a fresh learner."""
         n, device = self.algo.batch_size, self.device
         weights = torch.ones(n, device=device) if self.algo.replay == "prioritized" else None
-        frames = torch.zeros((2 * n, *obs_shape), dtype=obs_dtype, device=device)
-        actions = torch.zeros(n, dtype=torch.int64, device=device)
         # distinct tensors: the compiled code is specialised to its inputs' aliasing
+        obs, next_obs = (torch.zeros((n, *obs_shape), dtype=obs_dtype, device=device) for _ in range(2))
+        actions = torch.zeros(n, dtype=torch.int64, device=device)
         rewards, discounts = torch.zeros(n, device=device), torch.zeros(n, device=device)
-        loss, _, _ = self._loss(frames, actions, rewards, discounts, weights)
+        loss, _, _ = self._loss(obs, next_obs, actions, rewards, discounts, weights)
         loss.backward()
         for p in self.online.parameters():
             assert p.grad is not None
@@ -342,8 +344,8 @@ class DQNLearner:
         return self._td_errors.abs().cpu().numpy()
 
     def policy_params(self) -> dict[str, np.ndarray]:
-        """The online network's weights as CPU numpy arrays (fresh copies: safe to hand to a channel)."""
-        return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.online.state_dict().items()}
+        """The online network's weights (:func:`~tianji_dask.roles.learner_core.host_arrays`)."""
+        return host_arrays(self.online)
 
     def load_policy_params(self, params: dict[str, np.ndarray]) -> None:
         """Replace the online network's weights (the target keeps its own schedule)."""

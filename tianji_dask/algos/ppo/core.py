@@ -33,6 +33,7 @@ from tianji_dask.roles.learner_core import (
     State,
     component,
     generator_state,
+    host_arrays,
     load_optimizer_state,
     optimizer_state,
     restore_generator,
@@ -540,7 +541,7 @@ class PPOLearner:
         return self.net
 
     def policy_params(self) -> dict[str, np.ndarray]:
-        return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.net.state_dict().items()}
+        return host_arrays(self.net)
 
     def state(self) -> State:
         """Everything a resume needs, as plain dicts of tensors (checkpoint format)."""
