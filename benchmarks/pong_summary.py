@@ -47,7 +47,8 @@ def run_summary(ds, target: float, budget_s: float) -> dict:
         steps_at_target = float(ds["env_steps"].sel(time=ttt, method="nearest"))
     ends = ds["episode_wall_time"].values <= budget_s
     medians = {v: _num(within[v].where(within[v] > 0).median()) for v in ("env_fps", "receive_fps", "train_fps")}
-    ratio = ds.tianji.replay_ratio(10.0) if "receive_fps" in ds else None
+    windowed = all(v in ds for v in ("train_fps", "receive_fps", "updates"))  # runs from 2026-11-29 on
+    ratio = ds.tianji.replay_ratio(10.0) if windowed else None
     if ratio is not None and ratio.notnull().any():
         medians["replay_ratio_10s_min"], medians["replay_ratio_10s_max"] = _num(ratio.min()), _num(ratio.max())
     return {

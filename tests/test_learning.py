@@ -52,7 +52,11 @@ def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
     300 often held no policy that plays 450 (docs/benchmarks.md). Its best checkpoint, played by
     ``tianji-dask eval`` on episodes the evaluations never saw, scores at least 450 over 20. DQN's
     target is a perfect evaluation: its runs stopped at 475 replayed to 475-488; PPO's policy stops
-    changing after its lr decays (100,000 env steps), and one that never evaluates to 500 stays so."""
+    changing after its lr decays (100,000 env steps), and one that never evaluates to 500 stays so.
+    PPO's balance controller is on: its lr decays by the env steps made, and an actor that ran
+    ahead of a learner slowed by the other tests' load made 400,000 of them, most dropped as
+    stale, before its lr-decayed policy evaluated to 475."""
+    paced = ["algo.ratio_tolerance=0.25"] if algo == "ppo" else []
     cfg = load_config(
         f"configs/cartpole_{algo}.yaml",
         [
@@ -61,6 +65,7 @@ def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
             f"stop.target_eval_return={target}",
             "stop.max_env_steps=400000",
             "stop.max_seconds=240",
+            *paced,
         ],
     )
     result = train(cfg, out=tmp_path / "run").wait()
@@ -68,7 +73,10 @@ def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
     assert result.status == "eval_target_reached", (result.status, result.env_steps, result.wall_s)
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
         means, steps = ds["eval_return_mean"].values, ds["eval_env_steps"].values
+        dropped = int(ds["stale_dropped"].max())
     assert len(means) >= 2 and np.all(np.diff(steps) >= 0) and steps[0] >= cfg.run.eval_every_env_steps, steps
+    if algo == "ppo":  # paced: at most a rollout or two made while the learner moved on
+        assert dropped <= 2 * cfg.env.num_envs * cfg.algo.rollout_steps, (dropped, result.env_steps)
     best = json.loads((result.run_dir / "checkpoint_best" / "checkpoint.json").read_text())
     # the best of every evaluation, the later and worse ones included, is the one kept
     assert best["eval_return_mean"] == means.max() >= target, (best, means)

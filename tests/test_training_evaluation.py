@@ -50,17 +50,29 @@ def test_each_evaluation_is_a_record_and_the_best_is_kept(tmp_path):
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_a_run_whose_evaluator_dies_goes_on_without_evaluations(tmp_path):
-    cfg = load_config("configs/cartpole_dqn.yaml", [*EVALUATED, "stop.max_env_steps=20000"])
+    """Killed while the run trains (its budget far away: a run that reaches its stop while the
+    evaluator, niced, answers its first evaluation would end before the kill), the evaluator's
+    death is reported and the run goes on training until it is stopped."""
+    cfg = load_config("configs/cartpole_dqn.yaml", [*EVALUATED, "stop.max_env_steps=2000000", "stop.max_seconds=150"])
     events: list[str] = []
     run = train(cfg, serial=True, out=tmp_path / "run", on_event=events.append)
+
+    def noticed() -> bool:
+        return any("the evaluator process ended" in e and "no more evaluations in this run" in e for e in events)
+
     assert wait_until(lambda: run.metrics().sizes["evaluation"] >= 1 or run.done, 120)
     assert not run.done and len(evaluators()) == 1
     evaluators()[0].kill()
+    assert wait_until(lambda: noticed() or run.done, 60)
+    assert noticed() and not run.done, events
+    steps = run.recorder.tally.env_steps
+    assert wait_until(lambda: run.recorder.tally.env_steps >= steps + 2 * cfg.run.eval_every_env_steps or run.done, 60)
+    run.stop()
     result = run.wait()
-    assert result.ok, result.error
-    assert any("the evaluator process ended" in e and "no more evaluations in this run" in e for e in events), events
+    assert result.error is None and result.status == "stopped", (result.status, result.error)
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
         assert ds.sizes["evaluation"] <= 2  # the one before the kill, and at most one that ended with it
+        assert ds["eval_env_steps"].values.max() < steps
     deadline = time.monotonic() + 10
     while evaluators() and time.monotonic() < deadline:
         time.sleep(0.1)
