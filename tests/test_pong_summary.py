@@ -55,6 +55,10 @@ def test_figures_agree_with_the_recorder(runs, tmp_path):
     assert dqn["time_to_target_s"] is None
     assert dqn["best_return_mean_100"] == pytest.approx(best, abs=1e-3)
     assert out["dqn"]["median_best_return_mean_100"] == dqn["best_return_mean_100"]
+    # the run that missed counts as the budget, a lower bound
+    assert out["dqn"]["median_time_to_target_s"] == 1800 and out["dqn"]["median_is_lower_bound"]
+    assert not out["ppo"]["median_is_lower_bound"]
+    assert "dqn: median time to 18: at least 1800.0 s (0 of 1 runs reached it" in r.stdout
     assert "ppo: median time to 18" in r.stdout
     for png in [tmp_path / "pong_summary.png", *(runs / n / "return.png" for n in [*PPO, DQN])]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
