@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributions import Categorical
 
 from tianji_dask.config.schema import Precision
@@ -46,22 +47,43 @@ def _to_float(obs: torch.Tensor) -> torch.Tensor:
     return obs
 
 
-def trunk_features(trunk: nn.Module, obs: torch.Tensor, precision: Precision) -> torch.Tensor:
+def trunk_features(trunk: nn.Sequential, obs: torch.Tensor, precision: Precision) -> torch.Tensor:
     """The Nature CNN trunk's float32 output on uint8 frame stacks, computed as ``precision``
     says: "fp32" on frames as they come; "tf32" on channels-last frames (tensor cores take NHWC
     without transposes; :func:`set_trunk_precision` allows TF32 matmuls); "bf16" on
     channels-last frames under autocast to bfloat16, the output cast back to float32, so the
-    heads, the loss and every parameter and gradient stay float32."""
+    heads, the loss and every parameter and gradient stay float32. Both compute the first
+    convolution on the frames cut into blocks (:func:`_blocked_conv`)."""
     if precision == "fp32":
         return trunk(_to_float(obs))
-    x = _to_float(obs.contiguous(memory_format=torch.channels_last))  # permuted as uint8: a quarter of the bytes
+    first = trunk[0]
+    assert isinstance(first, nn.Conv2d)
+    r = first.stride[0]
+    # cut into blocks as uint8: a quarter of the bytes
+    blocks = _to_float(F.pixel_unshuffle(obs, r).contiguous(memory_format=torch.channels_last))
     if precision == "tf32":
-        return trunk(x)
+        return trunk[1:](_blocked_conv(first, blocks))
     # no cast cache: each weight is cast once per forward anyway, and a cache must not
     # outlive a CUDA graph's capture
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
-        h = trunk(x)
+    with torch.autocast(blocks.device.type, dtype=torch.bfloat16, cache_enabled=False):
+        h = trunk[1:](_blocked_conv(first, blocks))
     return h.float()
+
+
+def _blocked_conv(conv: nn.Conv2d, blocks: torch.Tensor) -> torch.Tensor:
+    """``conv`` (kernel k, stride r, r dividing k) on frames cut into r x r blocks
+    (``pixel_unshuffle(frames, r)``): the same function as a (k/r) x (k/r) convolution of
+    stride 1 over ``c r^2`` channels. The Nature CNN's first layer, 8x8 stride 4 over 4
+    channels, becomes 2x2 over 64, which tensor-core kernels take; cuDNN runs 4 input channels
+    in channels-last with a generic kernel several times slower. The weight is rearranged at
+    each call (8,192 numbers), so parameters, gradients and checkpoints keep their usual shape."""
+    w = conv.weight
+    out, c, k, _ = w.shape
+    r = conv.stride[0]
+    n = k // r
+    # w[o, ch, a r + p, b r + q] -> w'[o, ch r^2 + p r + q, a, b], laid out channels-last
+    w = w.view(out, c, n, r, n, r).permute(0, 2, 4, 1, 3, 5).reshape(out, n, n, c * r * r).permute(0, 3, 1, 2)
+    return F.conv2d(blocks, w, conv.bias)
 
 
 def set_trunk_precision(net: nn.Module, precision: Precision, device: torch.device) -> None:
