@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import sys
 import threading
 import time
@@ -166,7 +167,8 @@ class Subscriber:
 
 def send_items(address, channel, sender_id, n, nbytes, capacity, policy="wait", batch=1 << 20):
     sender = QueueSender(address, channel, sender_id, capacity, full_policy=policy, max_batch_bytes=batch)
-    accepted = [sender.push(make_payload(sender_id, i, nbytes)) for i in range(n)]
+    sizes = nbytes if isinstance(nbytes, list) else [nbytes] * n
+    accepted = [sender.push(make_payload(sender_id, i, sizes[i])) for i in range(n)]
     sender.close(timeout=30)
     return accepted, sender.stats()
 
@@ -295,18 +297,23 @@ def test_local_topic_conflation():
 # ---------------------------------------------------------------------------- queues
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("nbytes", [20 * KIB, 96 * KIB], ids=["small-pickled", "large-frames"])
+@pytest.mark.parametrize(
+    "nbytes",
+    [20 * KIB, 96 * KIB, [20 * KIB if i // 3 % 2 else 96 * KIB for i in range(60)]],
+    ids=["small-pickled", "large-frames", "runs-of-each"],
+)
 def test_queue_order_and_payload_integrity(client, workers, nbytes):
-    """Items below SMALL_ITEM_BYTES travel as one pickle each, larger ones as frames: both in
-    order, whole, and counted alike."""
-    recv = actor(client, Receiver, workers[0], f"q-order-{nbytes}", 8 << 20)
+    """Items below SMALL_ITEM_BYTES travel as one pickle a message, larger ones as frames: both
+    in order, whole, and counted alike, also where runs of each follow each other."""
+    name = f"q-order-{nbytes if isinstance(nbytes, int) else 'mixed'}"
+    recv = actor(client, Receiver, workers[0], name, 8 << 20)
     addr = recv.address().result()
     assert addr == workers[0]
     # Small batches so the 60 items travel in many messages of one or several items each.
     fut = client.submit(
         send_items,
         addr,
-        f"q-order-{nbytes}",
+        name,
         "s0",
         60,
         nbytes,
@@ -543,8 +550,10 @@ def test_malformed_messages_are_refused_not_fatal(client, workers):
     window, reply, *_ = run([dict(hs, channel="q-mal", sender="x", kind="queue"), {"items": [[0, "x", 1]]}])
     assert window == {"window": 1 << 20}
     assert "malformed message" in reply["error"] and "q-mal" in reply["error"]
-    _, reply, *_ = run([dict(hs, channel="q-mal", sender="y", kind="queue"), {"items": [[0, 5, b"not a pickle"]]}])
-    assert "malformed message" in reply["error"] and "item 0: a small item's bytes do not unpickle" in reply["error"]
+    _, reply, *_ = run([dict(hs, channel="q-mal", sender="y", kind="queue"), {"small": b"not a pickle"}])
+    assert "malformed message" in reply["error"] and "the small items' bytes do not unpickle" in reply["error"]
+    _, reply, *_ = run([dict(hs, channel="q-mal", sender="z", kind="queue"), {"small": pickle.dumps([(0, 5, "x")])}])
+    assert "malformed message" in reply["error"] and "expected an item [seq, nbytes, payload dict]" in reply["error"]
     # The worker and the channel still work.
     fut = client.submit(send_items, addr, "q-mal", "ok", 5, KIB, 1 << 20, workers=[workers[2]], pure=False)
     out = recv.drain(target=5, timeout=20).result()

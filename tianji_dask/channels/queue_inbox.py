@@ -246,25 +246,26 @@ class QueueInbox:
                 await comm.write(msg)
 
     def _deliver(self, conn: _SenderConn, msg) -> None:
-        if not isinstance(msg, dict) or not isinstance(msg.get("items"), (list, tuple)):
-            raise _Malformed(f"expected {{'items': [[seq, nbytes, payload], ...]}}, got {_describe(msg)}")
-        entries = []
-        for entry in msg["items"]:
+        if isinstance(msg, dict) and isinstance(msg.get("small"), (bytes, bytearray, memoryview)):
+            try:
+                entries = unpack_small(msg["small"])
+            except ValueError as exc:
+                raise _Malformed(str(exc)) from None
+        elif isinstance(msg, dict) and isinstance(msg.get("items"), (list, tuple)):
+            entries = msg["items"]
+        else:
+            raise _Malformed(
+                f"expected {{'items': [[seq, nbytes, payload], ...]}} or {{'small': bytes}}, got {_describe(msg)}"
+            )
+        for entry in entries:
             if (
                 not isinstance(entry, (list, tuple))
                 or len(entry) != 3
                 or not isinstance(entry[0], int)
                 or not isinstance(entry[1], int)
-                or not isinstance(entry[2], (dict, bytes, bytearray, memoryview))
+                or not isinstance(entry[2], dict)
             ):
                 raise _Malformed(f"expected an item [seq, nbytes, payload dict], got {_describe(entry)}")
-            seq, nbytes, payload = entry
-            if not isinstance(payload, dict):  # a small item, pickled by its sender
-                try:
-                    payload = unpack_small(payload)
-                except ValueError as exc:
-                    raise _Malformed(f"item {seq}: {exc}") from None
-            entries.append((seq, nbytes, payload))
         now = time.time()
         with self._cond:
             if self._closed:

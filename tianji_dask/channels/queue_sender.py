@@ -11,8 +11,9 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
 
     sender   -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "queue"}
     receiver -> {"window": bytes}  or  {"error": text}
-    sender   -> {"items": [[seq, nbytes, payload], ...]}      (repeated, up to max_batch_bytes;
-                                                              a payload under SMALL_ITEM_BYTES as its pickle)
+    sender   -> {"items": [[seq, nbytes, payload], ...]}      (repeated, up to max_batch_bytes and
+                                                              max_batch_items; payloads as frames)
+             or {"small": pickle of [(seq, nbytes, payload), ...]}   (a run of items under SMALL_ITEM_BYTES)
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
@@ -266,6 +267,8 @@ class QueueSender:
                 nbytes = self._pending[0][1]
                 if batch and (batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items):
                     break
+                if batch and (nbytes < SMALL_ITEM_BYTES) != (batch[0][1] < SMALL_ITEM_BYTES):
+                    break  # a message carries small items or large ones, in order
                 fits = self._inflight_bytes + batch_bytes + nbytes <= window
                 if not fits and (batch or self._inflight_bytes):
                     break
@@ -305,7 +308,7 @@ class QueueSender:
             while True:
                 batch = self._take_batch()
                 if batch:
-                    await comm.write({"items": [[seq, nb, _wire(nb, p)] for seq, nb, p in batch]})
+                    await comm.write(_message(batch))
                     with self._cond:
                         self._sent_items += len(batch)
                         self._sent_bytes += sum(nb for _, nb, _ in batch)
@@ -370,7 +373,9 @@ class QueueSender:
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
 
 
-def _wire(nbytes: int, payload: dict):
-    """How an item's payload goes on the wire: its arrays as frames of their own (no copy), or,
-    for a small one, one pickle (cheaper than serialising its objects one by one)."""
-    return pack_small(payload) if nbytes < SMALL_ITEM_BYTES else to_serialize(payload)
+def _message(batch: list[tuple[int, int, dict]]) -> dict:
+    """A batch on the wire: large items' arrays as frames of their own (no copy); a run of
+    small ones as one pickle (cheaper than serialising their objects one by one)."""
+    if batch[0][1] < SMALL_ITEM_BYTES:
+        return {"small": pack_small(batch)}
+    return {"items": [[seq, nb, to_serialize(p)] for seq, nb, p in batch]}
