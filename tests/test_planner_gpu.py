@@ -11,7 +11,16 @@ from conftest import CONFIG, cli_here
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import load_config
-from tianji_dask.deploy.planner import Plan, PlanError, Profile, Resources, default_plan_path, load_plan, make_plan
+from tianji_dask.deploy.planner import (
+    Plan,
+    PlanError,
+    Profile,
+    Resources,
+    default_plan_path,
+    load_plan,
+    make_plan,
+    save_plan,
+)
 from tianji_dask.deploy.slurm import job_scripts, plan_from_config
 from tianji_dask.runtime.placement import place
 
@@ -102,6 +111,42 @@ def test_groups_that_use_a_gpu_are_as_many_as_the_gpus():
     cpu = make_plan(pong(), prof, Resources(cores=16))
     assert (cpu.learner_device, cpu.actor_device, cpu.gpus_used) == ("cpu", "cpu", 0)
     assert cpu.apply(pong()).learner.device == "cpu"
+
+
+@pytest.mark.parametrize("cores, gpus", [(64, 4), (128, 8)])
+def test_a_node_of_several_gpus_gets_a_group_a_gpu_with_its_share_of_the_cores(cores, gpus):
+    # One node of 16 cores a GPU (the 4- and 8-GPU machines): each GPU makes a group of 16 cores
+    # (the learner's and 15 env threads of one GPU actor), each job tagged with its own group.
+    plan = make_plan(pong(), profile(), Resources(cores=cores, gpus=gpus))
+    assert (plan.groups, plan.gpus_used, plan.cores_used) == (gpus, gpus, cores)
+    assert (plan.learner_device, plan.actor_device, plan.actors, plan.env_threads) == ("cuda", "cuda", 1, 15)
+    assert plan.predicted["train_env_steps_per_s"] == pytest.approx(gpus * 15_000)
+    assert [(j.kind, j.group, j.cores, j.gpus) for j in plan.jobs] == [("group", g, 16, 1) for g in range(gpus)]
+    scripts = job_scripts(plan)
+    assert [name for name, _ in scripts] == [f"tianji-run-g{g}-group" for g in range(gpus)]
+    for g, (_, script) in enumerate(scripts):
+        assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --cpus-per-task=16" in script
+        assert f"tianji_learner=1,tianji_actor=1,tianji_group_{g}=1" in script
+    assert plan.apply(pong()).topology.groups == gpus
+
+
+def test_a_gpu_plans_slurm_jobs_are_checked_and_shown_on_a_machine_without_a_gpu(tmp_path):
+    """A login node has no GPU: ``train --slurm --check`` (the launcher's dry run) and
+    ``job-script`` of a plan with GPUs pass there, since the jobs' nodes have them; a run on this
+    machine's own LocalCluster is still refused before it starts."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    path = tmp_path / "plan.yaml"
+    save_plan(make_plan(pong(), profile(), Resources(cores=128, gpus=8)), path)
+    r = cli_here("train", str(PONG), "--slurm", "--plan", str(path), "--check")
+    assert r.returncode == 0, r.stderr
+    assert "8 group(s) of 1 actor(s) and 1 learner(s), learner on cuda, on Slurm in 8 job(s) of the plan" in r.stderr
+    r = cli_here("job-script", str(PONG), "--plan", str(path))
+    assert r.returncode == 0 and r.stdout.count("#SBATCH --gres=gpu:1") == 8, r.stderr
+    r = cli_here("train", str(PONG), "--plan", str(path), "--check")
+    assert r.returncode == 2 and "learner.device='cuda'" in r.stderr and "learner.device=cpu" in r.stderr
 
 
 def test_gpus_without_gpu_measurements_or_uneven_over_nodes_are_refused():

@@ -279,7 +279,7 @@ class _SecondSignalStopsAtOnce:
 
 
 def cmd_train(args) -> int:
-    from tianji_dask.config import ConfigError, load_config
+    from tianji_dask.config import ConfigError, check_device, load_config
     from tianji_dask.config.deployment import deployment_settings
     from tianji_dask.deploy.planner import PlanError, load_plan
     from tianji_dask.deploy.preflight import SchedulerUnreachable, check_scheduler_listens
@@ -309,11 +309,15 @@ def cmd_train(args) -> int:
             resume_point = check_resumable(args.resume, args.overrides, config=args.config)
             cfg = resume_point.cfg
         else:
-            cfg = load_config(args.config, args.overrides)
+            # the devices are checked where the hosts run: after the plan, which may set them,
+            # and not for Slurm's or a --scheduler's workers (a login node may have no GPU)
+            cfg = load_config(args.config, args.overrides, check_device=False)
         plan = None
         if args.plan is not None:
             plan = load_plan(args.plan)
             cfg = plan.apply(cfg)
+        if not (args.scheduler or args.slurm):
+            check_device(cfg)
         if args.scheduler:
             check_scheduler_listens(args.scheduler)
     except (ConfigError, PlanError, SchedulerUnreachable) as exc:
@@ -412,8 +416,12 @@ def _check_only(cfg: ExperimentConfig, plan, args) -> int:
             return _bad_input(refusal)
     where = "serial" if args.serial else "Slurm" if args.slurm else args.scheduler or "a LocalCluster"
     what = "continues " + str(args.resume) if args.resume is not None else "would start"
+    t = cfg.topology
+    groups = f"{t.groups} group(s) of " if t.groups > 1 else ""
+    jobs = f" in {len(plan.jobs)} job(s) of the plan" if plan is not None and args.slurm else ""
     print(
-        f"tianji-dask: check: ok: {cfg.algo.name} on {cfg.env.id}, {cfg.topology.actors} actor(s), on {where}: "
+        f"tianji-dask: check: ok: {cfg.algo.name} on {cfg.env.id}, {groups}{t.actors} actor(s) and "
+        f"{t.learners} learner(s), learner on {cfg.learner.device}, on {where}{jobs}: "
         f"the run {what}; nothing was started or written",
         file=sys.stderr,
     )
@@ -721,7 +729,7 @@ def cmd_job_script(args) -> int:
     from tianji_dask.deploy.slurm import job_scripts, plan_from_config
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, check_device=False)  # the jobs' nodes have the devices
         plan = load_plan(args.plan) if args.plan else None
         if plan is not None:
             cfg = plan.apply(cfg)
