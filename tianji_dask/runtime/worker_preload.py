@@ -4,7 +4,7 @@ other when the hosts are created. Use with ``dask worker --preload tianji_dask.r
 
 import gymnasium  # noqa: F401
 import torch
-import torch._dynamo  # noqa: F401  # torch.optim's optimizers import it when made: seconds of a learner's start
+import torch._dynamo  # torch.optim's optimizers import it when made: seconds of a learner's start
 
 
 def dask_setup(worker) -> None:  # the preload hook Dask calls; importing was the point
