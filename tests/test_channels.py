@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pickle
+import struct
 import sys
 import threading
 import time
@@ -30,6 +30,7 @@ from tianji_dask.channels import (
     LocalTopic,
     QueueSender,
     TopicPublisher,
+    wire,
 )
 from tianji_dask.runtime.workers import scheduler_workers
 
@@ -335,6 +336,16 @@ def test_queue_order_and_payload_integrity(client, workers, nbytes):
     recv.close_channel().result()
 
 
+def test_a_large_items_arrays_go_to_the_socket_as_they_are_and_a_small_runs_inside_the_header():
+    big = {"obs": np.arange(96 * KIB, dtype=np.uint8), "t": 3}
+    prelude_and_header, *buffers = wire.encode({"items": [(0, 96 * KIB, big)]}, out_of_band=True)
+    assert len(buffers) == 1 and np.shares_memory(np.asarray(buffers[0]), big["obs"])  # no copy
+    assert prelude_and_header.startswith(wire.MAGIC) and len(prelude_and_header) < 1024
+    small = [(i, 100, {"obs": np.full(100, i, dtype=np.uint8)}) for i in range(50)]
+    [one] = wire.encode({"items": small}, out_of_band=False)
+    assert len(one) > 50 * 100
+
+
 class _SlowInbox:
     """A receiver speaking the queue wire protocol (queue_inbox) over a real comm, reading one
     message at a time with a pause between reads and returning credit for each at once: the
@@ -354,7 +365,7 @@ class _SlowInbox:
             assert hello["kind"] == "queue", hello
             await comm.write({"window": 1 << 30})
             while True:
-                msg = await comm.read()
+                msg = await wire.read(comm.stream)
                 if msg.get("bye"):
                     self.bye = True
                     break
@@ -509,12 +520,17 @@ def test_queue_error_when_channel_closed_or_unknown(client, workers):
 
 
 async def _raw_exchange(address: str, messages: list) -> list:
-    """Speak the wire protocol by hand; returns what the receiver answered."""
+    """Speak the wire protocol by hand: a dict through distributed's comm (the handshake), bytes
+    as they are on its stream (the queue's own framing after it); returns what the receiver
+    answered to each."""
     comm = await connect(address)
     replies = []
     try:
         for msg in messages:
-            await comm.write(msg)
+            if isinstance(msg, bytes):
+                await comm.stream.write(msg)
+            else:
+                await comm.write(msg)
             replies.append(await asyncio.wait_for(comm.read(), 10))
     except Exception as exc:  # noqa: BLE001 - the receiver may close right after its error reply
         replies.append(repr(exc))
@@ -547,13 +563,22 @@ def test_malformed_messages_are_refused_not_fatal(client, workers):
     assert "unknown kind" in reply["error"]
     (reply, *_) = run([dict(hs, channel="q-mal", kind="latest", sender="x")])
     assert "not a 'latest' channel" in reply["error"]
-    window, reply, *_ = run([dict(hs, channel="q-mal", sender="x", kind="queue"), {"items": [[0, "x", 1]]}])
+    queue = dict(hs, channel="q-mal", kind="queue")
+
+    def framed(msg: dict) -> bytes:
+        return b"".join(wire.encode(msg, out_of_band=False))
+
+    window, reply, *_ = run([dict(queue, sender="x"), framed({"items": [[0, "x", 1]]})])
     assert window == {"window": 1 << 20}
     assert "malformed message" in reply["error"] and "q-mal" in reply["error"]
-    _, reply, *_ = run([dict(hs, channel="q-mal", sender="y", kind="queue"), {"small": b"not a pickle"}])
-    assert "malformed message" in reply["error"] and "the small items' bytes do not unpickle" in reply["error"]
-    _, reply, *_ = run([dict(hs, channel="q-mal", sender="z", kind="queue"), {"small": pickle.dumps([(0, 5, "x")])}])
-    assert "malformed message" in reply["error"] and "expected an item [seq, nbytes, payload dict]" in reply["error"]
+    assert "expected an item [seq, nbytes, payload dict]" in reply["error"]
+    _, reply, *_ = run([dict(queue, sender="y"), {"items": [[0, 5, {"a": 1}]]}])  # distributed's framing
+    assert "malformed message" in reply["error"] and "not a queue channel message" in reply["error"]
+    prelude = struct.pack("<4sII", wire.MAGIC, 12, 0)
+    _, reply, *_ = run([dict(queue, sender="z"), prelude + b"not a pickle"])
+    assert "malformed message" in reply["error"] and "its header does not unpickle" in reply["error"]
+    _, reply, *_ = run([dict(queue, sender="w"), struct.pack("<4sII", wire.MAGIC, 1 << 30, 0)])
+    assert "malformed message" in reply["error"] and "out of bounds" in reply["error"]
     # The worker and the channel still work.
     fut = client.submit(send_items, addr, "q-mal", "ok", 5, KIB, 1 << 20, workers=[workers[2]], pure=False)
     out = recv.drain(target=5, timeout=20).result()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import threading
 from typing import Any, NamedTuple
 
@@ -18,8 +17,8 @@ HANDLER_OP = "tianji_channel"
 QUEUE_KIND = "queue"
 LATEST_KIND = "latest"
 FULL_POLICIES = ("wait", "drop_oldest")
-# Items smaller than this travel as one pickle each, made by the channel: distributed serialises
-# each object of a message on its own at tens of microseconds apiece, more than copying this much.
+# A run of items smaller than this travels inside one pickle (``wire``): copying this much costs
+# less than handing each item's arrays to the socket as buffers of their own.
 SMALL_ITEM_BYTES = 64 << 10
 
 
@@ -158,21 +157,3 @@ class LatestSlot:
                 "probed_version": self._probed_version,
                 "stale": self._stale,
             }
-
-
-def pack_small(entries: list[tuple[int, int, dict]]) -> bytes:
-    """A run of small items, ``(seq, nbytes, payload)`` each, as the one pickle they travel as
-    (:data:`SMALL_ITEM_BYTES`): one pickle of the run costs a third of one per item."""
-    return pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def unpack_small(data: bytes | bytearray | memoryview) -> list:
-    """The entries :func:`pack_small` packed, not yet checked; ValueError if ``data`` is not a
-    pickled list."""
-    try:
-        entries = pickle.loads(data)
-    except Exception as exc:  # noqa: BLE001 - any failure means the bytes were not packed items
-        raise ValueError(f"the small items' bytes do not unpickle ({exc!r})") from None
-    if not isinstance(entries, list):
-        raise ValueError(f"the small items' bytes unpickle to a {type(entries).__name__}, not a list of items")
-    return entries

@@ -26,8 +26,10 @@ import time
 from collections import Counter, deque
 
 from distributed.comm import CommClosedError
+from tornado.iostream import StreamClosedError
 
-from .common import ChannelError, Item, call_soon, logger, on_event_loop, unpack_small
+from . import wire
+from .common import ChannelError, Item, call_soon, logger, on_event_loop
 from .malloc import fit_allocator
 
 
@@ -161,6 +163,12 @@ class QueueInbox:
     # ------------------------------------------------------------------ event loop
     async def serve(self, comm, sender: str) -> None:
         """Run one sender's connection until it leaves; called by the service's handler."""
+        stream = getattr(comm, "stream", None)
+        if stream is None:
+            raise ChannelError(
+                f"queue channel {self.name!r} at {self.address}: a {type(comm).__name__} comm has no "
+                "stream; channels run over tcp:// or tls:// clusters"
+            )
         conn = _SenderConn(sender, comm)
         with self._cond:
             if self._closed:
@@ -176,8 +184,11 @@ class QueueInbox:
             writer = asyncio.create_task(self._credit_writer(conn))
             while True:
                 try:
-                    msg = await comm.read()
-                except (CommClosedError, OSError):
+                    msg = await wire.read(stream)
+                except (StreamClosedError, CommClosedError, OSError):
+                    break
+                except wire.WireError as exc:
+                    fatal = f"malformed message on queue channel {self.name!r} at {self.address}: {exc}"
                     break
                 except Exception as exc:  # noqa: BLE001 - undecodable frames: the stream can't be trusted
                     fatal = f"cannot decode a message on queue channel {self.name!r} at {self.address}: {exc!r}"
@@ -246,17 +257,9 @@ class QueueInbox:
                 await comm.write(msg)
 
     def _deliver(self, conn: _SenderConn, msg) -> None:
-        if isinstance(msg, dict) and isinstance(msg.get("small"), (bytes, bytearray, memoryview)):
-            try:
-                entries = unpack_small(msg["small"])
-            except ValueError as exc:
-                raise _Malformed(str(exc)) from None
-        elif isinstance(msg, dict) and isinstance(msg.get("items"), (list, tuple)):
-            entries = msg["items"]
-        else:
-            raise _Malformed(
-                f"expected {{'items': [[seq, nbytes, payload], ...]}} or {{'small': bytes}}, got {_describe(msg)}"
-            )
+        if not isinstance(msg, dict) or not isinstance(msg.get("items"), (list, tuple)):
+            raise _Malformed(f"expected {{'items': [(seq, nbytes, payload), ...]}}, got {_describe(msg)}")
+        entries = msg["items"]
         for entry in entries:
             if (
                 not isinstance(entry, (list, tuple))

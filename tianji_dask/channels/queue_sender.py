@@ -11,9 +11,11 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
 
     sender   -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "queue"}
     receiver -> {"window": bytes}  or  {"error": text}
-    sender   -> {"items": [[seq, nbytes, payload], ...]}      (repeated, up to max_batch_bytes and
-                                                              max_batch_items; payloads as frames)
-             or {"small": pickle of [(seq, nbytes, payload), ...]}   (a run of items under SMALL_ITEM_BYTES)
+    then, in the channel's own framing (``wire``; distributed's comm the other way):
+    sender   -> {"items": [(seq, nbytes, payload), ...]}      (repeated, up to max_batch_bytes and
+                                                              max_batch_items: a run of items under
+                                                              SMALL_ITEM_BYTES in one pickle, or of
+                                                              larger ones, their arrays out of band)
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
@@ -30,7 +32,6 @@ import time
 from collections import deque
 
 from distributed.comm import connect
-from distributed.protocol import to_serialize
 
 from .common import (
     FULL_POLICIES,
@@ -41,11 +42,11 @@ from .common import (
     call_soon,
     logger,
     on_event_loop,
-    pack_small,
     payload_nbytes,
     resolve_loop,
 )
 from .malloc import fit_allocator
+from .wire import encode
 
 BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 
@@ -304,11 +305,12 @@ class QueueSender:
                 )
             with self._cond:
                 self._window = int(reply["window"])
+            stream = _stream_of(comm, self.channel, self.address)
             reader = asyncio.create_task(self._read_credit(comm))
             while True:
                 batch = self._take_batch()
                 if batch:
-                    await comm.write(_message(batch))
+                    await _write(stream, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
                     with self._cond:
                         self._sent_items += len(batch)
                         self._sent_bytes += sum(nb for _, nb, _ in batch)
@@ -321,7 +323,7 @@ class QueueSender:
                         break
                 await self._wake.wait()
                 self._wake.clear()
-            await self._say_bye(comm, reader)
+            await self._say_bye(comm, stream, reader)
         except asyncio.CancelledError:
             self._fail("closed before everything queued was written")
             raise
@@ -333,7 +335,7 @@ class QueueSender:
             if comm is not None and not comm.closed():
                 comm.abort()
 
-    async def _say_bye(self, comm, reader: asyncio.Task) -> None:
+    async def _say_bye(self, comm, stream, reader: asyncio.Task) -> None:
         """Close handshake: "bye", then go on reading (and dropping) credit until the receiver,
         having read everything before the "bye", closes its end.  Closing first would leave
         credit unread in this socket, and a socket closed with unread data resets the
@@ -342,7 +344,7 @@ class QueueSender:
         the comm when cancelled."""
         with self._cond:
             self._bye_sent = True
-        await comm.write({"bye": True})
+        await _write(stream, encode({"bye": True}, out_of_band=False))
         try:
             await asyncio.wait_for(asyncio.shield(reader), BYE_TIMEOUT_S)
         except TimeoutError:
@@ -373,9 +375,21 @@ class QueueSender:
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
 
 
-def _message(batch: list[tuple[int, int, dict]]) -> dict:
-    """A batch on the wire: large items' arrays as frames of their own (no copy); a run of
-    small ones as one pickle (cheaper than serialising their objects one by one)."""
-    if batch[0][1] < SMALL_ITEM_BYTES:
-        return {"small": pack_small(batch)}
-    return {"items": [[seq, nb, to_serialize(p)] for seq, nb, p in batch]}
+def _stream_of(comm, channel: str, address: str):
+    """The tornado stream under ``comm`` (tcp:// and tls://), which the items go on."""
+    stream = getattr(comm, "stream", None)
+    if stream is None:
+        raise ChannelError(
+            f"queue channel {channel!r} at {address}: a {type(comm).__name__} comm has no stream; "
+            "channels run over tcp:// or tls:// clusters"
+        )
+    return stream
+
+
+async def _write(stream, pieces: list) -> None:
+    """Write ``pieces`` in order; returns once the stream has handed them to the socket, or
+    raises its error (``StreamClosedError``: the receiver is gone)."""
+    done = await asyncio.gather(*[stream.write(piece) for piece in pieces], return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
