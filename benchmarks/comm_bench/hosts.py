@@ -38,9 +38,11 @@ _WARMUP_KEY = "warmup"
 
 
 def message_array(size: int) -> np.ndarray:
-    """The message: ``size`` bytes as a read-only uint8 array, made once and sent again and again.
-    Channels own what is pushed and must not see it mutated; a read-only array is never mutated,
-    so reusing it is legal and keeps the producer's cost to the sampling step."""
+    """The message: ``size`` bytes as a read-only uint8 array, made once and sent again and again,
+    each time as a view of its own. Channels own what is pushed and must not see it mutated; a
+    read-only array is never mutated, so reusing its memory is legal and keeps the producer's cost
+    to the sampling step. A new view each time: the channel pickles a run of items in one pickle,
+    whose memo would send one array object pushed several times once."""
     arr = np.frombuffer((bytes(range(256)) * (size // 256 + 1))[:size], dtype=np.uint8)
     assert not arr.flags.writeable
     return arr
@@ -137,7 +139,7 @@ class ChannelProducer:
                 sample_wall += wall
                 sample_cpu += cpu
             t0 = time.perf_counter()
-            sender.push({"data": data})
+            sender.push({"data": data[:]})  # a new array object each time, as an actor's chunks are
             push_wall += time.perf_counter() - t0
             sent += 1
         cpu = process_cpu_s() - cpu0

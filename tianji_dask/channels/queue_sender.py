@@ -85,7 +85,7 @@ class QueueSender:
         connection_args: dict | None = None,
         *,
         connect_timeout: float | None = None,
-        max_batch_items: int = 256,
+        max_batch_items: int = 4096,
     ):
         if full_policy not in FULL_POLICIES:
             raise ValueError(f"full_policy must be one of {FULL_POLICIES}, got {full_policy!r}")
@@ -97,8 +97,10 @@ class QueueSender:
         self.capacity_bytes = int(capacity_bytes)
         self.full_policy = full_policy
         self.max_batch_bytes = int(max_batch_bytes)
-        # Messages are (de)serialized on the event loops at tens of microseconds per item:
-        # capping the item count keeps one message of tiny items from stalling a loop.
+        # A run of small items is one pickle, a couple of microseconds an item at each end: the
+        # cap keeps one message from holding a loop for more than a few milliseconds. It is high
+        # because the pushing thread holds the GIL between the loop's writes, whose system calls
+        # let it go: each message costs the loop a GIL switch interval (5 ms) to get it back.
         self.max_batch_items = int(max_batch_items)
         self._loop, self._connection_args = resolve_loop(loop, connection_args)
         self._connect_timeout = connect_timeout
