@@ -99,8 +99,7 @@ class QueueSender:
         self.max_batch_bytes = int(max_batch_bytes)
         # A run of small items is one pickle, a couple of microseconds an item at each end: the
         # cap keeps one message from holding a loop for more than a few milliseconds. It is high
-        # because the pushing thread holds the GIL between the loop's writes, whose system calls
-        # let it go: each message costs the loop a GIL switch interval (5 ms) to get it back.
+        # because a wire message has a cost of its own far above an item's (docs/benchmarks.md).
         self.max_batch_items = int(max_batch_items)
         self._loop, self._connection_args = resolve_loop(loop, connection_args)
         self._connect_timeout = connect_timeout
