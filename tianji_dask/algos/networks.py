@@ -58,29 +58,28 @@ def trunk_features(trunk: nn.Sequential, obs: torch.Tensor, precision: Precision
         return trunk(_to_float(obs))
     first = trunk[0]
     assert isinstance(first, nn.Conv2d)
-    r = first.stride[0]
-    # cut into blocks as uint8: a quarter of the bytes
-    blocks = _to_float(F.pixel_unshuffle(obs, r).contiguous(memory_format=torch.channels_last))
     if precision == "tf32":
-        return trunk[1:](_blocked_conv(first, blocks))
+        return trunk[1:](_blocked_conv(first, obs))
     # no cast cache: each weight is cast once per forward anyway, and a cache must not
     # outlive a CUDA graph's capture
-    with torch.autocast(blocks.device.type, dtype=torch.bfloat16, cache_enabled=False):
-        h = trunk[1:](_blocked_conv(first, blocks))
+    with torch.autocast(obs.device.type, dtype=torch.bfloat16, cache_enabled=False):
+        h = trunk[1:](_blocked_conv(first, obs))
     return h.float()
 
 
-def _blocked_conv(conv: nn.Conv2d, blocks: torch.Tensor) -> torch.Tensor:
-    """``conv`` (kernel k, stride r, r dividing k) on frames cut into r x r blocks
-    (``pixel_unshuffle(frames, r)``): the same function as a (k/r) x (k/r) convolution of
-    stride 1 over ``c r^2`` channels. The Nature CNN's first layer, 8x8 stride 4 over 4
-    channels, becomes 2x2 over 64, which tensor-core kernels take; cuDNN runs 4 input channels
-    in channels-last with a generic kernel several times slower. The weight is rearranged at
-    each call (8,192 numbers), so parameters, gradients and checkpoints keep their usual shape."""
+def _blocked_conv(conv: nn.Conv2d, obs: torch.Tensor) -> torch.Tensor:
+    """``conv`` (kernel k, stride r, r dividing k) on uint8 frames cut into r x r blocks
+    (``pixel_unshuffle``, as uint8: a quarter of the bytes; channels-last like the rest of the
+    trunk): the same function as a (k/r) x (k/r) convolution of stride 1 over ``c r^2``
+    channels. The Nature CNN's first layer, 8x8 stride 4 over 4 channels, becomes 2x2 over 64,
+    which tensor-core kernels take; cuDNN runs 4 input channels in channels-last with a generic
+    kernel several times slower. The weight is rearranged at each call (8,192 numbers), so
+    parameters, gradients and checkpoints keep their usual shape."""
     w = conv.weight
     out, c, k, _ = w.shape
     r = conv.stride[0]
     n = k // r
+    blocks = _to_float(F.pixel_unshuffle(obs, r).contiguous(memory_format=torch.channels_last))
     # w[o, ch, a r + p, b r + q] -> w'[o, ch r^2 + p r + q, a, b], laid out channels-last
     w = w.view(out, c, n, r, n, r).permute(0, 2, 4, 1, 3, 5).reshape(out, n, n, c * r * r).permute(0, 3, 1, 2)
     return F.conv2d(blocks, w, conv.bias)

@@ -25,9 +25,6 @@ import threading
 import time
 from collections import Counter, deque
 
-from distributed.comm import CommClosedError
-from tornado.iostream import StreamClosedError
-
 from . import wire
 from .common import ChannelError, Item, call_soon, logger, on_event_loop
 from .malloc import fit_allocator
@@ -163,12 +160,7 @@ class QueueInbox:
     # ------------------------------------------------------------------ event loop
     async def serve(self, comm, sender: str) -> None:
         """Run one sender's connection until it leaves; called by the service's handler."""
-        stream = getattr(comm, "stream", None)
-        if stream is None:
-            raise ChannelError(
-                f"queue channel {self.name!r} at {self.address}: a {type(comm).__name__} comm has no "
-                "stream; channels run over tcp:// or tls:// clusters"
-            )
+        stream = wire.stream_of(comm, self.name, self.address)
         conn = _SenderConn(sender, comm)
         with self._cond:
             if self._closed:
@@ -185,7 +177,7 @@ class QueueInbox:
             while True:
                 try:
                     msg = await wire.read(stream)
-                except (StreamClosedError, CommClosedError, OSError):
+                except OSError:  # tornado's StreamClosedError too: the sender is gone
                     break
                 except wire.WireError as exc:
                     fatal = f"malformed message on queue channel {self.name!r} at {self.address}: {exc}"

@@ -46,7 +46,7 @@ from .common import (
     resolve_loop,
 )
 from .malloc import fit_allocator
-from .wire import encode
+from .wire import encode, stream_of
 
 BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 
@@ -306,7 +306,7 @@ class QueueSender:
                 )
             with self._cond:
                 self._window = int(reply["window"])
-            stream = _stream_of(comm, self.channel, self.address)
+            stream = stream_of(comm, self.channel, self.address)
             reader = asyncio.create_task(self._read_credit(comm))
             while True:
                 batch = self._take_batch()
@@ -374,17 +374,6 @@ class QueueSender:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
-
-
-def _stream_of(comm, channel: str, address: str):
-    """The tornado stream under ``comm`` (tcp:// and tls://), which the items go on."""
-    stream = getattr(comm, "stream", None)
-    if stream is None:
-        raise ChannelError(
-            f"queue channel {channel!r} at {address}: a {type(comm).__name__} comm has no stream; "
-            "channels run over tcp:// or tls:// clusters"
-        )
-    return stream
 
 
 async def _write(stream, pieces: list) -> None:

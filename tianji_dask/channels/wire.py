@@ -19,6 +19,8 @@ import struct
 
 import numpy as np
 
+from .common import ChannelError
+
 MAGIC = b"TJQ1"
 _PRELUDE = struct.Struct("<4sII")
 _SIZE = struct.Struct("<Q")
@@ -29,6 +31,18 @@ MAX_BUFFER_BYTES = 1 << 36
 
 class WireError(ValueError):
     """Bytes that are not a message of this framing."""
+
+
+def stream_of(comm, channel: str, address: str):
+    """The tornado stream under ``comm`` (tcp:// and tls://), which the items go on; a
+    ``ChannelError`` naming the channel for a comm without one (inproc://)."""
+    stream = getattr(comm, "stream", None)
+    if stream is None:
+        raise ChannelError(
+            f"queue channel {channel!r} at {address}: a {type(comm).__name__} comm has no stream; "
+            "channels run over tcp:// or tls:// clusters"
+        )
+    return stream
 
 
 def encode(msg: dict, *, out_of_band: bool) -> list[bytes | memoryview]:
