@@ -225,6 +225,20 @@ def _default_client_status() -> str | None:
 
 
 # ------------------------------------------------------------------ serial reference
+def test_a_serial_run_shorter_than_a_metrics_interval_beats_at_its_start_and_its_end(h):
+    """Rates come from two beats of a host: the serial run beats as it starts, so that one
+    stopped before its first interval still has them from its final beat."""
+    from tianji_dask.runtime.serial import SerialRun
+
+    run = SerialRun(short_config(h))
+    beats: list = []
+    steps = iter(range(20))  # 20 steps of its loop: milliseconds, within the 0.5-s interval
+    run.run(beats.append, lambda: next(steps, None) is None)
+    actor = [b for b in beats if b["role"] == "actor"]
+    assert len(actor) == 2, beats
+    assert actor[0]["counters"]["env_steps"] == 0 < actor[1]["counters"]["env_steps"]
+
+
 @pytest.mark.timeout(60)
 def test_serial_run_writes_the_same_files(h, tmp_path):
     cfg = short_config(h, "stop.max_env_steps=5000")

@@ -62,7 +62,11 @@ class SerialRun:
         self.learner.publish()
         self.actor.probe_params()
         since_train = 0
-        beat_steps = -1
+        # a first beat at the start: the reference of the first rates, so that a run shorter
+        # than one interval still has them from its final beat
+        beat_steps = self.actor.counters.env_steps
+        for hb in self.heartbeats():
+            emit(hb)
         next_beat = time.monotonic() + interval
         try:
             while not should_stop():
