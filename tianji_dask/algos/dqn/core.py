@@ -160,6 +160,14 @@ def compiled(fn: Callable, device: torch.device) -> Callable:
     return torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
 
 
+def _no_grad_values(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    def values(obs: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return net(obs)
+
+    return values
+
+
 class DQNLearner:
     """Online + target network with Adam; ``update(batch)`` does one gradient step,
     ``update_sampled(sample, count)`` ``count`` of them on batches drawn on the device; both
@@ -195,6 +203,17 @@ class DQNLearner:
         self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT, self.device) if self.device.type == "cuda" else None
         self._sample: Callable[[], dict[str, torch.Tensor]] | None = None
         self._loss = compiled(self._eager_loss, self.device) if algo.compile else self._eager_loss
+        self._next_forwards = tuple(
+            compiled(values, self.device) if algo.compile else values
+            for values in (_no_grad_values(self.online), _no_grad_values(self.target))
+        )
+        # the two forwards over the next observations need nothing of each other nor of the
+        # online forward with autograd: on CUDA each runs on a stream of its own, concurrent
+        # branches of a captured graph (at batch 32 one forward's kernels fill few of the SMs)
+        self._side_streams: tuple[torch.cuda.Stream, ...] = ()
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                self._side_streams = (torch.cuda.Stream(), torch.cuda.Stream())
         self._make_optimizer()
         if algo.compile:
             image = network == "nature_cnn"
@@ -276,9 +295,7 @@ class DQNLearner:
     def _step(self, t: dict[str, torch.Tensor], grad_hook=None) -> torch.Tensor:
         """Loss, backward, ``grad_hook()``, clipping and Adam's step, with no wait for the device
         (gradients cleared before)."""
-        loss, stats, td = self._loss(
-            t["obs"], t["next_obs"], t["actions"], t["rewards"], t["discounts"], t.get("weights")
-        )
+        loss, stats, td = self._batch_loss(t)
         self._td_errors: torch.Tensor = td
         loss.backward()
         if grad_hook is not None:
@@ -286,22 +303,44 @@ class DQNLearner:
         self._optimizer_step()
         return stats
 
+    def _batch_loss(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q_next_online, q_next_target = self._next_values(t["next_obs"])
+        return self._loss(
+            t["obs"], q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"], t.get("weights")
+        )
+
+    def _next_values(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q_online(s') and Q_target(s') without autograd; on CUDA each forward forks from the
+        current stream onto a side stream and joins it again before the values are used, so
+        everything the current stream frees or reuses afterwards is ordered after them."""
+        if not self._side_streams:
+            online, target = (forward(next_obs) for forward in self._next_forwards)
+            return online, target
+        main = torch.cuda.current_stream(self.device)
+        values = []
+        for forward, side in zip(self._next_forwards, self._side_streams, strict=True):
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                values.append(forward(next_obs))
+        for side in self._side_streams:
+            main.wait_stream(side)
+        return values[0], values[1]
+
     def _eager_loss(
         self,
         obs: torch.Tensor,
-        next_obs: torch.Tensor,
+        q_next_online: torch.Tensor,
+        q_next_target: torch.Tensor,
         actions: torch.Tensor,
         rewards: torch.Tensor,
         discounts: torch.Tensor,
         weights: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, the statistics :attr:`stat_names`, the TD errors) of a batch. The online
-        network sees the next observations in a forward pass of their own, without autograd: one
-        forward over both halves would make the backward pass run over twice the batch."""
+        network's values of the next observations come from a forward pass of their own, without
+        autograd (:meth:`_next_values`): one forward over both halves would make the backward
+        pass run over twice the batch."""
         q = self.online(obs)
-        with torch.no_grad():
-            q_next_online = self.online(next_obs)
-            q_next_target = self.target(next_obs)
         loss, q_taken, td = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts, weights)
         return loss, torch.stack([loss.detach(), q_taken.detach().mean()]), td
 
@@ -316,7 +355,10 @@ class DQNLearner:
         obs, next_obs = (torch.zeros((n, *obs_shape), dtype=obs_dtype, device=device) for _ in range(2))
         actions = torch.zeros(n, dtype=torch.int64, device=device)
         rewards, discounts = torch.zeros(n, device=device), torch.zeros(n, device=device)
-        loss, _, _ = self._loss(obs, next_obs, actions, rewards, discounts, weights)
+        batch = {"obs": obs, "next_obs": next_obs, "actions": actions, "rewards": rewards, "discounts": discounts}
+        if weights is not None:
+            batch["weights"] = weights
+        loss, _, _ = self._batch_loss(batch)
         loss.backward()
         for p in self.online.parameters():
             assert p.grad is not None
