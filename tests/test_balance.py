@@ -225,6 +225,23 @@ def test_a_ppo_actor_faster_than_its_learner_makes_one_rollout_a_version_once_on
     assert actor.counters.messages_sent - sum(made) == 2
 
 
+def test_a_ppo_actor_with_rollouts_ahead_overlaps_that_many_pieces_with_each_learner_iteration():
+    """A learner iteration of 4 rollouts with ``rollouts_ahead: 3``: once it has its first 4 and
+    the 3 ahead, a fast actor makes the 4 each version takes, so 3 of every 4 are made while the
+    learner trains on the version before; none is made to be dropped."""
+    queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
+    cfg = _ppo_cfg("algo.rollouts_per_update=4", "algo.ratio_tolerance=0.01", "algo.rollouts_ahead=3")
+    actor = PPOActorRole(cfg, 0, 1, queue, topic.subscribe(), n_actors=1)
+    assert (actor.credit.per_version, actor.credit.cap) == (4, 7)
+    made = []
+    for version in range(4):
+        _publish(topic, actor, version)
+        while actor.step():
+            pass
+        made.append(actor.counters.messages_sent - sum(made))
+    assert made == [7, 4, 4, 4]
+
+
 def test_ppo_actor_never_pauses_inside_a_rollout():
     """A rollout is one policy version: once started it is finished, even past its credit."""
     queue, params = _channels()

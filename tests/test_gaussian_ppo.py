@@ -251,7 +251,8 @@ def _pendulum_cfg(*extra):
     """The config's Pendulum with cleanrl's normalisation and the state-independent log-std
     (gSDE and the env's own observations and rewards have tests of their own)."""
     cleanrl = ["algo.use_sde=false", "algo.normalize_observations=true", "algo.normalize_rewards=true"]
-    return load_config(PENDULUM, ["env.num_envs=2", "algo.rollout_steps=16", "algo.minibatches=4", *cleanrl, *extra])
+    small = ["env.num_envs=2", "algo.rollout_steps=16", "algo.rollouts_per_update=1", "algo.minibatches=4"]
+    return load_config(PENDULUM, [*small, *cleanrl, *extra])
 
 
 def _gaussian_params(seed: int, log_std: float, obs: Moments, returns: Moments) -> tuple[GaussianActorCritic, dict]:

@@ -134,9 +134,9 @@ def test_distributed_ppo_records_staleness(tmp_path):
 def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
     """PPO's Gaussian policy learns Pendulum-v1 on a LocalCluster: the 100-episode mean return
     reaches -800 within 100,000 env steps, from the first 50 episodes' mean below -1000 (random
-    play scores about -1200, the config's target is -200). Rollouts of 256 steps instead of 1024
-    give the learner four times the iterations in the budget, and the balance controller keeps the
-    actor within two rollouts of each version, so the budget in env steps is a budget in training."""
+    play scores about -1200, the config's target is -200). Iterations of one rollout of 256 steps
+    instead of four give the learner four times the iterations in the budget, and the balance
+    controller keeps the actor within two rollouts of each version, so the budget in env steps is a budget in training."""
     cfg = load_config(
         "configs/pendulum_ppo.yaml",
         [
@@ -144,8 +144,10 @@ def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
             "stop.max_env_steps=100000",
             "stop.max_seconds=300",  # a guard only: the budget is the env steps
             "algo.rollout_steps=256",
+            "algo.rollouts_per_update=1",
             "algo.minibatches=16",
             "algo.ratio_tolerance=0.25",
+            "algo.rollouts_ahead=1",
             # learning is the subject: under a load average of 8 on 2 cores the learner once went
             # 5 s without a heartbeat, the config's limit, and the run was ended as stuck
             "run.heartbeat_timeout=30.0",

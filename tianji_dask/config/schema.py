@@ -343,6 +343,13 @@ class PPOConfig(_Section):
         description="band around sample_reuse outside which the balance controller slows the "
         "faster side; null (default) = off: nothing waits, stale rollouts are dropped",
     )
+    rollouts_ahead: int = Field(
+        1,
+        ge=1,
+        description="with ratio_tolerance: rollouts an actor may make beyond its share of the "
+        "versions so far, the sampling that overlaps the learner's iteration (each one a "
+        "version stale when trained on)",
+    )
     staleness_correction: Literal["none", "decoupled"] = Field(
         "none",
         description="'decoupled': clip the policy ratio against the learner's own policy at the "

@@ -55,7 +55,7 @@ class PPOActorRole(ActorBase):
         self.obs = self.policy.normalize(self.raw_obs)
         self.T = self.algo.rollout_steps
         self.learner_consumed = 0
-        self.credit = RolloutCredit(self._rollouts_per_version())
+        self.credit = RolloutCredit(self._rollouts_per_version(), self.algo.rollouts_ahead)
         self.writer = RolloutWriter(
             self.id,
             self.T,

@@ -99,7 +99,7 @@ class PPOAsyncActorRole(PPOActorRole):
         self.policy = acting_policy(self.cfg, self.action_space, self.obs_dim, seed)
         self.T = self.algo.rollout_steps
         self.learner_consumed = 0
-        self.credit = RolloutCredit(self._rollouts_per_version())
+        self.credit = RolloutCredit(self._rollouts_per_version(), self.algo.rollouts_ahead)
         N = self.num_envs
         self._streams = FrameStreams(self.id, N, stack=self.obs_shape[0])
         self._seen = np.zeros(N, bool)  # envs whose reset came back

@@ -5,12 +5,15 @@ A learner iteration takes ``rollouts_per_update`` rollouts per learner and may u
 ``sample_reuse`` times, so a version needs ``rollouts_per_update x learners / (actors x
 sample_reuse)`` new rollouts from each actor; the band allows ``1 + ratio_tolerance`` times
 that, rounded down, never less than one: ``per_version``. An actor starts with ``per_version +
-1`` rollouts of credit (the one more is the rollout it makes while the learner trains on the
-previous one), each rollout it opens spends one, and each new version gives back
-``per_version`` (times the versions it advanced), never above ``per_version + 1``.
+ahead`` rollouts of credit (``algo.rollouts_ahead``, 1 by default: the rollouts it makes while the
+learner trains on the version before, each a version stale when trained on), each rollout it
+opens spends one, and each new version gives back ``per_version`` (times the versions it
+advanced), never above ``per_version + ahead``. With an iteration of several shorter rollouts,
+``ahead`` below ``per_version`` overlaps only part of the sampling with training, and only that
+part is a version stale.
 
 The count runs across versions: an actor faster than its learner makes ``per_version`` rollouts
-a version once it is one ahead, as many as the learner takes, so none is made only to be dropped
+a version once it is ``ahead`` ahead, as many as the learner takes, so none is made only to be dropped
 as stale. Credit grows only with versions, not with a consumption count: rollouts that go stale
 and are dropped would never be counted as consumed, and both sides could wait for each other.
 """
@@ -28,9 +31,9 @@ class RolloutCredit:
     """``spend()`` per rollout opened, ``new_version(v)`` per version received; ``exhausted``: the
     actor waits for the next version."""
 
-    def __init__(self, per_version: int):
+    def __init__(self, per_version: int, ahead: int = 1):
         self.per_version = per_version
-        self.cap = per_version + 1
+        self.cap = per_version + ahead
         self.left = self.cap
         self._version: int | None = None
 
