@@ -136,7 +136,8 @@ def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
     reaches -800 within 100,000 env steps, from the first 50 episodes' mean below -1000 (random
     play scores about -1200, the config's target is -200). Iterations of one rollout of 256 steps
     instead of four give the learner four times the iterations in the budget, and the balance
-    controller keeps the actor within two rollouts of each version, so the budget in env steps is a budget in training."""
+    controller keeps the actor within two rollouts of each version, so the budget in env steps is
+    a budget in training."""
     cfg = load_config(
         "configs/pendulum_ppo.yaml",
         [
