@@ -11,7 +11,7 @@ the other, the order alternating from seed to seed so both see the same machine 
 * tianji-dask: ``--config`` (configs/pendulum_ppo.yaml) through ``time_to_target.py`` in a process
   of its own (``vs_single.run_tianji``; its run directory under ``<out>/tianji-seed<N>/runs``),
   on its own LocalCluster; the clock starts just before the cluster is built (its start-up counts).
-* stable-baselines3: ``benchmarks/peers/ppo_pendulum_sb3.py`` with rl-baselines3-zoo's tuned
+* stable-baselines3: ``benchmarks/peers/ppo_sb3.py`` with rl-baselines3-zoo's tuned
   Pendulum-v1 hyperparameters (hyperparams/ppo.yml, quoted there), run by ``--sb3-python``
   (default: ``$TIANJI_SB3_PYTHON``, else ``.venv-sb3/bin/python`` in the checkout), a virtual
   environment apart from the project's (python3 -m venv .venv-sb3; .venv-sb3/bin/pip install
@@ -46,7 +46,7 @@ SYSTEMS = ("tianji", "sb3")
 
 
 def run_sb3(seed: int, args, log: Path) -> dict:
-    cmd = [str(args.sb3_python), "-u", str(HERE / "peers" / "ppo_pendulum_sb3.py"), "--seed", str(seed)]
+    cmd = [str(args.sb3_python), "-u", str(HERE / "peers" / "ppo_sb3.py"), "--env", "Pendulum-v1", "--seed", str(seed)]
     cmd += ["--target", str(args.target), "--max-seconds", str(args.max_seconds)]
     cmd += ["--max-env-steps", str(args.max_env_steps), "--threads", str(args.sb3_threads)]
     with log.open("w") as out:

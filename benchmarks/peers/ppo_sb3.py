@@ -1,0 +1,158 @@
+"""stable-baselines3's PPO with rl-baselines3-zoo's tuned hyperparameters, on Pendulum-v1 timed to a
+100-episode mean return, or on HalfCheetah-v5 for a budget of env steps. Runs in its own virtual
+environment, apart from tianji-dask's (it imports nothing of the project): python3 -m venv
+.venv-sb3; .venv-sb3/bin/pip install torch==2.13.0 stable-baselines3 (add 'gymnasium[mujoco]' for
+HalfCheetah; benchmarks/pendulum_vs_sb3.py and benchmarks/mujoco_1m.py --sb3 run it there).
+
+The hyperparameters are the entries of rl-baselines3-zoo's hyperparams/ppo.yml (marked "Tuned";
+the same at DLR-RM/rl-baselines3-zoo commits 00128b5d and 208b6fdf)::
+
+    Pendulum-v1:                          HalfCheetah-v3 (the zoo's MuJoCo entries are for -v3):
+      n_envs: 4                             normalize: true
+      n_timesteps: !!float 1e5              n_envs: 1
+      policy: 'MlpPolicy'                   policy: 'MlpPolicy'
+      n_steps: 1024                         n_timesteps: !!float 1e6
+      gae_lambda: 0.95                      batch_size: 64
+      gamma: 0.9                            n_steps: 512
+      n_epochs: 10                          gamma: 0.98
+      ent_coef: 0.0                         learning_rate: 2.0633e-05
+      learning_rate: !!float 1e-3           ent_coef: 0.000401762
+      clip_range: 0.2                       clip_range: 0.1
+      use_sde: True                         n_epochs: 20
+      sde_sample_freq: 4                    gae_lambda: 0.92
+                                            max_grad_norm: 0.8
+                                            vf_coef: 0.58096
+                                            policy_kwargs: "dict(log_std_init=-2, ortho_init=False,
+                                              activation_fn=nn.ReLU,
+                                              net_arch=dict(pi=[256, 256], vf=[256, 256]))"
+
+Everything else is SB3's PPO default (Pendulum: batch_size 64, vf_coef 0.5, max_grad_norm 0.5, no
+normalisation wrapper: the entry sets no ``normalize``; HalfCheetah: ``normalize: true`` is
+``VecNormalize`` of observations and rewards with the entry's gamma). The budget is
+``--max-env-steps`` rather than the zoo's n_timesteps, so that a Pendulum seed that needs longer
+still gets a time to target.
+
+usage: python3 ppo_sb3.py [--env Pendulum-v1] [--seed 0] [--target -200] [--max-seconds 600]
+                          [--max-env-steps 1000000] [--threads 0]
+Prints a final JSON line: seconds_to_target (from just before the envs and the model are built;
+imports excluded) and env steps then (null if not reached, or with no --target), wall_s,
+env_steps, env_steps_per_s, return_mean_100 at the end, and the 100-episode mean return after
+each episode as a curve of (seconds, env steps, mean).
+"""
+
+import argparse
+import collections
+import json
+import time
+
+import torch
+import torch.nn as nn
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
+
+#: env id -> (n_envs, normalize, PPO's keyword arguments)
+ZOO = {
+    "Pendulum-v1": (
+        4,
+        False,
+        {
+            "n_steps": 1024,
+            "gae_lambda": 0.95,
+            "gamma": 0.9,
+            "n_epochs": 10,
+            "ent_coef": 0.0,
+            "learning_rate": 1e-3,
+            "clip_range": 0.2,
+            "use_sde": True,
+            "sde_sample_freq": 4,
+        },
+    ),
+    "HalfCheetah-v5": (
+        1,
+        True,
+        {
+            "batch_size": 64,
+            "n_steps": 512,
+            "gamma": 0.98,
+            "learning_rate": 2.0633e-05,
+            "ent_coef": 0.000401762,
+            "clip_range": 0.1,
+            "n_epochs": 20,
+            "gae_lambda": 0.92,
+            "max_grad_norm": 0.8,
+            "vf_coef": 0.58096,
+            "policy_kwargs": {
+                "log_std_init": -2,
+                "ortho_init": False,
+                "activation_fn": nn.ReLU,
+                "net_arch": {"pi": [256, 256], "vf": [256, 256]},
+            },
+        },
+    ),
+}
+
+
+class TimeToTarget(BaseCallback):
+    """Stops training once the mean return of the last 100 episodes (at least 100 of them, as
+    tianji-dask's stop.target_return) reaches ``target``, or after ``max_seconds``."""
+
+    def __init__(self, t0: float, target: float | None, max_seconds: float):
+        super().__init__()
+        self.t0, self.target, self.max_seconds = t0, target, max_seconds
+        self.window: collections.deque = collections.deque(maxlen=100)
+        self.curve: list[tuple[float, int, float]] = []
+        self.seconds_to_target: float | None = None
+        self.env_steps_to_target: int | None = None
+
+    def _on_step(self) -> bool:
+        now = time.perf_counter() - self.t0
+        for info in self.locals["infos"]:
+            if "episode" in info:  # Monitor's record of a finished episode
+                self.window.append(info["episode"]["r"])
+                mean = sum(self.window) / len(self.window)
+                self.curve.append((now, self.num_timesteps, mean))
+                reached = self.target is not None and len(self.window) == 100 and mean >= self.target
+                if reached and self.seconds_to_target is None:
+                    self.seconds_to_target, self.env_steps_to_target = now, self.num_timesteps
+        return self.seconds_to_target is None and now < self.max_seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--env", choices=sorted(ZOO), default="Pendulum-v1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", type=float, default=None, help="stop at this 100-episode mean (default: none)")
+    p.add_argument("--max-seconds", type=float, default=600.0)
+    p.add_argument("--max-env-steps", type=int, default=1_000_000)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    n_envs, normalize, hyperparameters = ZOO[args.env]
+    env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
+    if normalize:
+        env = VecNormalize(env, gamma=hyperparameters["gamma"])
+    model = PPO("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **hyperparameters)
+    cb = TimeToTarget(t0, args.target, args.max_seconds)
+    model.learn(total_timesteps=args.max_env_steps, callback=cb)
+    wall = time.perf_counter() - t0
+    steps = int(model.num_timesteps)
+    result = {
+        "seconds_to_target": cb.seconds_to_target,
+        "env_steps_to_target": cb.env_steps_to_target,
+        "wall_s": wall,
+        "env_steps": steps,
+        "env_steps_per_s": steps / wall,
+        "return_mean_100": sum(cb.window) / len(cb.window) if cb.window else None,
+        "torch_threads": torch.get_num_threads(),
+        "hyperparameters": {"n_envs": n_envs, "normalize": normalize, **hyperparameters},
+        "curve": cb.curve,
+    }
+    print(json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
