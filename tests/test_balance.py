@@ -19,7 +19,7 @@ from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.learner import DQNLearnerRole
 from tianji_dask.algos.ppo.actor import PPOActorRole
 from tianji_dask.channels import LocalQueue, LocalTopic
-from tianji_dask.config import load_config
+from tianji_dask.config import ConfigError, load_config
 
 DQN = "configs/cartpole_dqn.yaml"
 PPO = "configs/cartpole_ppo.yaml"
@@ -240,6 +240,15 @@ def test_a_ppo_actor_with_rollouts_ahead_overlaps_that_many_pieces_with_each_lea
             pass
         made.append(actor.counters.messages_sent - sum(made))
     assert made == [7, 4, 4, 4]
+
+
+def test_rollouts_ahead_without_the_balance_controller_is_refused_naming_the_fix():
+    with pytest.raises(
+        ConfigError,
+        match=r"algo.rollouts_ahead=3 is a limit of the balance controller.*"
+        r"set algo.ratio_tolerance",
+    ):
+        load_config(PPO, ["algo.ratio_tolerance=null", "algo.rollouts_ahead=3"])
 
 
 def test_ppo_actor_never_pauses_inside_a_rollout():

@@ -406,6 +406,12 @@ class PPOConfig(_Section):
                 "algo.sde_sample_freq=0: give the env steps between draws of the exploration "
                 "matrices (1 or more), or -1 for one draw a rollout"
             )
+        if self.rollouts_ahead != 1 and self.ratio_tolerance is None:
+            raise problem(
+                f"algo.rollouts_ahead={self.rollouts_ahead} is a limit of the balance controller, which "
+                "algo.ratio_tolerance=null turns off: set algo.ratio_tolerance (e.g. 0.01) or leave "
+                "algo.rollouts_ahead at 1"
+            )
         return self
 
     @property
