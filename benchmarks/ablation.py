@@ -32,7 +32,7 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.results.recorder import portable_path, provenance_attrs
 from tianji_dask.runtime.driver import train
 
 MODES = ("relaxed", "synchronous")
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
                 "env_steps": res.env_steps,
                 "return_mean_100": res.return_mean_100,
                 **mean_rates(ds),
-                "run_dir": str(res.run_dir),
+                "run_dir": portable_path(res.run_dir),
                 "load_avg_1m_before": load0,
                 "load_avg_1m_after": os.getloadavg()[0],
             }

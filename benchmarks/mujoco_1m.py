@@ -43,7 +43,7 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import load_config
-from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.results.recorder import portable_path, provenance_attrs
 from tianji_dask.runtime.driver import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def run_tianji(config: str, overrides: list[str], env_id: str, seed: int, env_st
         "env_steps_per_s": res.env_steps / res.wall_s,
         "samples": samples,
         "stale_dropped": stale,
-        "run_dir": str(res.run_dir),
+        "run_dir": portable_path(res.run_dir),
         "load_avg_1m": os.getloadavg()[0],
         "curve": curve,
     }

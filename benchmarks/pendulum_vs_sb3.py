@@ -38,7 +38,7 @@ from pathlib import Path
 import xarray as xr
 from vs_single import alternate, compare, run_meta, run_tianji, system_seed_grid
 
-from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.results.recorder import portable_path, provenance_attrs
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     meta = {
         **run_meta(args),
         "max_env_steps": args.max_env_steps,
-        "sb3_python": str(args.sb3_python),
+        "sb3_python": portable_path(args.sb3_python),
         **provenance_attrs(),
     }
 

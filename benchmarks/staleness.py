@@ -42,7 +42,7 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import load_config
-from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.results.recorder import portable_path, provenance_attrs
 from tianji_dask.runtime.driver import train
 
 DISTRIBUTIONS = {"new": "configs/cartpole_ppo.yaml", "staleness": "configs/cartpole_ppo_staleness.yaml"}
@@ -156,7 +156,7 @@ def one_run(
         "stale_dropped_fraction": dropped / env_steps if env_steps > 0 else math.nan,
         "load_avg_1m_before": load_before,
         "load_avg_1m_after": os.getloadavg()[0],
-        "run_dir": str(res.run_dir),
+        "run_dir": portable_path(res.run_dir),
     }
     return row, ds
 

@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import load_config
-from tianji_dask.results.recorder import provenance_attrs
+from tianji_dask.results.recorder import portable_path, provenance_attrs
 from tianji_dask.runtime.driver import train
 
 
@@ -56,7 +56,7 @@ def one_run(config: str, overrides: list[str], seed: int, mode: str, out_root: P
         "wall_s": res.wall_s,
         "env_steps": res.env_steps,
         "return_mean_100": res.return_mean_100,
-        "run_dir": str(res.run_dir),
+        "run_dir": portable_path(res.run_dir),
         "error": res.error,
         "load_avg_1m": os.getloadavg()[0],
     }

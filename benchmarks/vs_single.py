@@ -150,7 +150,8 @@ def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
     if rc != 0 or not result.exists():
         return {"system": "tianji", "seed": seed, "error": f"exit {rc}, see {log}"}
     row = json.loads(result.read_text())["runs"][0]
-    with xr.open_dataset(Path(row["run_dir"]) / "metrics.nc") as ds:
+    # time_to_target.py ran in ROOT: a run directory below it is written relative to it
+    with xr.open_dataset(ROOT / row["run_dir"] / "metrics.nc") as ds:
         curve = {
             "time": ds.time.values.tolist(),
             "env_steps": ds.env_steps.values.tolist(),

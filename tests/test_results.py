@@ -7,6 +7,7 @@ import json
 import math
 import re
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -698,3 +699,13 @@ def test_evaluations_are_records_beside_the_rows_and_a_continued_run_keeps_them(
     older.continue_from(first.drop_vars(["eval_return_mean", "eval_return_std", "eval_env_steps", "eval_time"]), eps)
     older.record_evaluation(mean=1.0, std=0.0, env_steps=1, t_rel=0.0)
     assert older.dataset()["eval_return_mean"].values.tolist() == [1.0]
+
+
+def test_portable_path_is_relative_below_the_working_directory_and_as_given_elsewhere(tmp_path, monkeypatch):
+    from tianji_dask.results.recorder import portable_path
+
+    monkeypatch.chdir(tmp_path)
+    assert portable_path(tmp_path / "runs" / "a") == str(Path("runs") / "a")
+    assert portable_path("runs/b") == str(Path("runs") / "b")
+    outside = tmp_path.parent / "elsewhere"
+    assert portable_path(outside) == str(outside)

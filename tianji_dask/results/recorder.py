@@ -285,6 +285,16 @@ def provenance_attrs() -> dict[str, str]:
     return a
 
 
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` relative to the working directory where it lies below it (a benchmark's run
+    directories and interpreters inside the checkout), else as given: results committed to a
+    repository name no one's home or scratch folder."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def git_commit() -> str:
     """``git rev-parse HEAD`` of the tianji_dask source tree, ``-dirty`` if the tree has changes.
 
