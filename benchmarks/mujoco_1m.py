@@ -250,13 +250,14 @@ def main(argv=None) -> int:
         **provenance_attrs(),
     }
     rows: list[dict] = []
+    summary: dict = {}
     for env_id in args.envs:
         for seed in args.seeds:
-            rows.append(run_tianji(args.config, args.overrides, env_id, seed, args.env_steps, runs))
+            new = [run_tianji(args.config, args.overrides, env_id, seed, args.env_steps, runs)]
             if args.sb3 and env_id == "HalfCheetah-v5":
                 runs.mkdir(parents=True, exist_ok=True)
-                rows.append(run_sb3(env_id, seed, args.env_steps, args.sb3_python, runs / f"sb3-{env_id}-{seed}.log"))
-            for r in rows[-2 if args.sb3 and env_id == "HalfCheetah-v5" else -1 :]:
+                new.append(run_sb3(env_id, seed, args.env_steps, args.sb3_python, runs / f"sb3-{env_id}-{seed}.log"))
+            for r in new:
                 print(
                     f"{r['system']:>6} {env_id} seed {seed}: {r['status']:>13}  return(100) "
                     f"{r.get('return_mean_100', math.nan):8.1f}  wall {r.get('wall_s', math.nan):7.1f} s  "
@@ -264,8 +265,8 @@ def main(argv=None) -> int:
                     f"load {r['load_avg_1m']:.2f} {r['error'] or ''}",
                     flush=True,
                 )
-            write(args.out, rows, meta)
-    summary = write(args.out, rows, meta)
+            rows += new
+            summary = write(args.out, rows, meta)
     for env_id, s in summary.items():
         ret, wall = s.get("median_return", math.nan), s.get("median_wall_s", math.nan)
         line = f"{env_id}: median return(100) {ret:.1f} in {wall:.1f} s"

@@ -5,6 +5,7 @@ other way round, fails every run test)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -229,6 +230,13 @@ def doc_python_block(path: Path, after: str) -> str:
     block = re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S)
     assert block, f"no ```python block after {after!r} in {path.name}"
     return block.group(1)
+
+
+#: the MuJoCo extra's install command, and a mark for tests that need it installed
+MUJOCO_INSTALL = "pip install 'tianji-dask[mujoco]'"
+needs_mujoco = pytest.mark.skipif(
+    importlib.util.find_spec("mujoco") is None, reason=f"the mujoco extra is not installed ({MUJOCO_INSTALL})"
+)
 
 
 def script_module(path: Path):

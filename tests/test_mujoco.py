@@ -4,13 +4,13 @@ with it, the v5 tasks build and PPO's actor and learner run on them."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MUJOCO_INSTALL, needs_mujoco
 from gymnasium.spaces import Box
 
 from tianji_dask.algos.ppo.actor import PPOActorRole
@@ -22,10 +22,7 @@ from tianji_dask.config import ConfigError, check_env, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ["configs/halfcheetah_ppo.yaml", "configs/halfcheetah_ppo_16core.yaml"]
-INSTALL = "pip install 'tianji-dask[mujoco]'"
-needs_mujoco = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco") is None, reason=f"the mujoco extra is not installed ({INSTALL})"
-)
+INSTALL = MUJOCO_INSTALL
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -3,13 +3,12 @@ per-env summary the MuJoCo issue asks for, its NetCDF and its figure."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import xarray as xr
-from conftest import script_module
+from conftest import needs_mujoco, script_module
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "mujoco_1m.py"
 mujoco_1m = script_module(SCRIPT)
@@ -36,7 +35,7 @@ def test_sb3_without_its_interpreter_is_refused_with_the_commands_that_make_one(
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="the mujoco extra is not installed")
+@needs_mujoco
 def test_a_short_run_writes_the_summary_per_env_the_netcdf_and_the_figure(tmp_path):
     out = tmp_path / "out"
     argv = ["configs/halfcheetah_ppo.yaml", "--envs", "Hopper-v5", "--seeds", "3", "--env-steps", "4000"]
