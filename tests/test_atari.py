@@ -342,7 +342,7 @@ def test_a_dqn_learner_trains_from_a_replay_on_its_device(replay, device):
     ]
     run = _warmed_up_serial_run([*overrides, "algo.batch_size=32", "algo.ratio_tolerance=null"], 64)
     assert isinstance(run.buffer.sample(4)["obs"], torch.Tensor)
-    assert (run.buffer.device_sampler(32) is None) == (replay == "prioritized")
+    assert (run.buffer.device_sampler() is None) == (replay == "prioritized")
     for _ in range(5):
         assert run.learner.step()
         run.actor.step()  # the buffer's adds between updates

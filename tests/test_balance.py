@@ -52,7 +52,7 @@ def _channels():
 
 class _StubReplay:
     """What DQNLearnerRole reads from its buffer: ``received``, ``len()``, ``sample(n)`` and
-    ``device_sampler(n)`` (None: no device replay)."""
+    ``device_sampler()`` (None: no device replay)."""
 
     def __init__(self, received: int):
         self.received = received
@@ -61,7 +61,7 @@ class _StubReplay:
     def __len__(self) -> int:
         return self.received
 
-    def device_sampler(self, n: int) -> None:
+    def device_sampler(self) -> None:
         return None
 
     def sample(self, n: int) -> dict[str, np.ndarray]:

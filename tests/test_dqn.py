@@ -345,14 +345,17 @@ def _atari_batch_on(device: str, n: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _cuda_learner_pair(monkeypatch, target_update_interval: int) -> tuple[DQNLearner, DQNLearner]:
-    """Two Nature-CNN learners of one seed on CUDA, under deterministic cuDNN (its default
-    convolution backward is not deterministic); cuDNN's benchmark switch, which a CUDA learner
-    turns on for its process, is restored after the test."""
+def _cuda_learner_pair(
+    monkeypatch, target_update_interval: int, graphs: tuple[bool, bool] = (True, True)
+) -> tuple[DQNLearner, DQNLearner]:
+    """Two Nature-CNN learners of one seed on CUDA (``graphs``: each one's), under deterministic
+    cuDNN (its default convolution backward is not deterministic); cuDNN's benchmark switch,
+    which a CUDA learner turns on for its process, is restored after the test."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
     cfg = dqn_config(lr=1e-4, target_update_interval=target_update_interval)
-    return tuple(DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn") for _ in range(2))
+    first, second = (DQNLearner(0, 6, cfg, seed=0, device="cuda", network="nature_cnn", graphs=g) for g in graphs)
+    return first, second
 
 
 def _same_state(a: DQNLearner, b: DQNLearner) -> None:
@@ -375,7 +378,7 @@ def test_dqn_learner_on_cuda_replays_draw_and_update_as_a_graph_that_trains_as_t
         batch = _atari_batch_on("cuda", 32, seed=s)
         for k, v in batch.items():
             source[k].copy_(v)
-        got = graphed.update_sampled(lambda: dict(source)).clone()
+        got = graphed.update_sampled(lambda rows: dict(source)).clone()
         want = eager.update(batch)
         assert torch.equal(got, want), s
     assert graphed._graphed is not None and len(graphed._graphed[1]._graphs) == 1
@@ -383,45 +386,77 @@ def test_dqn_learner_on_cuda_replays_draw_and_update_as_a_graph_that_trains_as_t
     assert graphed.updates == eager.updates == 6
 
 
-def _drawing_sampler(pool: dict[str, torch.Tensor], n: int):
-    """A device sampler as a replay's: ``n`` rows of ``pool`` drawn with device operations and
-    the device's generator only, reading the same tensors on every call."""
+def _drawing_sampler(pool: dict[str, torch.Tensor]):
+    """A device sampler as a replay's: ``rows`` rows of ``pool`` drawn with device operations
+    and the device's generator only, reading the same tensors on every call."""
     size = pool["actions"].shape[0]
 
-    def sample() -> dict[str, torch.Tensor]:
-        idx = torch.randint(0, size, (n,), device=pool["actions"].device)
+    def sample(rows: int) -> dict[str, torch.Tensor]:
+        idx = torch.randint(0, size, (rows,), device=pool["actions"].device)
         return {k: v[idx] for k, v in pool.items()}
 
     return sample
 
 
-def test_a_cpu_learner_makes_count_sampled_updates_in_turn_and_sums_their_statistics(one_torch_thread):
-    """``update_sampled(sample, count)`` on the CPU: the updates ``update`` makes on the same
-    draws, one at a time, target syncs included; the statistics are their sum."""
+def test_a_cpu_learner_makes_count_sampled_updates_in_launches_of_one_draw_each(one_torch_thread):
+    """``update_sampled(sample, count)`` on the CPU: launches that end where a target sync is due
+    (3 updates with a sync every 2: a launch of 2, then 1), each on one draw of its batches, make
+    the updates ``update`` makes on those draws' batches one at a time, target syncs included;
+    the statistics are their sum. (The launch computes the target's values of a whole draw in
+    one forward: equal up to float rounding.)"""
     cfg = dqn_config(lr=1e-3, target_update_interval=2)
     pool = {k: torch.as_tensor(v) for k, v in fixed_batch(n=64).items()}
     counted, single = DQNLearner(4, 2, cfg, seed=0), DQNLearner(4, 2, cfg, seed=0)
     torch.manual_seed(5)
-    got = counted.update_sampled(_drawing_sampler(pool, 16), count=3)
+    got = counted.update_sampled(_drawing_sampler(pool), count=3)
     torch.manual_seed(5)
-    sample = _drawing_sampler(pool, 16)
-    want = sum(single.update(sample()) for _ in range(3))
-    assert torch.equal(got, want)
+    sample = _drawing_sampler(pool)
+    first, second = sample(2 * 32), sample(32)
+    batches = [{k: v[i * 32 : (i + 1) * 32] for k, v in first.items()} for i in range(2)] + [second]
+    want = sum(single.update(batch) for batch in batches)
+    torch.testing.assert_close(got, want)
     assert counted.updates == single.updates == 3
-    assert params_equal(counted.online, single.online) and params_equal(counted.target, single.target)
+    for a, b in ((counted.online, single.online), (counted.target, single.target)):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            torch.testing.assert_close(x, y, msg=name)
+
+
+def test_a_launch_draws_its_batches_at_once_and_the_targets_values_in_one_forward(one_torch_thread):
+    """A launch of 3 updates at batch 32 calls the sampler once, for 96 rows, and runs the target
+    network once, over those 96 next observations; the online network runs once an update over
+    the batch's observations and once over its next observations (32 rows each)."""
+    cfg = dqn_config(target_update_interval=100)
+    learner = DQNLearner(4, 2, cfg, seed=0)
+    pool = {k: torch.as_tensor(v) for k, v in fixed_batch(n=64).items()}
+    draws: list[int] = []
+    drawing = _drawing_sampler(pool)
+
+    def sample(rows: int) -> dict[str, torch.Tensor]:
+        draws.append(rows)
+        return drawing(rows)
+
+    rows_seen: dict[str, list[int]] = {"online": [], "target": []}
+    for name in rows_seen:
+        getattr(learner, name).register_forward_hook(
+            lambda _m, args, _out, name=name: rows_seen[name].append(len(args[0]))
+        )
+    learner.update_sampled(sample, count=3)
+    assert draws == [96]
+    assert rows_seen == {"online": [32] * 6, "target": [96]}
+    assert learner.updates == 3
 
 
 def _four_a_launch_and_four_eager(
     graphed: DQNLearner, eager: DQNLearner, calls: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The statistics of ``calls`` calls of ``update_sampled(sample, 4)`` on a pool of Atari
-    batches, and of as many sums of 4 eager updates on the same draws (same CUDA seed)."""
+    batches, by a learner that replays its launches as CUDA graphs and by one that runs them
+    eagerly (``graphs=False``), from the same CUDA generator state."""
     pool = _atari_batch_on("cuda", 256, seed=0)
-    torch.cuda.manual_seed(7)
-    got = [graphed.update_sampled(_drawing_sampler(pool, 32), count=4).clone() for _ in range(calls)]
-    torch.cuda.manual_seed(7)
-    sample = _drawing_sampler(pool, 32)
-    want = [sum(eager.update(sample()) for _ in range(4)) for _ in range(calls)]
+    got, want = [], []
+    for learner, out in ((graphed, got), (eager, want)):
+        torch.cuda.manual_seed(7)
+        out += [learner.update_sampled(_drawing_sampler(pool), count=4).clone() for _ in range(calls)]
     return got, want
 
 
@@ -429,17 +464,16 @@ def _four_a_launch_and_four_eager(
 def test_dqn_learner_on_cuda_makes_k_updates_in_one_launch_as_k_eager_updates(monkeypatch):
     """``update_sampled(sample, 4)`` on CUDA replays four draws and updates as one CUDA graph a
     launch; with a target sync every 6 updates the launches are 4, 2, 4, 2, ... (a launch ends
-    where a sync is due). Against eager updates on the same draws (the same CUDA generator
-    state: a capture does not advance it, a replay advances it as the eager draws do), with
-    deterministic cuDNN: the same parameters, target and Adam state, bit for bit, and the same
-    statistics up to the order of their sums."""
-    graphed, eager = _cuda_learner_pair(monkeypatch, target_update_interval=6)
+    where a sync is due). Against the same launches run eagerly on the same draws (the same CUDA
+    generator state: a capture does not advance it, a replay advances it as the eager draws do),
+    with deterministic cuDNN: the same statistics, parameters, target and Adam state, bit for bit."""
+    graphed, eager = _cuda_learner_pair(monkeypatch, target_update_interval=6, graphs=(True, False))
     got, want = _four_a_launch_and_four_eager(graphed, eager, calls=9)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        # a call split into launches of 2 + 2 sums its statistics as (a + b) + (c + d)
-        torch.testing.assert_close(g, w, msg=f"call {i}")
+        assert torch.equal(g, w), f"call {i}"
     assert graphed._graphed is not None and sorted(graphed._graphed) == [2, 4]
     assert all(len(g._graphs) == 1 for g in graphed._graphed.values())  # captured, then replayed
+    assert eager._graphed is None
     assert graphed.updates == eager.updates == 36
     _same_state(graphed, eager)
 
@@ -515,7 +549,7 @@ def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread
 def test_a_compiled_cuda_learner_replays_k_updates_a_launch_as_the_eager_learner(monkeypatch):
     """``algo.compile`` on CUDA: the compiled loss and Adam step, compiled as the learner is
     built, are captured with the draws in the launch's CUDA graph; 4 updates a launch, a target
-    sync every 6, against eager updates on the same draws. Not bit for bit: the fused kernels
+    sync every 6, against the uncompiled learner's launches on the same draws. Not bit for bit: the fused kernels
     round differently, and Adam's first steps move each parameter by about lr x the sign of its
     gradient, so an element whose gradient is within rounding of 0 moves the other way. So: the
     losses within 0.2 %, every parameter's change, online and target, pointing the same way as

@@ -156,14 +156,14 @@ class ReplayBufferRole(BufferBase):
                 return self.replay.sample(n, self.rng, beta)
             return self.replay.sample(n, self.rng)
 
-    def device_sampler(self, n: int) -> Callable[[], dict[str, Any]] | None:
-        """For a uniform frame replay on a torch device: a function that draws ``n`` transitions
-        there with device operations only (:meth:`FrameReplay.sample_on_device`); call it while
-        holding :attr:`lock`. None for any other replay."""
+    def device_sampler(self) -> Callable[[int], dict[str, Any]] | None:
+        """For a uniform frame replay on a torch device: a function that draws the given number
+        of transitions there with device operations only (:meth:`FrameReplay.sample_on_device`);
+        call it while holding :attr:`lock`. None for any other replay."""
         replay = self.replay
         if not isinstance(replay, FrameReplay) or replay.device is None:
             return None
-        return lambda: replay.sample_on_device(n)
+        return replay.sample_on_device
 
     @property
     def lock(self) -> threading.Lock:

@@ -183,10 +183,18 @@ class DQNLearner:
     stat_names = ("loss", "q_mean")
 
     def __init__(
-        self, obs_dim: int, n_actions: int, algo: DQNConfig, seed: int, device: str = "cpu", network: str = "mlp"
+        self,
+        obs_dim: int,
+        n_actions: int,
+        algo: DQNConfig,
+        seed: int,
+        device: str = "cpu",
+        network: str = "mlp",
+        graphs: bool = True,
     ):
         torch.manual_seed(seed)
         self.algo = algo
+        self._graphs = graphs
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
         self.online = q_network(obs_dim, n_actions, algo.hidden_sizes, network, algo.dueling).to(self.device)
@@ -201,7 +209,8 @@ class DQNLearner:
             torch.backends.cudnn.benchmark = True
         self.updates = 0
         self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT, self.device) if self.device.type == "cuda" else None
-        self._sample: Callable[[], dict[str, torch.Tensor]] | None = None
+        self._sample: Callable[[int], dict[str, torch.Tensor]] | None = None
+        self._q_values = compiled(self._eager_q_values, self.device) if algo.compile else self._eager_q_values
         self._loss = compiled(self._eager_loss, self.device) if algo.compile else self._eager_loss
         self._next_forwards = tuple(
             compiled(values, self.device) if algo.compile else values
@@ -211,6 +220,7 @@ class DQNLearner:
         # online forward with autograd: on CUDA each runs on a stream of its own, concurrent
         # branches of a captured graph (at batch 32 one forward's kernels fill few of the SMs)
         self._side_streams: tuple[torch.cuda.Stream, ...] = ()
+        self._unjoined: list[torch.cuda.Stream] = []
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
                 self._side_streams = (torch.cuda.Stream(), torch.cuda.Stream())
@@ -235,7 +245,7 @@ class DQNLearner:
             compiled(self._eager_optimizer_step, self.device) if self.algo.compile else self._eager_optimizer_step
         )
         # one graph per number of updates a launch makes
-        self._graphed: dict[int, GraphedStep] | None = {} if graphed else None
+        self._graphed: dict[int, GraphedStep] | None = {} if graphed and self._graphs else None
 
     def _zero_grad(self) -> None:
         self.optim.zero_grad(set_to_none=True)
@@ -249,30 +259,21 @@ class DQNLearner:
         self._stepped()
         return stats
 
-    def update_sampled(self, sample: Callable[[], dict[str, torch.Tensor]], count: int = 1) -> torch.Tensor:
-        """``count`` gradient steps, each on its own batch ``sample()`` draws on the device with
-        device operations only (:meth:`FrameReplay.sample_on_device
-        <tianji_dask.roles.frame_replay.FrameReplay.sample_on_device>`). On CUDA the draws and
-        updates are replayed as one CUDA graph a launch, so ``sample`` must read the same tensors
-        on every call; a launch ends where a target sync is due, which then happens between
-        launches, at the same update as one update at a time would make it. Returns the
-        statistics summed over the updates; they may belong to a graph: read them before the
-        next update."""
+    def update_sampled(self, sample: Callable[[int], dict[str, torch.Tensor]], count: int = 1) -> torch.Tensor:
+        """``count`` gradient steps on batches ``sample(rows)`` draws on the device with device
+        operations only (:meth:`FrameReplay.sample_on_device
+        <tianji_dask.roles.frame_replay.FrameReplay.sample_on_device>`), made in launches that end
+        where a target sync is due (the sync then happens between launches, at the same update as
+        one update at a time would make it). A launch of ``n`` updates draws its ``n`` batches at
+        once and the target network's values of all their next observations in one forward
+        (:meth:`_sampled_steps`). On CUDA each launch is replayed as one CUDA graph, so ``sample``
+        must read the same tensors on every call. Returns the statistics summed over the updates;
+        they may belong to a graph: read them before the next update."""
         self._sample = sample
-        if self._graphed is None:
-            stats = self.update(sample())
-            for _ in range(count - 1):
-                stats = stats + self.update(sample())
-            return stats
         total: torch.Tensor | None = None
         while count > 0:
             n = min(count, self.algo.target_update_interval - self.updates % self.algo.target_update_interval)
-            graphed = self._graphed.get(n)
-            if graphed is None:
-                graphed = self._graphed[n] = GraphedStep(
-                    partial(self._sampled_steps, n), self._zero_grad, device=self.device
-                )
-            stats = graphed({})
+            stats = self._launch(n)
             self._stepped(n)
             count -= n
             if total is None and count == 0:
@@ -281,21 +282,47 @@ class DQNLearner:
         assert total is not None
         return total
 
-    def _sampled_steps(self, n: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``n`` updates, each on a fresh draw (``inputs`` is empty: the draws read the replay's
-        own tensors); their statistics summed (gradients cleared before the first by the
-        caller, before each later one here)."""
-        assert self._sample is not None
-        total = self._step(self._sample())
-        for _ in range(n - 1):
+    def _launch(self, n: int) -> torch.Tensor:
+        """``n`` updates on fresh draws: a replay of their CUDA graph, or (on the CPU, or with
+        ``graphs=False``) the same work run as it is."""
+        if self._graphed is None:
             self._zero_grad()
-            total = total + self._step(self._sample())
+            return self._sampled_steps(n, {})
+        graphed = self._graphed.get(n)
+        if graphed is None:
+            graphed = self._graphed[n] = GraphedStep(
+                partial(self._sampled_steps, n), self._zero_grad, device=self.device
+            )
+        return graphed({})
+
+    def _sampled_steps(self, n: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``n`` updates on one draw of ``n`` batches (``inputs`` is empty: the draw reads the
+        replay's own tensors), their statistics summed (gradients cleared before the first by the
+        caller, before each later one here). No target sync falls inside a launch, so the target
+        network's values of every batch's next observations come from one forward over the
+        whole draw, forked to a side stream on CUDA; the online network's values of them follow
+        its updates, one forward an update (:meth:`_batch_loss`)."""
+        assert self._sample is not None
+        rows = self.algo.batch_size
+        drawn = self._sample(n * rows)
+        target_values = self._forked(self._next_forwards[1], drawn["next_obs"], 1)
+        total: torch.Tensor | None = None
+        for i in range(n):
+            if i:
+                self._zero_grad()
+            batch = {k: v[i * rows : (i + 1) * rows] for k, v in drawn.items()}
+            stats = self._step(batch, q_next_target=target_values[i * rows : (i + 1) * rows])
+            total = stats if total is None else total + stats
+        assert total is not None
         return total
 
-    def _step(self, t: dict[str, torch.Tensor], grad_hook=None) -> torch.Tensor:
+    def _step(
+        self, t: dict[str, torch.Tensor], grad_hook=None, q_next_target: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Loss, backward, ``grad_hook()``, clipping and Adam's step, with no wait for the device
-        (gradients cleared before)."""
-        loss, stats, td = self._batch_loss(t)
+        (gradients cleared before); ``q_next_target``: the target network's values of the next
+        observations, where computed already."""
+        loss, stats, td = self._batch_loss(t, q_next_target)
         self._td_errors: torch.Tensor = td
         loss.backward()
         if grad_hook is not None:
@@ -303,32 +330,51 @@ class DQNLearner:
         self._optimizer_step()
         return stats
 
-    def _batch_loss(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q_next_online, q_next_target = self._next_values(t["next_obs"])
-        return self._loss(
-            t["obs"], q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"], t.get("weights")
-        )
+    def _batch_loss(
+        self, t: dict[str, torch.Tensor], q_next_target: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss, the statistics :attr:`stat_names`, the TD errors) of a batch. The online
+        network's values of the next observations come from a forward pass of their own, without
+        autograd: one forward over both halves would make the backward pass run over twice the
+        batch. The forwards without autograd (the target's unless ``q_next_target`` is given)
+        fork to side streams on CUDA and join only once the forward with autograd is queued, so
+        the three run side by side."""
+        q_next_online = self._forked(self._next_forwards[0], t["next_obs"], 0)
+        if q_next_target is None:
+            q_next_target = self._forked(self._next_forwards[1], t["next_obs"], 1)
+        q = self._q_values(t["obs"])
+        self._join()
+        return self._loss(q, q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"], t.get("weights"))
 
-    def _next_values(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q_online(s') and Q_target(s') without autograd; on CUDA each forward forks from the
-        current stream onto a side stream and joins it again before the values are used, so
-        everything the current stream frees or reuses afterwards is ordered after them."""
+    def _forked(self, forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, side: int) -> torch.Tensor:
+        """``forward(x)``, on CUDA queued on side stream ``side`` forked from the current stream (in
+        a capture: a concurrent branch of the graph); :meth:`_join` must follow before its result
+        is used. The fork also orders the side stream after whatever the current stream did with
+        memory the side stream's allocations may reuse."""
         if not self._side_streams:
-            online, target = (forward(next_obs) for forward in self._next_forwards)
-            return online, target
-        main = torch.cuda.current_stream(self.device)
-        values = []
-        for forward, side in zip(self._next_forwards, self._side_streams, strict=True):
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                values.append(forward(next_obs))
-        for side in self._side_streams:
-            main.wait_stream(side)
-        return values[0], values[1]
+            return forward(x)
+        stream = self._side_streams[side]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            out = forward(x)
+        self._unjoined.append(stream)
+        return out
+
+    def _join(self) -> None:
+        """Order the current stream after the forks not yet joined: what it queues next (and
+        what it frees or reuses) comes after their work."""
+        main = torch.cuda.current_stream(self.device) if self._unjoined else None
+        for stream in self._unjoined:
+            assert main is not None
+            main.wait_stream(stream)
+        self._unjoined.clear()
+
+    def _eager_q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.online(obs)
 
     def _eager_loss(
         self,
-        obs: torch.Tensor,
+        q: torch.Tensor,
         q_next_online: torch.Tensor,
         q_next_target: torch.Tensor,
         actions: torch.Tensor,
@@ -336,11 +382,6 @@ class DQNLearner:
         discounts: torch.Tensor,
         weights: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss, the statistics :attr:`stat_names`, the TD errors) of a batch. The online
-        network's values of the next observations come from a forward pass of their own, without
-        autograd (:meth:`_next_values`): one forward over both halves would make the backward
-        pass run over twice the batch."""
-        q = self.online(obs)
         loss, q_taken, td = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts, weights)
         return loss, torch.stack([loss.detach(), q_taken.detach().mean()]), td
 

@@ -51,7 +51,7 @@ class DQNLearnerRole(LearnerBase):
         self._n = 0
         # a uniform device replay draws batches on the device, and a lone CUDA learner replays
         # draw and update as one graph; data-parallel ranks average gradients between them
-        self._sample = self.buffer.device_sampler(self.algo.batch_size) if self.grad_hook is None else None
+        self._sample = self.buffer.device_sampler() if self.grad_hook is None else None
 
     def publish(self) -> None:
         self._publish_version(self.learner_core.updates)
