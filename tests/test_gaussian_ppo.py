@@ -374,3 +374,33 @@ def test_normalisation_statistics_restored_from_a_checkpoint_equal_the_saved_one
         assert running.mean.dtype == torch.float64
     for k, v in learner.learner_core.policy_params().items():
         np.testing.assert_array_equal(restored.policy_params()[k], v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gaussian_learner_on_cuda_replays_its_iteration_as_the_eager_minibatch_loop():
+    """The MuJoCo learner's path on a GPU (``learner.device=cuda``, ``algo.cuda_graph:
+    iteration``): the Gaussian MLP's whole iteration replayed as one CUDA graph from the second
+    iteration, against the eager minibatch loop (a grad hook keeps it eager) on the same batches:
+    the same statistics, parameters and Adam state within float rounding."""
+    cfg = _pendulum_cfg("algo.epochs=2", "algo.minibatches=4", "algo.lr_anneal_steps=10000").algo_as(PPOConfig)
+    graphed, eager = (PPOLearner(3, 1, cfg, seed=0, device="cuda", network="gaussian_mlp") for _ in range(2))
+    rng = np.random.default_rng(0)
+    for s in range(3):  # eager warm-up, capture, replay
+        n = 64
+        batch = {
+            "obs": rng.normal(size=(n, 3)).astype(np.float32),
+            "actions": rng.normal(size=(n, 1)).astype(np.float32),
+            "logp": rng.normal(-1.0, 0.1, size=n).astype(np.float32),
+            "advantages": rng.normal(size=n).astype(np.float32),
+            "returns": rng.normal(size=n).astype(np.float32),
+        }
+        for learner in (graphed, eager):
+            learner.set_lr_for(1000 * s)
+        got, want = graphed.train(batch), eager.train(batch, grad_hook=lambda: None)
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), s
+    assert graphed._graphed_iteration is not None and len(graphed._graphed_iteration._graphs) == 1
+    for comp in ("net", "optim_state"):
+        mine, theirs = graphed.state()[comp], eager.state()[comp]
+        for name, value in mine.items():
+            torch.testing.assert_close(value, theirs[name], msg=f"{comp} {name}")
+    assert graphed.updates == eager.updates == 3 * 2 * 4
