@@ -421,11 +421,16 @@ def test_a_cpu_learner_makes_count_sampled_updates_in_launches_of_one_draw_each(
             torch.testing.assert_close(x, y, msg=name)
 
 
-def test_a_launch_draws_its_batches_at_once_and_the_targets_values_in_one_forward(one_torch_thread):
-    """A launch of 3 updates at batch 32 calls the sampler once, for 96 rows, and runs the target
-    network once, over those 96 next observations; the online network runs once an update over
-    the batch's observations and once over its next observations (32 rows each)."""
-    cfg = dqn_config(target_update_interval=100)
+@pytest.mark.parametrize("updates_per_graph, draw", [(1, 96), (4, 128)])
+def test_a_launch_draws_its_batches_at_once_and_the_targets_values_in_one_forward(
+    one_torch_thread, updates_per_graph, draw
+):
+    """A launch of 3 updates at batch 32 calls the sampler once, for 96 rows (128 where
+    ``algo.updates_per_graph`` is 4: a short launch draws a full one's rows, so the target's
+    forward keeps its shape), and runs the target network once, over all of them; the online
+    network runs once an update over the batch's observations and once over its next
+    observations (32 rows each)."""
+    cfg = dqn_config(target_update_interval=100, updates_per_graph=updates_per_graph)
     learner = DQNLearner(4, 2, cfg, seed=0)
     pool = {k: torch.as_tensor(v) for k, v in fixed_batch(n=64).items()}
     draws: list[int] = []
@@ -441,8 +446,8 @@ def test_a_launch_draws_its_batches_at_once_and_the_targets_values_in_one_forwar
             lambda _m, args, _out, name=name: rows_seen[name].append(len(args[0]))
         )
     learner.update_sampled(sample, count=3)
-    assert draws == [96]
-    assert rows_seen == {"online": [32] * 6, "target": [96]}
+    assert draws == [draw]
+    assert rows_seen == {"online": [32] * 6, "target": [draw]}
     assert learner.updates == 3
 
 

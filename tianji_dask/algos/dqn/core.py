@@ -296,15 +296,18 @@ class DQNLearner:
         return graphed({})
 
     def _sampled_steps(self, n: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``n`` updates on one draw of ``n`` batches (``inputs`` is empty: the draw reads the
+        """``n`` updates on one draw of batches (``inputs`` is empty: the draw reads the
         replay's own tensors), their statistics summed (gradients cleared before the first by the
         caller, before each later one here). No target sync falls inside a launch, so the target
         network's values of every batch's next observations come from one forward over the
         whole draw, forked to a side stream on CUDA; the online network's values of them follow
-        its updates, one forward an update (:meth:`_batch_loss`)."""
+        its updates, one forward an update (:meth:`_batch_loss`). A launch shorter than
+        ``algo.updates_per_graph`` (one ending at a publication or a target sync) still draws
+        that many batches and uses the first ``n``: the target's forward keeps one shape, which
+        a compiled learner compiles once, as it is built."""
         assert self._sample is not None
         rows = self.algo.batch_size
-        drawn = self._sample(n * rows)
+        drawn = self._sample(max(n, self.algo.updates_per_graph) * rows)
         target_values = self._forked(self._next_forwards[1], drawn["next_obs"], 1)
         total: torch.Tensor | None = None
         for i in range(n):
@@ -399,6 +402,10 @@ class DQNLearner:
         batch = {"obs": obs, "next_obs": next_obs, "actions": actions, "rewards": rewards, "discounts": discounts}
         if weights is not None:
             batch["weights"] = weights
+        if self.algo.updates_per_graph > 1:  # the target's forward over a launch's whole draw
+            self._next_forwards[1](
+                torch.zeros((self.algo.updates_per_graph * n, *obs_shape), dtype=obs_dtype, device=device)
+            )
         loss, _, _ = self._batch_loss(batch)
         loss.backward()
         for p in self.online.parameters():
