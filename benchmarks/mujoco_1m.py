@@ -20,6 +20,10 @@ since the actors' env steps count them too.
 (``benchmarks/peers/ppo_sb3.py``) for the same seeds and env-step budget, each right after
 tianji-dask's run of that seed, in ``--sb3-python`` (as ``pendulum_vs_sb3.py``).
 
+``--merge A/mujoco_1m.json B/mujoco_1m.json ...`` runs nothing: it writes the outputs of the runs of
+earlier invocations together (a measurement split over leases or machines), refusing an (env,
+seed) measured twice.
+
 Writes into ``--out`` after every run: ``summary.json`` (per env id: ``median_return``,
 ``median_wall_s``, ``seeds``, the runs' returns and wall times, cleanrl's published return for
 the -v4 task, and stable-baselines3's medians where run), ``mujoco_1m.json`` (every run),
@@ -210,6 +214,37 @@ def plot(path: Path, rows: list[dict], envs: list[str]) -> None:
     plt.close(fig)
 
 
+def merge(p: argparse.ArgumentParser, parts: list[Path], out: Path) -> int:
+    """``--merge``: the runs of ``parts`` (earlier invocations' ``mujoco_1m.json``) written together
+    into ``out``, env by env (in :data:`ENVS` order), seed by seed; each part's own metadata kept."""
+    rows: list[dict] = []
+    metas: list[dict] = []
+    for part in parts:
+        try:
+            saved = json.loads(part.read_text())
+            part_rows, part_meta = saved["runs"], saved["meta"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            p.error(f"--merge {part}: not a mujoco_1m.json this script wrote ({exc!r})")
+        rows += part_rows
+        metas.append({"file": portable_path(part), **part_meta})
+    seen: set[tuple[str, str, int]] = set()
+    for r in rows:
+        key = (r["system"], r["env"], r["seed"])
+        if key in seen:
+            p.error(f"--merge: {key[0]} {key[1]} seed {key[2]} is in more than one part; merge each run once")
+        seen.add(key)
+    order = {env_id: i for i, env_id in enumerate(ENVS)}
+    rows.sort(key=lambda r: (order.get(r["env"], len(ENVS)), r["seed"], SYSTEMS.index(r["system"])))
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "merged_from": metas, **provenance_attrs()}
+    for env_id, entry in write(out, rows, meta).items():
+        print(
+            f"{env_id}: median return(100) {entry.get('median_return', math.nan):.1f} "
+            f"in {entry.get('median_wall_s', math.nan):.1f} s, seeds {entry.get('seeds', [])}"
+        )
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", default="configs/halfcheetah_ppo.yaml")
@@ -228,7 +263,16 @@ def main(argv=None) -> int:
     p.add_argument(
         "--runs", type=Path, default=Path("runs/benchmarks"), help="where the runs' own directories go (not committed)"
     )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="write the runs of these mujoco_1m.json files together into --out; runs nothing",
+    )
     args = p.parse_args(argv)
+    if args.merge:
+        return merge(p, args.merge, args.out)
     unknown = [e for e in args.envs if e not in ENVS]
     if unknown:
         p.error(f"--envs {' '.join(unknown)}: not one of {', '.join(ENVS)}")
