@@ -18,6 +18,8 @@ from gymnasium.spaces import Discrete
 from tianji_dask.algos.dqn.actor import DQNActorRole
 from tianji_dask.algos.dqn.learner import DQNLearnerRole
 from tianji_dask.algos.ppo.actor import PPOActorRole
+from tianji_dask.algos.ppo.buffer import RolloutBufferRole
+from tianji_dask.algos.ppo.learner import PPOLearnerRole
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import ConfigError, load_config
 
@@ -240,6 +242,50 @@ def test_a_ppo_actor_with_rollouts_ahead_overlaps_that_many_pieces_with_each_lea
             pass
         made.append(actor.counters.messages_sent - sum(made))
     assert made == [7, 4, 4, 4]
+
+
+def test_a_rollout_its_learner_dropped_unused_is_refunded_to_the_actor_that_made_it():
+    """Each drop the learner reports for this actor gives back one rollout of credit, within the
+    cap, so a late rollout dropped as stale does not cost the actor its lead for good; a count
+    lower than the last (a restarted learner's) refunds nothing; other actors' drops are theirs."""
+    queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
+    actor = PPOActorRole(_ppo_cfg(), 1, 1, queue, topic.subscribe(), n_actors=2)
+    assert (actor.credit.per_version, actor.credit.cap) == (1, 2)
+    made = []
+    for version, dropped in enumerate([[0, 0], [0, 0], [3, 1], [3, 1], [0, 0], [0, 2]]):
+        state = {k: v.numpy().copy() for k, v in actor.policy.net.state_dict().items()}
+        topic.publish(version, {"params": state, "consumed": 0, "dropped": np.array(dropped, np.int64)})
+        while actor.step():
+            pass
+        made.append(actor.counters.messages_sent - sum(made))
+    # versions 0-1: one ahead, then one a version; 2: one for the version and one refunded;
+    # 3: no new drop; 4: a restarted learner's count (0) refunds nothing; 5: two new drops,
+    # one rollout of room under the cap
+    assert made == [2, 1, 2, 1, 1, 2]
+
+
+def test_a_ppo_learner_publishes_the_rollouts_its_buffer_dropped_unused_by_actor():
+    """Rollouts more than max_policy_lag versions behind the learner are dropped unused and
+    counted for the actor that made them; the learner's next version carries the counts, and
+    that actor's credit takes them back."""
+    queue, topic = LocalQueue(capacity_bytes=1 << 26), LocalTopic()
+    cfg = _ppo_cfg("algo.rollouts_per_update=1", "algo.max_policy_lag=1", "topology.actors=2")
+    buffer = RolloutBufferRole(cfg, queue)
+    learner = PPOLearnerRole(cfg, buffer, topic, 4, Discrete(2), seed=0)
+    actor = PPOActorRole(cfg, 1, 5, queue, topic.subscribe(), n_actors=2)
+    learner.publish()
+    actor.wait_for_params(5.0)
+    while actor.step():  # its credit: two rollouts of version 0
+        pass
+    assert actor.counters.messages_sent == 2 and actor.credit.exhausted
+    buffer.ingest()
+    learner.version = 2  # two versions on (as if other actors' rollouts had been trained on)
+    assert not learner.step()  # both rollouts too old: dropped, nothing to train on
+    assert buffer.stale_dropped == 2 * 256
+    np.testing.assert_array_equal(buffer.dropped_by_actor(), [0, 2])
+    learner.publish()
+    assert actor.probe_params() and actor.dropped_by_learner() == 2
+    assert actor.credit.left == actor.credit.cap  # refunded (and the version's share), within the cap
 
 
 def test_rollouts_ahead_without_the_balance_controller_is_refused_naming_the_fix():

@@ -41,6 +41,7 @@ class ActorBase(ABC):
     counters_class: type[ActorCounters] = ActorCounters
     counters: ActorCounters
     learner_consumed = 0
+    _learner_dropped: np.ndarray | None = None  # the rollouts of each actor its learner dropped unused
     # env steps of the actor's predecessors when its host was re-created: its schedules continue
     # from there (its counters begin again at 0), and so does the production the balance
     # controller counts, unless its learner and buffer were re-created too
@@ -117,10 +118,17 @@ class ActorBase(ABC):
         version, payload = got
         self.policy.load(version, payload["params"])
         self.learner_consumed = int(payload.get("consumed", 0))
+        self._learner_dropped = payload.get("dropped")
         self.counters.param_version = version
         self.counters.params_received += 1
         self._on_new_version()
         return True
+
+    def dropped_by_learner(self) -> int:
+        """This actor's rollouts the learner's buffer dropped unused, as of the newest version
+        (0 where the learner publishes no such count)."""
+        dropped = self._learner_dropped
+        return int(dropped[self.id]) if dropped is not None and self.id < len(dropped) else 0
 
     def _on_new_version(self) -> None:  # noqa: B027 - optional hook, empty by default
         pass

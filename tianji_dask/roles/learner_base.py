@@ -71,10 +71,10 @@ class LearnerBase(ABC):
     def _setup(self) -> None:  # noqa: B027 - optional hook, empty by default
         """The subclass's own state, once the learner core and counters exist."""
 
-    def _publish_version(self, version: int) -> None:
+    def _publish_version(self, version: int, dropped: np.ndarray | None = None) -> None:
         if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
             consumed = self.counters.samples * self.world_size
-            if not publish_params(self.publisher, version, self.learner_core.policy_params(), consumed):
+            if not publish_params(self.publisher, version, self.learner_core.policy_params(), consumed, dropped):
                 self.counters.publish_errors += 1
         self.counters.param_version = version
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from tianji_dask.channels import ChannelError
 
 logger = logging.getLogger("tianji_dask.learner")
 
 
-def publish_params(publisher, version: int, params: dict, consumed: int) -> bool:
-    """Publish a version with the consumption count the actors pace themselves on; False if
+def publish_params(publisher, version: int, params: dict, consumed: int, dropped: np.ndarray | None = None) -> bool:
+    """Publish a version with the consumption count the actors pace themselves on (and, from an
+    on-policy learner, ``dropped``: each actor's rollouts dropped unused, by actor id); False if
     it did not reach every subscriber.
 
     A subscriber that is gone (an actor that stopped or died) is reported by the return value,
@@ -19,7 +22,10 @@ def publish_params(publisher, version: int, params: dict, consumed: int) -> bool
     group an exception here would also leave the other ranks waiting in an all-reduce.
     """
     try:
-        publisher.publish(version, {"params": params, "consumed": consumed})
+        payload = {"params": params, "consumed": consumed}
+        if dropped is not None:
+            payload["dropped"] = dropped
+        publisher.publish(version, payload)
     except ChannelError as exc:
         logger.info("parameter version %d not delivered everywhere: %s", version, exc)
         return False

@@ -84,7 +84,7 @@ class PPOActorRole(ActorBase):
         return self.credit.exhausted
 
     def _on_new_version(self) -> None:
-        self.credit.new_version(self.policy.version)
+        self.credit.new_version(self.policy.version, self.dropped_by_learner())
         # versions change between rollouts only: the whole next rollout sees this one's normalisation
         self.obs = self.policy.normalize(self.raw_obs)
 
@@ -148,6 +148,7 @@ class PPOActorRole(ActorBase):
         r.update(self.policy.rollout_statistics())
         r["version"] = np.array(self.policy.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
+        r["actor"] = np.array(self.id, np.int64)
         self.credit.spend()
         self.push(r)
         self.writer.begin(self.obs)

@@ -285,7 +285,7 @@ class PPOAsyncActorRole(PPOActorRole):
                 columns.frame_ids.append(ids[sel])
 
     def _on_new_version(self) -> None:
-        self.credit.new_version(self.policy.version)
+        self.credit.new_version(self.policy.version, self.dropped_by_learner())
 
     def unsent(self) -> int:
         return self._unpushed
@@ -306,4 +306,5 @@ class PPOAsyncActorRole(PPOActorRole):
         self._unpushed -= self.T * self.num_envs
         r["version"] = np.array(columns.version, np.int64)
         r["created"] = np.array(time.time(), np.float64)
+        r["actor"] = np.array(self.id, np.int64)
         self.push(r)

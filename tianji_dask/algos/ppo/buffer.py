@@ -4,13 +4,18 @@ Each rollout carries the policy version that produced it. ``take(version)`` drop
 more than ``algo.max_policy_lag`` versions behind (counted in ``stale_dropped``) and returns
 the ``algo.rollouts_per_update`` newest rollouts that were used fewer than ``algo.sample_reuse``
 times, or nothing while fewer are there (a learner iteration always trains on a full batch);
-each use is counted against the rollout.
+each use is counted against the rollout. Rollouts dropped unused are also counted per actor
+(``dropped_by_actor``), which the learner publishes so the actors' balance controller refunds them
+(:mod:`tianji_dask.algos.ppo.pacing`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from tianji_dask.config.schema import PPOConfig
 from tianji_dask.roles.buffer import BufferBase
@@ -25,6 +30,7 @@ class Rollout:
     version: int
     created: float
     transitions: int
+    actor: int
     uses: int = 0
 
 
@@ -35,6 +41,7 @@ class RolloutBufferRole(BufferBase):
         self.algo = cfg.algo_as(PPOConfig)
         self._held: list[Rollout] = []
         self.stale_dropped = 0  # transitions
+        self._dropped_by_actor: Counter[int] = Counter()  # rollouts
         # at most this many rollouts are kept: the ones a learner iteration could still use
         self.capacity_rollouts = self.algo.rollouts_per_update * self.algo.sample_reuse * max(1, cfg.topology.actors)
 
@@ -43,14 +50,29 @@ class RolloutBufferRole(BufferBase):
             return sum(r.transitions for r in self._held)
 
     def _add(self, payload: dict) -> int:
-        r = Rollout(payload, int(payload["version"]), float(payload["created"]), int(payload["rewards"].size))
+        version, created, transitions = int(payload["version"]), float(payload["created"]), int(payload["rewards"].size)
+        r = Rollout(payload, version, created, transitions, int(payload.get("actor", -1)))
         with self._lock:
             self._held.append(r)
             while len(self._held) > self.capacity_rollouts:  # oldest first out
                 old = self._held.pop(0)
                 if old.uses == 0:
-                    self.stale_dropped += old.transitions
+                    self._drop(old)
         return r.transitions
+
+    def _drop(self, r: Rollout) -> None:
+        """Count ``r`` as dropped unused (the lock held)."""
+        self.stale_dropped += r.transitions
+        self._dropped_by_actor[r.actor] += 1
+
+    def dropped_by_actor(self) -> np.ndarray:
+        """Rollouts dropped unused so far, by the id of the actor that made them (index = id)."""
+        with self._lock:
+            counts = np.zeros(max((a for a in self._dropped_by_actor if a >= 0), default=-1) + 1, np.int64)
+            for actor, n in self._dropped_by_actor.items():
+                if actor >= 0:
+                    counts[actor] = n
+        return counts
 
     def take(self, learner_version: int) -> list[Rollout]:
         algo = self.algo
@@ -59,7 +81,7 @@ class RolloutBufferRole(BufferBase):
             for r in self._held:
                 if learner_version - r.version > algo.max_policy_lag:
                     if r.uses == 0:
-                        self.stale_dropped += r.transitions
+                        self._drop(r)
                 else:
                     keep.append(r)
             self._held = keep

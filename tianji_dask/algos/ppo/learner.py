@@ -67,7 +67,10 @@ class PPOLearnerRole(LearnerBase):
         self._ages: list[float] = []
 
     def publish(self) -> None:
-        self._publish_version(self.version)
+        """The version, with the rollouts its buffer dropped unused per actor, which the actors'
+        balance controller refunds (:mod:`tianji_dask.algos.ppo.pacing`; in a data-parallel group
+        rank 0 publishes its own buffer's)."""
+        self._publish_version(self.version, self.buffer.dropped_by_actor())
 
     def ready(self) -> bool:
         return True

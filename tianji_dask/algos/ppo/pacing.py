@@ -14,8 +14,13 @@ part is a version stale.
 
 The count runs across versions: an actor faster than its learner makes ``per_version`` rollouts
 a version once it is ``ahead`` ahead, as many as the learner takes, so none is made only to be dropped
-as stale. Credit grows only with versions, not with a consumption count: rollouts that go stale
+as stale. Credit grows with versions, not with a consumption count: rollouts that go stale
 and are dropped would never be counted as consumed, and both sides could wait for each other.
+A rollout dropped unused (the buffer hands the learner the newest rollouts, so one that arrives
+late can fall more than ``max_policy_lag`` versions behind) is refunded to the actor that made it:
+the learner publishes each actor's count of them with every version. Without the refund each drop
+would cost its actor one rollout of lead for good, and once every actor had lost its ``ahead``
+they would all wait for each version and the learner for each rollout: serial training.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ def rollouts_per_version(rollouts_per_update: int, learners: int, actors: int, s
 
 
 class RolloutCredit:
-    """``spend()`` per rollout opened, ``new_version(v)`` per version received; ``exhausted``: the
+    """``spend()`` per rollout opened, ``new_version(v, dropped)`` per version received (``dropped``:
+    this actor's rollouts the learner's buffer has dropped unused so far); ``exhausted``: the
     actor waits for the next version."""
 
     def __init__(self, per_version: int, ahead: int = 1):
@@ -36,6 +42,7 @@ class RolloutCredit:
         self.cap = per_version + ahead
         self.left = self.cap
         self._version: int | None = None
+        self._dropped = 0
 
     @property
     def exhausted(self) -> bool:
@@ -44,10 +51,13 @@ class RolloutCredit:
     def spend(self) -> None:
         self.left -= 1
 
-    def new_version(self, version: int) -> None:
+    def new_version(self, version: int, dropped: int = 0) -> None:
         # the first version refills nothing (credit starts full); a version that did not move
-        # forward (a learner restored from an older checkpoint) counts as one iteration
+        # forward (a learner restored from an older checkpoint) counts as one iteration; a drop
+        # count below the last one is a new learner's (restarted): nothing to refund
+        refund = max(dropped - self._dropped, 0)
+        self._dropped = dropped
         if self._version is not None:
             advanced = max(version - self._version, 1)
-            self.left = min(self.left + self.per_version * advanced, self.cap)
+            self.left = min(self.left + self.per_version * advanced + refund, self.cap)
         self._version = version
