@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -75,6 +76,10 @@ class Receiver:
 
     async def stats(self) -> dict:
         return self.inbox.stats()
+
+    async def link_threads(self) -> list[str]:
+        """Names of the threads serving owned sender sockets in this worker (``queue_link``)."""
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-queue-"))
 
     def drain(self, target=None, delay=0.0, idle=None, timeout=30.0) -> dict:
         """Take items until ``target`` items arrived, or nothing came for ``idle`` seconds.
@@ -522,16 +527,23 @@ def test_queue_error_when_channel_closed_or_unknown(client, workers):
 async def _raw_exchange(address: str, messages: list) -> list:
     """Speak the wire protocol by hand: a dict through distributed's comm (the handshake), bytes
     as they are on its stream (the queue's own framing after it); returns what the receiver
-    answered to each."""
+    answered to each. Once the receiver said "owned", its answers are in the queue's framing,
+    the first of them the cue to go on, which is checked and not returned."""
     comm = await connect(address)
     replies = []
+    owned = False
     try:
         for msg in messages:
             if isinstance(msg, bytes):
                 await comm.stream.write(msg)
             else:
                 await comm.write(msg)
-            replies.append(await asyncio.wait_for(comm.read(), 10))
+            reply = await asyncio.wait_for(wire.read(comm.stream) if owned else comm.read(), 10)
+            if isinstance(reply, dict) and reply.get("owned"):
+                owned = True
+                cue = await asyncio.wait_for(wire.read(comm.stream), 10)
+                assert cue == {"window": reply["window"]}, cue
+            replies.append(reply)
     except Exception as exc:  # noqa: BLE001 - the receiver may close right after its error reply
         replies.append(repr(exc))
     finally:
@@ -549,7 +561,10 @@ def raw_exchange(address, messages):
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_malformed_messages_are_refused_not_fatal(client, workers):
+@pytest.mark.parametrize("owned", [False, True], ids=["stream", "owned-socket"])
+def test_malformed_messages_are_refused_not_fatal(client, workers, owned):
+    """Bad handshakes and bad messages get an error naming the channel, on the comm's stream
+    (a sender that does not offer its socket) and on a socket the inbox owns alike."""
     recv = actor(client, Receiver, workers[0], "q-mal", 1 << 20)
     addr = recv.address().result()
     hs = {"op": "tianji_channel", "reply": False}
@@ -563,13 +578,13 @@ def test_malformed_messages_are_refused_not_fatal(client, workers):
     assert "unknown kind" in reply["error"]
     (reply, *_) = run([dict(hs, channel="q-mal", kind="latest", sender="x")])
     assert "not a 'latest' channel" in reply["error"]
-    queue = dict(hs, channel="q-mal", kind="queue")
+    queue = dict(hs, channel="q-mal", kind="queue", owned=owned)
 
     def framed(msg: dict) -> bytes:
         return b"".join(wire.encode(msg, out_of_band=False))
 
     window, reply, *_ = run([dict(queue, sender="x"), framed({"items": [[0, "x", 1]]})])
-    assert window == {"window": 1 << 20}
+    assert window == ({"window": 1 << 20, "owned": True} if owned else {"window": 1 << 20})
     assert "malformed message" in reply["error"] and "q-mal" in reply["error"]
     assert "expected an item [seq, nbytes, payload dict]" in reply["error"]
     _, reply, *_ = run([dict(queue, sender="y"), {"items": [[0, 5, {"a": 1}]]}])  # distributed's framing
@@ -585,6 +600,80 @@ def test_malformed_messages_are_refused_not_fatal(client, workers):
     fut.result(timeout=20)
     assert len(out["got"]) == 5 and out["bad"] == []
     assert wait_until(lambda: recv.stats().result()["connected"] == 0, 10), "sender not removed"
+    assert wait_until(lambda: recv.link_threads().result() == [], 10), recv.link_threads().result()
+    recv.close_channel().result()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_on_tcp_the_inbox_owns_each_senders_socket_and_its_threads_end_with_the_connection(client, workers):
+    """On a plain tcp:// cluster each sender is served by a reader and a writer thread on a
+    socket taken from tornado; they end when the sender says bye, and when the inbox closes."""
+    recv = actor(client, Receiver, workers[0], "q-own", 1 << 20)
+    addr = recv.address().result()
+    pusher = actor(client, Pusher, workers[1], addr, "q-own", "p", 1 << 20)
+    assert pusher.push(3, 96 * KIB).result() == [True] * 3
+    assert len(recv.drain(target=3, timeout=20).result()["got"]) == 3
+    assert recv.link_threads().result() == ["tianji-queue-read q-own p", "tianji-queue-write q-own p"]
+    fut = client.submit(send_items, addr, "q-own", "s", 30, 20 * KIB, 1 << 20, workers=[workers[2]], pure=False)
+    out = recv.drain(target=30, timeout=20).result()
+    assert fut.result(timeout=20)[1]["errors"] == 0 and out["bad"] == []
+    # the sender that said bye is gone, threads and all; the other one is still served
+    assert wait_until(lambda: len(recv.link_threads().result()) == 2, 10), recv.link_threads().result()
+    recv.close_channel().result()
+    msg = pusher.push_until_error(KIB, 20).result()
+    assert "closed" in msg and "q-own" in msg
+    assert wait_until(lambda: recv.link_threads().result() == [], 10), recv.link_threads().result()
+    assert recv.stats().result()["connected"] == 0
+
+
+_HALF_A_MESSAGE = """
+import asyncio, sys
+import numpy as np
+from distributed.comm import connect
+from tianji_dask.channels import wire
+
+async def main(address):
+    comm = await connect(address)
+    await comm.write({"op": "tianji_channel", "reply": False, "channel": "q-kill", "sender": "victim",
+                      "kind": "queue", "owned": True})
+    assert (await comm.read()).get("owned")
+    await wire.read(comm.stream)  # the cue
+    head, array = wire.encode({"items": [(0, 1 << 20, {"x": np.ones(1 << 20, np.uint8)})]}, out_of_band=True)
+    await comm.stream.write(head)
+    await comm.stream.write(bytes(array)[: 300_000])
+    print("HALF SENT", flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_a_sender_killed_in_the_middle_of_a_message_leaves_the_inbox_serving_the_others(client, workers):
+    recv = actor(client, Receiver, workers[0], "q-kill", 4 << 20)
+    addr = recv.address().result()
+    victim = subprocess.Popen([sys.executable, "-c", _HALF_A_MESSAGE, addr], stdout=subprocess.PIPE, text=True)
+    try:
+        assert victim.stdout is not None and victim.stdout.readline().strip() == "HALF SENT"
+        assert recv.stats().result()["connected"] == 1
+        # another sender's items flow while the victim's message hangs half read
+        fut = client.submit(send_items, addr, "q-kill", "ok", 20, 96 * KIB, 2 << 20, workers=[workers[1]], pure=False)
+        out = recv.drain(target=20, timeout=30).result()
+        assert fut.result(timeout=30)[1]["errors"] == 0
+        assert len(out["got"]) == 20 and out["bad"] == [] and out["stats"]["senders"] == {"ok": 20}
+        victim.kill()  # SIGKILL: the kernel closes its socket in the middle of the message
+        victim.wait(10)
+        assert wait_until(lambda: recv.stats().result()["connected"] == 0, 10), recv.stats().result()
+        assert wait_until(lambda: recv.link_threads().result() == [], 10), recv.link_threads().result()
+        fut = client.submit(send_items, addr, "q-kill", "after", 5, KIB, 1 << 20, workers=[workers[2]], pure=False)
+        out = recv.drain(target=5, timeout=20).result()
+        assert len(out["got"]) == 5 and out["bad"] == [] and fut.result(timeout=20)[1]["errors"] == 0
+        assert out["stats"]["senders"] == {"ok": 20, "after": 5} and out["stats"]["queued_bytes"] == 0
+    finally:
+        victim.kill()
+        victim.wait(10)
     recv.close_channel().result()
 
 
@@ -671,6 +760,11 @@ def test_tls_cluster_moves_items():
         accepted, sstats = fut.result(timeout=40)
         assert all(accepted) and out["bad"] == [] and len(out["got"]) == 20
         assert [seq for _, seq, _ in out["got"]] == list(range(20))
+        # on tls:// the items stay on the comm's TLS stream, read on the event loop
+        pusher = actor(c, Pusher, ws[1], addr, "q-tls", "p", 256 * KIB)
+        assert pusher.push(2, KIB).result() == [True, True]
+        assert len(recv.drain(target=2, timeout=20).result()["got"]) == 2
+        assert recv.stats().result()["connected"] == 1 and recv.link_threads().result() == []
         sub = actor(c, Subscriber, ws[1], "params-tls")
         watch = sub.watch(9, 30)
         stats, errors = c.submit(

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 
-from . import wire
+from . import owned_socket, wire
 from .common import ChannelError, Item, call_soon, logger, on_event_loop
 from .malloc import fit_allocator
+from .queue_link import CLOSED_GRACE_S, QueueLink
 
 
 class _Malformed(Exception):
@@ -35,7 +38,11 @@ class _Malformed(Exception):
 
 
 class _SenderConn:
-    """One connected sender, as seen by the inbox."""
+    """One connected sender, as seen by the inbox.
+
+    ``wake`` tells whoever writes this sender's credit that there is something to write: an
+    ``asyncio.Event`` for a comm served on the event loop, a ``threading.Event`` for an owned
+    socket (``queue_link``); ``kick`` sets it from any thread."""
 
     __slots__ = (
         "sender",
@@ -47,10 +54,11 @@ class _SenderConn:
         "window_sent",
         "kick_scheduled",
         "wake",
+        "kick",
         "live",
     )
 
-    def __init__(self, sender: str, comm):
+    def __init__(self, sender: str, comm, loop: asyncio.AbstractEventLoop, owned: bool):
         self.sender = sender
         self.comm = comm
         self.peer = comm.peer_address
@@ -59,7 +67,14 @@ class _SenderConn:
         self.window = 0
         self.window_sent = 0
         self.kick_scheduled = False
-        self.wake = asyncio.Event()
+        self.wake: asyncio.Event | threading.Event
+        self.kick: Callable[[], object]
+        if owned:
+            self.wake = threading.Event()
+            self.kick = self.wake.set
+        else:
+            self.wake = event = asyncio.Event()
+            self.kick = functools.partial(call_soon, loop, event.set)
         self.live = True
 
 
@@ -146,7 +161,7 @@ class QueueInbox:
 
     def _send_credit(self, kicks: list[_SenderConn]) -> None:
         for conn in kicks:
-            call_soon(self._loop, conn.wake.set)
+            conn.kick()
 
     def _close(self) -> None:
         """Called by ChannelService.close: refuse new items, tell every sender."""
@@ -155,61 +170,119 @@ class QueueInbox:
             conns = list(self._conns)
             self._cond.notify_all()
         for conn in conns:
-            call_soon(self._loop, conn.wake.set)
+            conn.kick()
 
     # ------------------------------------------------------------------ event loop
-    async def serve(self, comm, sender: str) -> None:
-        """Run one sender's connection until it leaves; called by the service's handler."""
-        stream = wire.stream_of(comm, self.name, self.address)
-        conn = _SenderConn(sender, comm)
+    async def serve(self, comm, sender: str, owned: bool = False) -> None:
+        """Run one sender's connection until it leaves; called by the service's handler.
+
+        ``owned``: the sender offered to go on in a socket the inbox owns (it waits for the
+        inbox's first message on it before sending items). On a plain tcp:// comm the inbox
+        accepts, says so in its reply and serves the sender with ``queue_link``'s threads;
+        otherwise (tls://) the items go on the comm's tornado stream, read on the event loop."""
+        owned = owned and owned_socket.can_take(comm)
+        stream = None if owned else wire.stream_of(comm, self.name, self.address)
+        conn = _SenderConn(sender, comm, self._loop, owned)
         with self._cond:
             if self._closed:
                 raise ChannelError(f"queue channel {self.name!r} at {self.address} is closed")
             self._conns.append(conn)
-        writer = None
-        fatal = None
-        how = "connection lost"
         try:
             self._rebalance()
             conn.window_sent = conn.window
-            await comm.write({"window": conn.window})
-            writer = asyncio.create_task(self._credit_writer(conn))
+            await comm.write({"window": conn.window, "owned": True} if owned else {"window": conn.window})
+            if stream is None:
+                how = await self._serve_owned(conn, comm)
+            else:
+                how = await self._serve_stream(conn, comm, stream)
+        finally:
+            self._leave(conn)
+            if not comm.closed():
+                comm.abort()
+        logger.debug("%r: sender %r from %s left: %s", self, sender, conn.peer, how)
+
+    async def _serve_owned(self, conn: _SenderConn, comm) -> str:
+        """Serve ``conn`` on its socket, taken from tornado, with a reader and a writer thread."""
+        assert isinstance(conn.wake, threading.Event)  # an owned connection's writer is a thread
+        try:
+            sock = owned_socket.take(comm)
+        except RuntimeError as exc:  # bytes came before the cue: not a sender of this protocol
+            problem = f"malformed message on queue channel {self.name!r} at {self.address}: sent before its cue ({exc})"
+            logger.error("%s (sender %r from %s); closing its connection", problem, conn.sender, conn.peer)
+            with contextlib.suppress(Exception):  # best effort: the sender may be gone already
+                await asyncio.wait_for(comm.write({"error": problem}), 5)
+            return problem
+        link = QueueLink(
+            sock,
+            self._loop,
+            conn.wake,
+            on_message=functools.partial(self._deliver, conn),
+            control=functools.partial(self._control, conn),
+            label=f"{self.name} {conn.sender}",
+        )
+        link.start({"window": conn.window_sent})
+        try:
+            fatal, how = self._outcome(await link.reading_ended())
+            self._leave(conn)
+            if fatal is not None:
+                logger.error("%s (sender %r from %s); closing its connection", fatal, conn.sender, conn.peer)
+            await link.close(fatal)
+        except BaseException:
+            link.abort()
+            raise
+        return how
+
+    async def _serve_stream(self, conn: _SenderConn, comm, stream) -> str:
+        """Serve ``conn`` on the event loop: its items on the comm's tornado stream, credit back
+        through ``comm.write``."""
+        writer = asyncio.create_task(self._credit_writer(conn))
+        try:
             while True:
                 try:
                     msg = await wire.read(stream)
-                except OSError:  # tornado's StreamClosedError too: the sender is gone
-                    break
-                except wire.WireError as exc:
-                    fatal = f"malformed message on queue channel {self.name!r} at {self.address}: {exc}"
-                    break
-                except Exception as exc:  # noqa: BLE001 - undecodable frames: the stream can't be trusted
-                    fatal = f"cannot decode a message on queue channel {self.name!r} at {self.address}: {exc!r}"
-                    break
-                if isinstance(msg, dict) and msg.get("bye"):
-                    how = "closed by sender"
-                    break
-                try:
+                    if msg.get("bye"):
+                        fatal, how = self._outcome(None)
+                        break
                     self._deliver(conn, msg)
-                except _Malformed as exc:
-                    fatal = f"malformed message on queue channel {self.name!r} at {self.address}: {exc}"
+                except Exception as exc:  # noqa: BLE001 - _outcome sorts a lost sender from bad bytes
+                    fatal, how = self._outcome(exc)
                     break
         finally:
-            with self._cond:
-                conn.live = False
-                self._conns.remove(conn)
-            self._rebalance()
-            if writer is not None:
-                writer.cancel()
-                await asyncio.gather(writer, return_exceptions=True)
-            if fatal is not None:
-                how = fatal
-                logger.error("%s (sender %r from %s); closing its connection", fatal, sender, conn.peer)
-                if not comm.closed():
-                    with contextlib.suppress(Exception):  # best effort: the sender may be gone already
-                        await asyncio.wait_for(comm.write({"error": fatal}), 5)
-            logger.debug("%r: sender %r from %s left: %s", self, sender, conn.peer, how)
+            self._leave(conn)
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+        if fatal is not None:
+            logger.error("%s (sender %r from %s); closing its connection", fatal, conn.sender, conn.peer)
             if not comm.closed():
-                await comm.close()
+                with contextlib.suppress(Exception):  # best effort: the sender may be gone already
+                    await asyncio.wait_for(comm.write({"error": fatal}), 5)
+        if not comm.closed():
+            await comm.close()
+        return how
+
+    def _outcome(self, end: Exception | None) -> tuple[str | None, str]:
+        """(the error to send the sender or None, how it left) for what ended reading its items:
+        None for its "bye", ``OSError`` (tornado's ``StreamClosedError`` too) for a sender gone,
+        anything else for bytes or a message that cannot be trusted."""
+        where = f"queue channel {self.name!r} at {self.address}"
+        if end is None:
+            return None, "closed by sender"
+        if isinstance(end, OSError):
+            return None, "connection lost"
+        if isinstance(end, (wire.WireError, _Malformed)):
+            fatal = f"malformed message on {where}: {end}"
+        else:
+            fatal = f"cannot decode a message on {where}: {end!r}"
+        return fatal, fatal
+
+    def _leave(self, conn: _SenderConn) -> None:
+        """Take ``conn`` out of the live senders (once) and share the capacity among the rest."""
+        with self._cond:
+            if not conn.live:
+                return
+            conn.live = False
+            self._conns.remove(conn)
+        self._rebalance()
 
     def _rebalance(self) -> None:
         with self._cond:
@@ -220,33 +293,42 @@ class QueueInbox:
             for conn in live:
                 conn.window = share
         for conn in live:
-            conn.wake.set()
+            conn.kick()
+
+    def _control(self, conn: _SenderConn) -> tuple[dict, bool]:
+        """The next message to ``conn``'s sender and whether the inbox is closed: credit returned
+        and a changed window since the last call (empty when neither), or once closed, the error
+        that tells the sender."""
+        with self._cond:
+            due, conn.credit_due = conn.credit_due, 0
+            conn.kick_scheduled = False
+            closed = self._closed
+        if closed:
+            return {"error": f"queue channel {self.name!r} at {self.address} was closed by the receiver"}, True
+        msg = {}
+        if due:
+            msg["credit"] = due
+        if conn.window != conn.window_sent:
+            msg["window"] = conn.window_sent = conn.window
+        return msg, False
 
     async def _credit_writer(self, conn: _SenderConn) -> None:
-        """The only writer on ``conn.comm`` while it is served: credit and window updates,
-        coalesced so that at most one write per sender is pending."""
+        """The only writer on ``conn.comm`` while it is served on the event loop: credit and
+        window updates, coalesced so that at most one write per sender is pending."""
+        assert isinstance(conn.wake, asyncio.Event)
         comm = conn.comm
         while True:
             await conn.wake.wait()
             conn.wake.clear()
-            with self._cond:
-                due, conn.credit_due = conn.credit_due, 0
-                conn.kick_scheduled = False
-                closed = self._closed
-            if closed:
-                await comm.write({"error": f"queue channel {self.name!r} at {self.address} was closed by the receiver"})
-                # Keep reading (and discarding) so the error is not lost to a reset; a sender
-                # that ignores it is cut off after a grace period.
-                await asyncio.sleep(10)
-                comm.abort()
-                return
-            msg = {}
-            if due:
-                msg["credit"] = due
-            if conn.window != conn.window_sent:
-                msg["window"] = conn.window_sent = conn.window
+            msg, closed = self._control(conn)
             if msg:
                 await comm.write(msg)
+            if closed:
+                # Keep reading (and discarding) so the error is not lost to a reset; a sender
+                # that ignores it is cut off after a grace period.
+                await asyncio.sleep(CLOSED_GRACE_S)
+                comm.abort()
+                return
 
     def _deliver(self, conn: _SenderConn, msg) -> None:
         if not isinstance(msg, dict) or not isinstance(msg.get("items"), (list, tuple)):

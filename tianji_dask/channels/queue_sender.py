@@ -9,9 +9,14 @@ Call protocol::
 
 Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the other side)::
 
-    sender   -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "queue"}
-    receiver -> {"window": bytes}  or  {"error": text}
-    then, in the channel's own framing (``wire``; distributed's comm the other way):
+    sender   -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "queue",
+                 "owned": True}
+    receiver -> {"window": bytes, "owned": True}  or  {"window": bytes}  or  {"error": text}
+    with "owned" (plain tcp://: the receiver took its end of the socket from tornado, to read it
+    on threads of its own), every later message of the receiver is in the channel's framing too:
+    receiver -> {"window": bytes}                              (the cue: until then the sender
+                                                              sends nothing more)
+    then, in the channel's own framing (``wire``; without "owned", distributed's comm the other way):
     sender   -> {"items": [(seq, nbytes, payload), ...]}      (repeated, up to max_batch_bytes and
                                                               max_batch_items: a run of items under
                                                               SMALL_ITEM_BYTES in one pickle, or of
@@ -33,6 +38,7 @@ from collections import deque
 
 from distributed.comm import connect
 
+from . import wire
 from .common import (
     FULL_POLICIES,
     HANDLER_OP,
@@ -296,9 +302,14 @@ class QueueSender:
                     "channel": self.channel,
                     "sender": self.sender_id,
                     "kind": QUEUE_KIND,
+                    "owned": True,
                 }
             )
             reply = await comm.read()
+            stream = stream_of(comm, self.channel, self.address)
+            owned = isinstance(reply, dict) and reply.get("owned") is True
+            if owned:  # the cue, on the socket the receiver now owns
+                reply = await wire.read(stream)
             if not isinstance(reply, dict) or "window" not in reply:
                 reason = reply.get("error") if isinstance(reply, dict) else None
                 raise ChannelError(
@@ -306,8 +317,7 @@ class QueueSender:
                 )
             with self._cond:
                 self._window = int(reply["window"])
-            stream = stream_of(comm, self.channel, self.address)
-            reader = asyncio.create_task(self._read_credit(comm))
+            reader = asyncio.create_task(self._read_credit(comm, stream, owned))
             while True:
                 batch = self._take_batch()
                 if batch:
@@ -352,10 +362,12 @@ class QueueSender:
             logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
         await comm.close()
 
-    async def _read_credit(self, comm) -> None:
+    async def _read_credit(self, comm, stream, owned: bool) -> None:
+        """Apply the receiver's credit and window messages: in the channel's framing on the
+        ``stream`` when the receiver owns its end, else distributed's on the ``comm``."""
         try:
             while True:
-                msg = await comm.read()
+                msg = await (wire.read(stream) if owned else comm.read())
                 if not isinstance(msg, dict) or "error" in msg:
                     reason = msg.get("error") if isinstance(msg, dict) else repr(msg)
                     self._fail(f"receiver closed the connection: {reason}")

@@ -120,9 +120,10 @@ class ChannelService:
             raise ValueError(f"channel {name!r} is already open on {self.address}")
 
     # ------------------------------------------------------------------ event loop
-    async def handle_comm(self, comm, channel=None, sender=None, kind=None, **extra) -> None:
+    async def handle_comm(self, comm, channel=None, sender=None, kind=None, owned=False, **extra) -> None:
         """``worker.handlers["tianji_channel"]``: validate the handshake, then serve the comm
-        until the peer leaves.  Never raises into the worker; always closes the comm."""
+        until the peer leaves.  Never raises into the worker; always closes the comm.
+        ``owned``: a queue sender offers to go on in a socket the inbox owns (``QueueInbox.serve``)."""
         problem = None
         inbox = None
         not_open = False
@@ -144,7 +145,10 @@ class ChannelService:
             if problem is None:
                 assert inbox is not None  # else a problem was named above
                 try:
-                    await inbox.serve(comm, sender)
+                    if isinstance(inbox, QueueInbox):
+                        await inbox.serve(comm, sender, owned=owned is True)
+                    else:
+                        await inbox.serve(comm, sender)
                 except ChannelError as exc:  # closed between lookup and serve
                     problem = str(exc)
             if problem is not None:

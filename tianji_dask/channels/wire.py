@@ -10,10 +10,15 @@ large item's arrays straight into the buffers they stay in. A message::
 The header is a pickle (protocol 5) of the message dict; a large item's contiguous arrays leave
 it as out-of-band buffers, written as they are and read into buffers of their exact size.
 Small items stay inside the header (one pickle for the run, :data:`~.common.SMALL_ITEM_BYTES`).
+
+On plain tcp:// the inbox takes the socket from tornado after the handshake (``owned_socket``)
+and reads this framing on a thread of its own (:func:`read_from`); its credit then comes back in
+this framing too, on the same socket. On tls:// both directions stay on the tornado stream.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 import struct
 
@@ -58,14 +63,8 @@ def encode(msg: dict, *, out_of_band: bool) -> list[bytes | memoryview]:
 async def read(stream) -> dict:
     """The next message from a tornado ``stream``. Raises :class:`WireError` for bytes of another
     framing or sizes out of bounds, ``StreamClosedError`` when the peer is gone."""
-    magic, header_bytes, n = _PRELUDE.unpack(await stream.read_bytes(_PRELUDE.size))
-    if magic != MAGIC:
-        raise WireError(f"not a queue channel message (it starts {magic!r}, not {MAGIC!r})")
-    if header_bytes > MAX_HEADER_BYTES or n > MAX_BUFFERS:
-        raise WireError(f"a header of {header_bytes} bytes with {n} buffers is out of bounds")
-    sizes = [s for (s,) in _SIZE.iter_unpack(await stream.read_bytes(_SIZE.size * n))] if n else []
-    if any(s > MAX_BUFFER_BYTES for s in sizes):
-        raise WireError(f"a buffer of {max(sizes)} bytes is out of bounds")
+    header_bytes, n = _check_prelude(await stream.read_bytes(_PRELUDE.size))
+    sizes = _check_sizes(await stream.read_bytes(_SIZE.size * n)) if n else []
     header = await stream.read_bytes(header_bytes)
     buffers = []
     for size in sizes:
@@ -73,6 +72,49 @@ async def read(stream) -> dict:
         if size:
             await stream.read_into(buffer.data)
         buffers.append(buffer)
+    return _decode(header, buffers)
+
+
+def read_from(file: io.BufferedIOBase) -> dict:
+    """The next message from a buffered reader of a blocking socket, for a
+    thread that owns the connection. Raises :class:`WireError` as :func:`read` does and
+    ``ConnectionError`` when the peer closed the connection, mid-message or between messages."""
+    header_bytes, n = _check_prelude(_exactly(file, _PRELUDE.size))
+    sizes = _check_sizes(_exactly(file, _SIZE.size * n)) if n else []
+    header = _exactly(file, header_bytes)
+    buffers = []
+    for size in sizes:
+        buffer = np.empty(size, dtype=np.uint8)  # not zero-filled: the socket fills it
+        if size and file.readinto(buffer.data) != size:
+            raise ConnectionError("the peer closed the connection in the middle of a message")
+        buffers.append(buffer)
+    return _decode(header, buffers)
+
+
+def _exactly(file: io.BufferedIOBase, n: int) -> bytes:
+    data = file.read(n)
+    if len(data) != n:
+        raise ConnectionError("the peer closed the connection" + (" in the middle of a message" if data else ""))
+    return data
+
+
+def _check_prelude(prelude: bytes) -> tuple[int, int]:
+    magic, header_bytes, n = _PRELUDE.unpack(prelude)
+    if magic != MAGIC:
+        raise WireError(f"not a queue channel message (it starts {magic!r}, not {MAGIC!r})")
+    if header_bytes > MAX_HEADER_BYTES or n > MAX_BUFFERS:
+        raise WireError(f"a header of {header_bytes} bytes with {n} buffers is out of bounds")
+    return header_bytes, n
+
+
+def _check_sizes(packed: bytes) -> list[int]:
+    sizes = [s for (s,) in _SIZE.iter_unpack(packed)]
+    if any(s > MAX_BUFFER_BYTES for s in sizes):
+        raise WireError(f"a buffer of {max(sizes)} bytes is out of bounds")
+    return sizes
+
+
+def _decode(header: bytes, buffers: list[np.ndarray]) -> dict:
     try:
         msg = pickle.loads(header, buffers=buffers)
     except Exception as exc:  # noqa: BLE001 - any failure means the bytes were not a message

@@ -1,0 +1,153 @@
+"""One queue sender's connection on a socket the inbox owns, served by two threads.
+
+On plain tcp:// the inbox takes the sender's socket from tornado (``owned_socket``), so that
+receiving a sender's items costs the worker's event loop nothing: a reader thread reads the
+channel's framing (``wire.read_from``) with blocking ``recv_into`` into buffers of each array's
+exact size and hands each message to the inbox, and a writer thread sends the inbox's credit and
+window updates back in the same framing. The event loop only starts the threads and awaits their
+end (``QueueInbox.serve``), so many senders are received in parallel: ``recv`` and the copy out
+of the kernel run without the GIL.
+
+The writer's first message is the sender's cue to start sending items: until then the sender
+sends nothing, which is what lets the inbox take the socket from tornado safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import socket
+import threading
+from collections.abc import Callable
+
+from . import wire
+from .common import call_soon
+
+#: Read buffer of the reader thread. Arrays at least this large are read straight into their
+#: own buffers; smaller ones and headers are copied out of it.
+READ_BUFFER_BYTES = 64 << 10
+#: How long a closed inbox keeps reading (and dropping) a sender's items after telling it, so
+#: that the error is read before the connection goes; then the sender is cut off.
+CLOSED_GRACE_S = 10.0
+#: How long an error reply may take to leave before the connection is cut.
+ERROR_SEND_TIMEOUT_S = 5.0
+
+
+class QueueLink:
+    """The reader and writer threads of one owned sender connection.
+
+    ``on_message(msg)`` runs on the reader thread for every message but the sender's "bye" and
+    may raise to end the connection. ``control()`` runs on the writer thread after each
+    ``wake``: it returns the next credit/window message (empty when nothing is due) and whether
+    the inbox is closed, in which case that message is the sender's error and the link ends
+    after :data:`CLOSED_GRACE_S`.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        loop: asyncio.AbstractEventLoop,
+        wake: threading.Event,
+        on_message: Callable[[dict], None],
+        control: Callable[[], tuple[dict, bool]],
+        label: str,
+    ):
+        self._sock = sock
+        self._loop = loop
+        self._wake = wake
+        self._on_message = on_message
+        self._control = control
+        self._stopping = threading.Event()
+        self._first: dict = {}
+        self._error: str | None = None
+        self._read_end: Exception | None = None  # what ended reading; None: the sender's "bye"
+        self._reader_done: asyncio.Future[None] = loop.create_future()
+        self._writer_done: asyncio.Future[None] = loop.create_future()
+        self._reader = threading.Thread(target=self._read_loop, name=f"tianji-queue-read {label}", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name=f"tianji-queue-write {label}", daemon=True)
+
+    def start(self, first: dict) -> None:
+        """Start both threads; ``first`` is the writer's first message, the sender's cue."""
+        self._first = first
+        self._reader.start()
+        self._writer.start()
+
+    async def reading_ended(self) -> Exception | None:
+        """Wait until the reader stopped: None after the sender's "bye", else what ended it
+        (``OSError``: the sender is gone; anything else: its bytes or message were bad)."""
+        await asyncio.shield(self._reader_done)
+        return self._read_end
+
+    async def close(self, error: str | None = None) -> None:
+        """End the link: send ``error`` to the sender first, if given, then shut the socket down,
+        join both threads and close the socket. Call once, after :meth:`reading_ended`."""
+        self._error = error
+        self._stopping.set()
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._writer_done), ERROR_SEND_TIMEOUT_S + 1)
+        except TimeoutError:  # the writer is stuck in a send to a sender that reads nothing
+            self._shutdown()
+            await asyncio.shield(self._writer_done)
+        self._shutdown()
+        await asyncio.shield(self._reader_done)
+        self._reader.join()  # both have only their return left
+        self._writer.join()
+        self._sock.close()
+
+    def abort(self) -> None:
+        """Shut the socket down so that both threads end soon; for a cancelled ``serve``."""
+        self._stopping.set()
+        self._wake.set()
+        self._shutdown()
+
+    # ------------------------------------------------------------------ threads
+    def _read_loop(self) -> None:
+        try:
+            with io.BufferedReader(socket.SocketIO(self._sock, "rb"), READ_BUFFER_BYTES) as file:
+                while True:
+                    msg = wire.read_from(file)
+                    if msg.get("bye"):
+                        break
+                    self._on_message(msg)
+        except Exception as exc:  # noqa: BLE001 - handed to the event loop, which decides
+            self._read_end = exc
+        finally:
+            call_soon(self._loop, _resolve, self._reader_done)
+
+    def _write_loop(self) -> None:
+        try:
+            self._send(self._first)
+            while not self._stopping.is_set():
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping.is_set():
+                    break
+                msg, closed = self._control()
+                if msg:
+                    self._send(msg)
+                if closed:
+                    self._stopping.wait(CLOSED_GRACE_S)
+                    self._shutdown()
+                    return
+        except OSError:
+            pass  # the sender is gone, or close() cut the socket: the reader sees it too
+        finally:
+            if self._error is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.settimeout(ERROR_SEND_TIMEOUT_S)
+                    self._send({"error": self._error})
+            call_soon(self._loop, _resolve, self._writer_done)
+
+    def _send(self, msg: dict) -> None:
+        self._sock.sendall(b"".join(wire.encode(msg, out_of_band=False)))
+
+    def _shutdown(self) -> None:
+        with contextlib.suppress(OSError):  # already shut down, or the peer reset it
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
