@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import struct
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tianji_dask.channels import (
     TopicPublisher,
     wire,
 )
+from tianji_dask.channels.socket_reader import SocketReader
 from tianji_dask.runtime.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
@@ -349,6 +351,24 @@ def test_a_large_items_arrays_go_to_the_socket_as_they_are_and_a_small_runs_insi
     small = [(i, 100, {"obs": np.full(100, i, dtype=np.uint8)}) for i in range(50)]
     [one] = wire.encode({"items": small}, out_of_band=False)
     assert len(one) > 50 * 100
+
+
+def test_socket_reader_reads_exact_sizes_across_its_buffer_and_reports_a_closed_peer():
+    a, b = socket.socketpair()
+    with a, b:
+        reader = SocketReader(b, buffer_bytes=8)
+        payload = bytes(range(256)) * 40  # 10,240 bytes: larger than the buffer, read into a target
+        a.sendall(b"abc" + b"0123456789" + payload + b"xyz")
+        assert reader.read(3) == b"abc"
+        assert reader.read(10) == b"0123456789"  # the buffer's 5 bytes, then a refill
+        target = np.empty(len(payload), dtype=np.uint8)
+        reader.readinto(target.data)
+        assert target.tobytes() == payload
+        a.sendall(b"tail")
+        a.shutdown(socket.SHUT_WR)
+        assert reader.read(5) == b"xyzta"
+        with pytest.raises(ConnectionError, match="closed"):
+            reader.read(3)  # "il" and then the end: a message cut short
 
 
 class _SlowInbox:

@@ -3,10 +3,10 @@
 On plain tcp:// the inbox takes the sender's socket from tornado (``owned_socket``), so that
 receiving a sender's items costs the worker's event loop nothing: a reader thread reads the
 channel's framing (``wire.read_from``) with blocking ``recv_into`` into buffers of each array's
-exact size and hands each message to the inbox, and a writer thread sends the inbox's credit and
-window updates back in the same framing. The event loop only starts the threads and awaits their
-end (``QueueInbox.serve``), so many senders are received in parallel: ``recv`` and the copy out
-of the kernel run without the GIL.
+exact size (``socket_reader``) and hands each message to the inbox, and a writer thread sends
+the inbox's credit and window updates back in the same framing. The event loop only starts the
+threads and awaits their end (``QueueInbox.serve``), so many senders are received in parallel:
+``recv`` and the copy out of the kernel run without the GIL.
 
 The writer's first message is the sender's cue to start sending items: until then the sender
 sends nothing, which is what lets the inbox take the socket from tornado safely.
@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import socket
 import threading
 from collections.abc import Callable
 
 from . import wire
 from .common import call_soon
+from .socket_reader import SocketReader
 
-#: Read buffer of the reader thread. Arrays at least this large are read straight into their
-#: own buffers; smaller ones and headers are copied out of it.
-READ_BUFFER_BYTES = 64 << 10
 #: How long a closed inbox keeps reading (and dropping) a sender's items after telling it, so
 #: that the error is read before the connection goes; then the sender is cut off.
 CLOSED_GRACE_S = 10.0
@@ -105,12 +102,12 @@ class QueueLink:
     # ------------------------------------------------------------------ threads
     def _read_loop(self) -> None:
         try:
-            with io.BufferedReader(socket.SocketIO(self._sock, "rb"), READ_BUFFER_BYTES) as file:
-                while True:
-                    msg = wire.read_from(file)
-                    if msg.get("bye"):
-                        break
-                    self._on_message(msg)
+            reader = SocketReader(self._sock)
+            while True:
+                msg = wire.read_from(reader)
+                if msg.get("bye"):
+                    break
+                self._on_message(msg)
         except Exception as exc:  # noqa: BLE001 - handed to the event loop, which decides
             self._read_end = exc
         finally:

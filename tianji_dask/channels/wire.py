@@ -18,13 +18,13 @@ this framing too, on the same socket. On tls:// both directions stay on the torn
 
 from __future__ import annotations
 
-import io
 import pickle
 import struct
 
 import numpy as np
 
 from .common import ChannelError
+from .socket_reader import SocketReader
 
 MAGIC = b"TJQ1"
 _PRELUDE = struct.Struct("<4sII")
@@ -75,27 +75,19 @@ async def read(stream) -> dict:
     return _decode(header, buffers)
 
 
-def read_from(file: io.BufferedIOBase) -> dict:
-    """The next message from a buffered reader of a blocking socket, for a
-    thread that owns the connection. Raises :class:`WireError` as :func:`read` does and
-    ``ConnectionError`` when the peer closed the connection, mid-message or between messages."""
-    header_bytes, n = _check_prelude(_exactly(file, _PRELUDE.size))
-    sizes = _check_sizes(_exactly(file, _SIZE.size * n)) if n else []
-    header = _exactly(file, header_bytes)
+def read_from(reader: SocketReader) -> dict:
+    """The next message from a socket a thread owns. Raises :class:`WireError` as :func:`read`
+    does and ``ConnectionError`` when the peer closed the connection."""
+    header_bytes, n = _check_prelude(reader.read(_PRELUDE.size))
+    sizes = _check_sizes(reader.read(_SIZE.size * n)) if n else []
+    header = reader.read(header_bytes)
     buffers = []
     for size in sizes:
         buffer = np.empty(size, dtype=np.uint8)  # not zero-filled: the socket fills it
-        if size and file.readinto(buffer.data) != size:
-            raise ConnectionError("the peer closed the connection in the middle of a message")
+        if size:
+            reader.readinto(buffer.data)
         buffers.append(buffer)
     return _decode(header, buffers)
-
-
-def _exactly(file: io.BufferedIOBase, n: int) -> bytes:
-    data = file.read(n)
-    if len(data) != n:
-        raise ConnectionError("the peer closed the connection" + (" in the middle of a message" if data else ""))
-    return data
 
 
 def _check_prelude(prelude: bytes) -> tuple[int, int]:
