@@ -56,10 +56,12 @@ class _SenderConn:
         "wake",
         "kick",
         "live",
+        "sender_capacity",
     )
 
-    def __init__(self, sender: str, comm, loop: asyncio.AbstractEventLoop, owned: bool):
+    def __init__(self, sender: str, comm, loop: asyncio.AbstractEventLoop, owned: bool, sender_capacity: int):
         self.sender = sender
+        self.sender_capacity = sender_capacity  # its own capacity_bytes, 0 when not told
         self.comm = comm
         self.peer = comm.peer_address
         self.next_seq = 0  # a reconnecting sender starts a fresh sequence on its new comm
@@ -173,16 +175,18 @@ class QueueInbox:
             conn.kick()
 
     # ------------------------------------------------------------------ event loop
-    async def serve(self, comm, sender: str, owned: bool = False) -> None:
+    async def serve(self, comm, sender: str, owned: bool = False, capacity: int = 0) -> None:
         """Run one sender's connection until it leaves; called by the service's handler.
 
         ``owned``: the sender offered to go on in a socket the inbox owns (it waits for the
         inbox's first message on it before sending items). On a plain tcp:// comm the inbox
         accepts, says so in its reply and serves the sender with ``queue_link``'s threads;
-        otherwise (tls://) the items go on the comm's tornado stream, read on the event loop."""
+        otherwise (tls://) the items go on the comm's tornado stream, read on the event loop.
+        ``capacity``: the sender's own ``capacity_bytes`` (0: not told), which bounds how much
+        credit the inbox lets pile up before it writes it (``_control``)."""
         owned = owned and owned_socket.can_take(comm)
         stream = None if owned else wire.stream_of(comm, self.name, self.address)
-        conn = _SenderConn(sender, comm, self._loop, owned)
+        conn = _SenderConn(sender, comm, self._loop, owned, capacity)
         with self._cond:
             if self._closed:
                 raise ChannelError(f"queue channel {self.name!r} at {self.address} is closed")
@@ -295,21 +299,30 @@ class QueueInbox:
         for conn in live:
             conn.kick()
 
-    def _control(self, conn: _SenderConn) -> tuple[dict, bool]:
+    def _control(self, conn: _SenderConn, force: bool = True) -> tuple[dict | None, bool]:
         """The next message to ``conn``'s sender and whether the inbox is closed: credit returned
         and a changed window since the last call (empty when neither), or once closed, the error
-        that tells the sender."""
+        that tells the sender. Without ``force``, None while the credit due is under a quarter
+        of what the sender may have in flight and the window is unchanged: the caller asks
+        again, forcing, after a short linger, so that the credit of several takes goes in one
+        message instead of waking the sender for each."""
         with self._cond:
+            closed = self._closed
+            if not force and not closed and conn.window == conn.window_sent:
+                limit = min(conn.window, conn.sender_capacity or conn.window)
+                if 0 < conn.credit_due < limit // 4:
+                    conn.kick_scheduled = True  # takes meanwhile add credit without a wake-up
+                    return None, False
             due, conn.credit_due = conn.credit_due, 0
             conn.kick_scheduled = False
-            closed = self._closed
+            window = conn.window
         if closed:
             return {"error": f"queue channel {self.name!r} at {self.address} was closed by the receiver"}, True
         msg = {}
         if due:
             msg["credit"] = due
-        if conn.window != conn.window_sent:
-            msg["window"] = conn.window_sent = conn.window
+        if window != conn.window_sent:
+            msg["window"] = conn.window_sent = window
         return msg, False
 
     async def _credit_writer(self, conn: _SenderConn) -> None:

@@ -27,6 +27,8 @@ from .socket_reader import SocketReader
 #: How long a closed inbox keeps reading (and dropping) a sender's items after telling it, so
 #: that the error is read before the connection goes; then the sender is cut off.
 CLOSED_GRACE_S = 10.0
+#: How long the writer waits for more credit to add to a little that is due (``control``).
+CREDIT_LINGER_S = 0.002
 #: How long an error reply may take to leave before the connection is cut.
 ERROR_SEND_TIMEOUT_S = 5.0
 
@@ -35,10 +37,11 @@ class QueueLink:
     """The reader and writer threads of one owned sender connection.
 
     ``on_message(msg)`` runs on the reader thread for every message but the sender's "bye" and
-    may raise to end the connection. ``control()`` runs on the writer thread after each
-    ``wake``: it returns the next credit/window message (empty when nothing is due) and whether
-    the inbox is closed, in which case that message is the sender's error and the link ends
-    after :data:`CLOSED_GRACE_S`.
+    may raise to end the connection. ``control(force)`` runs on the writer thread after each
+    ``wake``: it returns the next credit/window message (empty when nothing is due; None,
+    unless forced, when the writer should wait :data:`CREDIT_LINGER_S` for more credit first)
+    and whether the inbox is closed, in which case that message is the sender's error and the
+    link ends after :data:`CLOSED_GRACE_S`.
     """
 
     def __init__(
@@ -47,7 +50,7 @@ class QueueLink:
         loop: asyncio.AbstractEventLoop,
         wake: threading.Event,
         on_message: Callable[[dict], None],
-        control: Callable[[], tuple[dict, bool]],
+        control: Callable[[bool], tuple[dict | None, bool]],
         label: str,
     ):
         self._sock = sock
@@ -121,7 +124,10 @@ class QueueLink:
                 self._wake.clear()
                 if self._stopping.is_set():
                     break
-                msg, closed = self._control()
+                msg, closed = self._control(False)
+                if msg is None:  # only a little credit due: let more takes add to it first
+                    self._stopping.wait(CREDIT_LINGER_S)
+                    msg, closed = self._control(True)
                 if msg:
                     self._send(msg)
                 if closed:

@@ -10,7 +10,7 @@ Call protocol::
 Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the other side)::
 
     sender   -> {"op": "tianji_channel", "reply": False, "channel", "sender", "kind": "queue",
-                 "owned": True}
+                 "owned": True, "capacity": its capacity_bytes}
     receiver -> {"window": bytes, "owned": True}  or  {"window": bytes}  or  {"error": text}
     with "owned" (plain tcp://: the receiver took its end of the socket from tornado, to read it
     on threads of its own), every later message of the receiver is in the channel's framing too:
@@ -303,6 +303,7 @@ class QueueSender:
                     "sender": self.sender_id,
                     "kind": QUEUE_KIND,
                     "owned": True,
+                    "capacity": self.capacity_bytes,
                 }
             )
             reply = await comm.read()

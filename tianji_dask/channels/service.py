@@ -120,10 +120,11 @@ class ChannelService:
             raise ValueError(f"channel {name!r} is already open on {self.address}")
 
     # ------------------------------------------------------------------ event loop
-    async def handle_comm(self, comm, channel=None, sender=None, kind=None, owned=False, **extra) -> None:
+    async def handle_comm(self, comm, channel=None, sender=None, kind=None, owned=False, capacity=0, **extra) -> None:
         """``worker.handlers["tianji_channel"]``: validate the handshake, then serve the comm
         until the peer leaves.  Never raises into the worker; always closes the comm.
-        ``owned``: a queue sender offers to go on in a socket the inbox owns (``QueueInbox.serve``)."""
+        ``owned``, ``capacity``: a queue sender's offer to go on in a socket the inbox owns and
+        its own capacity (``QueueInbox.serve``)."""
         problem = None
         inbox = None
         not_open = False
@@ -146,7 +147,8 @@ class ChannelService:
                 assert inbox is not None  # else a problem was named above
                 try:
                     if isinstance(inbox, QueueInbox):
-                        await inbox.serve(comm, sender, owned=owned is True)
+                        told = capacity if isinstance(capacity, int) and capacity > 0 else 0
+                        await inbox.serve(comm, sender, owned=owned is True, capacity=told)
                     else:
                         await inbox.serve(comm, sender)
                 except ChannelError as exc:  # closed between lookup and serve
