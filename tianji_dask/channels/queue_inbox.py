@@ -213,8 +213,9 @@ class QueueInbox:
         except RuntimeError as exc:  # bytes came before the cue: not a sender of this protocol
             problem = f"malformed message on queue channel {self.name!r} at {self.address}: sent before its cue ({exc})"
             logger.error("%s (sender %r from %s); closing its connection", problem, conn.sender, conn.peer)
-            with contextlib.suppress(Exception):  # best effort: the sender may be gone already
-                await asyncio.wait_for(comm.write({"error": problem}), 5)
+            with contextlib.suppress(Exception):  # best effort; after "owned", in the channel's framing
+                error = b"".join(wire.encode({"error": problem}, out_of_band=False))
+                await asyncio.wait_for(comm.stream.write(error), 5)
             return problem
         link = QueueLink(
             sock,
