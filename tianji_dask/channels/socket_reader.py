@@ -26,7 +26,7 @@ class SocketReader:
         self._start = 0  # buffered, unread bytes are _buffer[_start:_end]
         self._end = 0
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int) -> bytes | bytearray:
         """The next ``n`` bytes."""
         if n <= self._end - self._start:
             data = bytes(self._view[self._start : self._start + n])
@@ -34,7 +34,7 @@ class SocketReader:
             return data
         out = bytearray(n)
         self.readinto(memoryview(out))
-        return bytes(out)
+        return out
 
     def readinto(self, target: memoryview) -> None:
         """Fill ``target`` (a writable byte view) with the next ``len(target)`` bytes."""

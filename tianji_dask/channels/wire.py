@@ -90,7 +90,7 @@ def read_from(reader: SocketReader) -> dict:
     return _decode(header, buffers)
 
 
-def _check_prelude(prelude: bytes) -> tuple[int, int]:
+def _check_prelude(prelude: bytes | bytearray) -> tuple[int, int]:
     magic, header_bytes, n = _PRELUDE.unpack(prelude)
     if magic != MAGIC:
         raise WireError(f"not a queue channel message (it starts {magic!r}, not {MAGIC!r})")
@@ -99,14 +99,14 @@ def _check_prelude(prelude: bytes) -> tuple[int, int]:
     return header_bytes, n
 
 
-def _check_sizes(packed: bytes) -> list[int]:
+def _check_sizes(packed: bytes | bytearray) -> list[int]:
     sizes = [s for (s,) in _SIZE.iter_unpack(packed)]
     if any(s > MAX_BUFFER_BYTES for s in sizes):
         raise WireError(f"a buffer of {max(sizes)} bytes is out of bounds")
     return sizes
 
 
-def _decode(header: bytes, buffers: list[np.ndarray]) -> dict:
+def _decode(header: bytes | bytearray, buffers: list[np.ndarray]) -> dict:
     try:
         msg = pickle.loads(header, buffers=buffers)
     except Exception as exc:  # noqa: BLE001 - any failure means the bytes were not a message
