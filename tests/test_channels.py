@@ -140,6 +140,10 @@ class Pusher:
     async def stats(self) -> dict:
         return self.sender.stats()
 
+    async def send_threads(self) -> list[str]:
+        """Names of the threads writing owned connections' items in this worker."""
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-channel-send"))
+
 
 class Subscriber:
     """Actor that owns one latest-version inbox."""
@@ -628,13 +632,15 @@ def test_malformed_messages_are_refused_not_fatal(client, workers, owned):
 @pytest.mark.timeout(60)
 def test_on_tcp_the_inbox_owns_each_senders_socket_and_its_threads_end_with_the_connection(client, workers):
     """On a plain tcp:// cluster each sender is served by a reader and a writer thread on a
-    socket taken from tornado; they end when the sender says bye, and when the inbox closes."""
+    socket taken from tornado, and writes its items from a thread of its own; they end when the
+    sender says bye, and when the inbox closes."""
     recv = actor(client, Receiver, workers[0], "q-own", 1 << 20)
     addr = recv.address().result()
     pusher = actor(client, Pusher, workers[1], addr, "q-own", "p", 1 << 20)
     assert pusher.push(3, 96 * KIB).result() == [True] * 3
     assert len(recv.drain(target=3, timeout=20).result()["got"]) == 3
     assert recv.link_threads().result() == ["tianji-queue-read q-own p", "tianji-queue-write q-own p"]
+    assert pusher.send_threads().result() == ["tianji-channel-send q-own p"]
     fut = client.submit(send_items, addr, "q-own", "s", 30, 20 * KIB, 1 << 20, workers=[workers[2]], pure=False)
     out = recv.drain(target=30, timeout=20).result()
     assert fut.result(timeout=20)[1]["errors"] == 0 and out["bad"] == []
@@ -644,6 +650,7 @@ def test_on_tcp_the_inbox_owns_each_senders_socket_and_its_threads_end_with_the_
     msg = pusher.push_until_error(KIB, 20).result()
     assert "closed" in msg and "q-own" in msg
     assert wait_until(lambda: recv.link_threads().result() == [], 10), recv.link_threads().result()
+    assert pusher.send_threads().result() == []
     assert recv.stats().result()["connected"] == 0
 
 
@@ -785,6 +792,7 @@ def test_tls_cluster_moves_items():
         assert pusher.push(2, KIB).result() == [True, True]
         assert len(recv.drain(target=2, timeout=20).result()["got"]) == 2
         assert recv.stats().result()["connected"] == 1 and recv.link_threads().result() == []
+        assert pusher.send_threads().result() == []
         sub = actor(c, Subscriber, ws[1], "params-tls")
         watch = sub.watch(9, 30)
         stats, errors = c.submit(

@@ -24,14 +24,19 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
-Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on the
-event loop, so the caller must not mutate them after the call.
+With "owned", the items go from a thread of the sender's own (``sendmsg`` on a duplicate of the
+socket, which tornado keeps only to read the credit); without it, from the event loop.
+
+Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on that
+thread or the event loop, so the caller must not mutate them after the call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import socket
 import threading
 import time
 from collections import deque
@@ -54,6 +59,7 @@ from .common import (
 from .malloc import fit_allocator
 from .wire import encode, stream_of
 
+_SEND_TIMEOUT_S = 24 * 3600.0  # the writer thread's socket is in timeout mode only to stay non-blocking
 BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 
 
@@ -123,6 +129,7 @@ class QueueSender:
         self._kick_scheduled = False
         self._future: concurrent.futures.Future[None] | None = None  # of _run, set by the first push
         self._wake: asyncio.Event | None = None
+        self._writer_thread = False  # items go from a thread of this sender (an owned connection)
         self._sent_items = 0
         self._sent_bytes = 0
         self._messages = 0
@@ -167,6 +174,9 @@ class QueueSender:
             self._pending.append((self._next_seq, nbytes, payload))
             self._next_seq += 1
             self._pending_bytes += nbytes
+            if self._writer_thread:
+                self._cond.notify_all()
+                return True
             kick = not self._kick_scheduled
             self._kick_scheduled = True
         if kick and not call_soon(self._loop, self._on_kick):
@@ -319,7 +329,12 @@ class QueueSender:
             with self._cond:
                 self._window = int(reply["window"])
             reader = asyncio.create_task(self._read_credit(comm, stream, owned))
-            while True:
+            if owned:
+                await self._write_from_thread(stream)
+                with self._cond:
+                    if self._error is not None:
+                        return
+            while not owned:
                 batch = self._take_batch()
                 if batch:
                     await _write(stream, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
@@ -346,6 +361,54 @@ class QueueSender:
                 reader.cancel()
             if comm is not None and not comm.closed():
                 comm.abort()
+
+    async def _write_from_thread(self, stream) -> None:
+        """Write the items from a thread of this sender, on a duplicate of the stream's socket,
+        until everything queued before ``close`` is written or the channel failed; then return
+        (the "bye" goes on the stream). Tornado still reads the receiver's credit on the
+        original: it writes nothing meanwhile, and the duplicate keeps the socket non-blocking
+        (timeout mode) as tornado needs it."""
+        sock = stream.socket.dup()
+        sock.settimeout(_SEND_TIMEOUT_S)
+        done: asyncio.Future[None] = self._loop.create_future()
+        thread = threading.Thread(
+            target=self._write_loop,
+            args=(sock, done),
+            name=f"tianji-channel-send {self.channel} {self.sender_id}",
+            daemon=True,
+        )
+        with self._cond:
+            self._writer_thread = True
+        thread.start()
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):  # ends a send the receiver does not take
+                sock.shutdown(socket.SHUT_RDWR)
+            raise
+        thread.join()  # it has only its return left
+
+    def _write_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while True:
+                        batch = self._take_batch()
+                        if batch or self._error is not None or (self._closing and not self._pending):
+                            break
+                        self._cond.wait()
+                if not batch:
+                    return
+                wire.send(sock, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
+                with self._cond:
+                    self._sent_items += len(batch)
+                    self._sent_bytes += sum(nb for _, nb, _ in batch)
+                    self._messages += 1
+        except OSError as exc:
+            self._fail(f"connection lost: {exc!r}")
+        finally:
+            sock.close()
+            call_soon(self._loop, _resolve, done)
 
     async def _say_bye(self, comm, stream, reader: asyncio.Task) -> None:
         """Close handshake: "bye", then go on reading (and dropping) credit until the receiver,
@@ -387,6 +450,11 @@ class QueueSender:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _write(stream, pieces: list) -> None:
