@@ -375,6 +375,21 @@ def test_socket_reader_reads_exact_sizes_across_its_buffer_and_reports_a_closed_
             reader.read(3)  # "il" and then the end: a message cut short
 
 
+def test_wire_send_writes_every_piece_whole_across_partial_sendmsgs_and_read_from_decodes_it():
+    a, b = socket.socketpair()
+    with a, b:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * KIB)  # many partial sendmsg calls
+        items = [(i, 300 * KIB, {"x": np.full(300 * KIB, i, dtype=np.uint8)}) for i in range(4)]
+        pieces = wire.encode({"items": items}, out_of_band=True)
+        assert len(pieces) == 5
+        writer = threading.Thread(target=wire.send, args=(a, pieces))
+        writer.start()
+        msg = wire.read_from(SocketReader(b))
+        writer.join(10)
+        assert [seq for seq, _, _ in msg["items"]] == [0, 1, 2, 3]
+        assert all(np.array_equal(p["x"], np.full(300 * KIB, i, dtype=np.uint8)) for i, _, p in msg["items"])
+
+
 class _SlowInbox:
     """A receiver speaking the queue wire protocol (queue_inbox) over a real comm, reading one
     message at a time with a pause between reads and returning credit for each at once: the
