@@ -104,6 +104,17 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     return True
 
 
+def finish_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+    """From any thread: mark ``future`` (of ``loop``) done, unless it is already (a thread's end
+    that the event loop awaits)."""
+
+    def finish() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    call_soon(loop, finish)
+
+
 class LatestSlot:
     """The newest-version-wins slot behind both ``LatestInbox`` and ``LocalSubscription``.
 

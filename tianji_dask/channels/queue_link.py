@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 
 from . import wire
-from .common import call_soon
+from .common import finish_soon
 from .socket_reader import SocketReader
 
 #: How long a closed inbox keeps reading (and dropping) a sender's items after telling it, so
@@ -114,7 +114,7 @@ class QueueLink:
         except Exception as exc:  # noqa: BLE001 - handed to the event loop, which decides
             self._read_end = exc
         finally:
-            call_soon(self._loop, _resolve, self._reader_done)
+            finish_soon(self._loop, self._reader_done)
 
     def _write_loop(self) -> None:
         try:
@@ -141,7 +141,7 @@ class QueueLink:
                 with contextlib.suppress(OSError):
                     self._sock.settimeout(ERROR_SEND_TIMEOUT_S)
                     self._send({"error": self._error})
-            call_soon(self._loop, _resolve, self._writer_done)
+            finish_soon(self._loop, self._writer_done)
 
     def _send(self, msg: dict) -> None:
         self._sock.sendall(b"".join(wire.encode(msg, out_of_band=False)))
@@ -149,8 +149,3 @@ class QueueLink:
     def _shutdown(self) -> None:
         with contextlib.suppress(OSError):  # already shut down, or the peer reset it
             self._sock.shutdown(socket.SHUT_RDWR)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -51,6 +51,7 @@ from .common import (
     SMALL_ITEM_BYTES,
     ChannelError,
     call_soon,
+    finish_soon,
     logger,
     on_event_loop,
     payload_nbytes,
@@ -408,7 +409,7 @@ class QueueSender:
             self._fail(f"connection lost: {exc!r}")
         finally:
             sock.close()
-            call_soon(self._loop, _resolve, done)
+            finish_soon(self._loop, done)
 
     async def _say_bye(self, comm, stream, reader: asyncio.Task) -> None:
         """Close handshake: "bye", then go on reading (and dropping) credit until the receiver,
@@ -450,11 +451,6 @@ class QueueSender:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 async def _write(stream, pieces: list) -> None:

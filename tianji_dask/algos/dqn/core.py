@@ -366,9 +366,10 @@ class DQNLearner:
     def _join(self) -> None:
         """Order the current stream after the forks not yet joined: what it queues next (and
         what it frees or reuses) comes after their work."""
-        main = torch.cuda.current_stream(self.device) if self._unjoined else None
+        if not self._unjoined:
+            return
+        main = torch.cuda.current_stream(self.device)
         for stream in self._unjoined:
-            assert main is not None
             main.wait_stream(stream)
         self._unjoined.clear()
 

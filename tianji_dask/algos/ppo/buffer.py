@@ -63,15 +63,15 @@ class RolloutBufferRole(BufferBase):
     def _drop(self, r: Rollout) -> None:
         """Count ``r`` as dropped unused (the lock held)."""
         self.stale_dropped += r.transitions
-        self._dropped_by_actor[r.actor] += 1
+        if r.actor >= 0:  # -1: a rollout that names no actor
+            self._dropped_by_actor[r.actor] += 1
 
     def dropped_by_actor(self) -> np.ndarray:
         """Rollouts dropped unused so far, by the id of the actor that made them (index = id)."""
         with self._lock:
-            counts = np.zeros(max((a for a in self._dropped_by_actor if a >= 0), default=-1) + 1, np.int64)
+            counts = np.zeros(max(self._dropped_by_actor, default=-1) + 1, np.int64)
             for actor, n in self._dropped_by_actor.items():
-                if actor >= 0:
-                    counts[actor] = n
+                counts[actor] = n
         return counts
 
     def take(self, learner_version: int) -> list[Rollout]:
