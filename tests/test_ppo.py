@@ -347,6 +347,32 @@ def test_buffer_serves_newest_first_and_each_rollout_once_with_reuse_1():
     assert _tags(buf.take(6)) == [4]
 
 
+def test_a_balanced_buffer_serves_the_oldest_version_first_so_a_late_rollout_is_not_dropped():
+    # two actors, the learner takes one rollout of each; actor 0's version-1 rollout arrives after
+    # actor 1's versions 1 and 2 (actor 1 ran a rollout ahead)
+    arrivals = [(1, 1), (2, 2), (1, 3)]  # (version, tag)
+    served, dropped = {}, {}
+    for tolerance in ("0.25", "null"):
+        buf, inbox = _buffer(
+            f"algo.ratio_tolerance={tolerance}",
+            "algo.max_policy_lag=1",
+            "algo.rollouts_per_update=2",
+            "topology.actors=2",
+        )
+        for version, tag in arrivals:
+            inbox.push(_rollout(version, tag=tag))
+        buf.ingest()
+        first = _tags(buf.take(2))
+        inbox.push(_rollout(2, tag=4))
+        buf.ingest()
+        served[tolerance] = [first, _tags(buf.take(3))]
+        dropped[tolerance] = buf.stale_dropped
+    assert served["0.25"] == [[1, 3], [2, 4]]  # balanced: version 1 first, in arrival order
+    assert dropped["0.25"] == 0
+    assert served["null"] == [[3, 2], []]  # unbalanced: the newest; tag 1 went stale, tag 4 waits for a second
+    assert dropped["null"] == 8
+
+
 def test_buffer_sample_reuse_8_serves_a_rollout_up_to_8_times():
     buf, inbox = _buffer("algo.sample_reuse=8", "algo.max_policy_lag=8")
     inbox.push(_rollout(0, tag=1))

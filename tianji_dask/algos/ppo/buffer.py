@@ -1,10 +1,15 @@
-"""The on-policy buffer role: holds recent rollouts and hands the learner the freshest ones.
+"""The on-policy buffer role: holds recent rollouts and hands them to the learner.
 
 Each rollout carries the policy version that produced it. ``take(version)`` drops rollouts
 more than ``algo.max_policy_lag`` versions behind (counted in ``stale_dropped``) and returns
-the ``algo.rollouts_per_update`` newest rollouts that were used fewer than ``algo.sample_reuse``
-times, or nothing while fewer are there (a learner iteration always trains on a full batch);
-each use is counted against the rollout. Rollouts dropped unused are also counted per actor
+``algo.rollouts_per_update`` rollouts that were used fewer than ``algo.sample_reuse`` times, or
+nothing while fewer are there (a learner iteration always trains on a full batch); each use is
+counted against the rollout. Which ones depends on the balance controller
+(``algo.ratio_tolerance``): with it off, actors make more than the learner takes and it gets the
+newest, the least stale; with it on, actors make what the learner takes and it gets the oldest
+(by policy version) first, so that a rollout that arrived a little late is trained on instead of going stale behind
+newer ones (with several actors, taking the newest dropped such rollouts and the balance then
+held their actors back). Rollouts dropped unused are also counted per actor
 (``dropped_by_actor``), which the learner publishes so the actors' balance controller refunds them
 (:mod:`tianji_dask.algos.ppo.pacing`).
 """
@@ -44,6 +49,7 @@ class RolloutBufferRole(BufferBase):
         self._dropped_by_actor: Counter[int] = Counter()  # rollouts
         # at most this many rollouts are kept: the ones a learner iteration could still use
         self.capacity_rollouts = self.algo.rollouts_per_update * self.algo.sample_reuse * max(1, cfg.topology.actors)
+        self.oldest_first = self.algo.ratio_tolerance is not None
 
     def __len__(self) -> int:
         with self._lock:
@@ -85,7 +91,9 @@ class RolloutBufferRole(BufferBase):
                 else:
                     keep.append(r)
             self._held = keep
-            usable = [r for r in reversed(keep) if r.uses < algo.sample_reuse][: algo.rollouts_per_update]
+            # oldest: by version (the nearest to going stale first), then arrival
+            order = sorted(keep, key=lambda r: r.version) if self.oldest_first else reversed(keep)
+            usable = [r for r in order if r.uses < algo.sample_reuse][: algo.rollouts_per_update]
             if len(usable) < algo.rollouts_per_update:
                 return []  # an iteration trains on a full batch, as the serial algorithm does
             for r in usable:
