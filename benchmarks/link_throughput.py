@@ -4,7 +4,7 @@ paper's Ethernet) and on an unlimited one.
 
 The nodes are network namespaces joined by veth links to a bridge (``jobqueue/netns-nodes.sh``,
 root only), each with one Dask worker listening on its own address: node 2 sends, node 1
-receives. Raw TCP runs in those same two worker processes (one socket, ``sendall`` of each
+receives. Raw TCP runs in those same two worker processes (``comm_bench.nodes``: ``sendall`` of each
 message, the receiver reading into a preallocated buffer), right before the channel case of the
 same size, which is the communication benchmark's (``comm_bench``: one ``QueueSender`` pushing
 into one ``QueueInbox``, sample time 0). Throughput is message bytes over the receiver's time from
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -37,78 +36,10 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "jobqueue")]
 from netns_nodes import Nodes  # noqa: E402
 
 from comm_bench.cases import MB, Case, CommBenchConfig  # noqa: E402
-from comm_bench.cluster import BenchCluster  # noqa: E402
+from comm_bench.nodes import NodesCluster  # noqa: E402
 
 KIB = 1 << 10
 SIZES = (64 * KIB, 256 * KIB, 512 * KIB, 1024 * KIB, 4096 * KIB)
-
-
-class RawReceiver:
-    """A Dask actor on the receiving node: one TCP listener, then one connection read to the end."""
-
-    def listen(self, host: str) -> int:
-        self.sock = socket.create_server((host, 0))
-        return self.sock.getsockname()[1]
-
-    def receive(self, total: int, size: int) -> dict:
-        conn, _ = self.sock.accept()
-        buf = memoryview(np.empty(size, np.uint8))
-        got, t_first = 0, None
-        while got < total:
-            n = conn.recv_into(buf)
-            if n == 0:
-                break
-            if t_first is None:
-                t_first = time.perf_counter()
-            got += n
-        t_last = time.perf_counter()
-        conn.close()
-        self.sock.close()
-        return {"bytes": got, "seconds": t_last - (t_first or t_last)}
-
-
-def raw_send(host: str, port: int, messages: int, size: int) -> int:
-    with socket.create_connection((host, port)) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        msg = bytes(size)
-        for _ in range(messages):
-            s.sendall(msg)
-    return messages * size
-
-
-class NodesCluster(BenchCluster):
-    """The communication benchmark's cluster, made of the nodes' two workers: worker 0 (node 1)
-    receives, worker 1 (node 2) sends."""
-
-    def __init__(self, cfg: CommBenchConfig, scheduler: str):
-        super().__init__(cfg)
-        self.scheduler = scheduler
-
-    def __enter__(self):
-        from distributed import Client
-
-        from tianji_dask.channels import ChannelPlugin
-
-        self.client = Client(self.scheduler, timeout=60)
-        self.client.wait_for_workers(2, timeout=120)
-        self.client.register_plugin(ChannelPlugin())
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
-        self.workers = sorted(info, key=lambda a: info[a]["name"])
-        self.pids = self.client.run(os.getpid)
-        return self
-
-    def __exit__(self, *exc):
-        self.client.close()
-
-    def run_raw(self, size: int, messages: int) -> float:
-        recv_w, send_w = self.workers
-        host = recv_w.split("://")[1].rsplit(":", 1)[0]
-        receiver = self.client.submit(RawReceiver, actor=True, workers=[recv_w], pure=False).result()
-        port = receiver.listen(host).result()
-        got = receiver.receive(messages * size, size)
-        self.client.submit(raw_send, host, port, messages, size, workers=[send_w], pure=False).result(timeout=600)
-        r = got.result(timeout=600)
-        return r["bytes"] / r["seconds"]
 
 
 def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
@@ -122,9 +53,10 @@ def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
         nodes.start_worker(2, "node2-sender", {})
         nodes.wait_for_workers(2)
         cfg = CommBenchConfig(messages=messages)
-        with NodesCluster(cfg, scheduler) as cluster:
+        with NodesCluster(cfg, scheduler, workers=2) as cluster:
             for size in sizes:
-                raw = cluster.run_raw(size, messages)
+                r = cluster.run_raw(size, messages)
+                raw = r["bytes"] / (r["t_n"] - r["t_first_byte"])
                 res = cluster.run_channel(Case("size", "channel", size, 1, 0.0, messages), f"link-{size}")
                 channel = messages * size / res["collection_time"]
                 rows.append({"rate": rate or "unlimited", "size": size, "raw_tcp": raw, "channel": channel})

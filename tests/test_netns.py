@@ -70,3 +70,37 @@ def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path)
     with xr.open_dataset(out / "link_throughput.nc", engine="netcdf4") as ds:
         raw, channel = float(ds.raw_tcp_bytes_per_s.item()), float(ds.channel_bytes_per_s.item())
     assert 6e6 < raw < 14e6 and 6e6 < channel < 14e6, (raw, channel)  # 100 Mbit/s = 12.5 MB/s
+
+
+@pytest.mark.timeout(300)
+def test_the_nodes_benchmark_spreads_its_actors_over_the_nodes_and_measures_both_transports(tmp_path):
+    """benchmarks/nodes_comm.py (Fig. 5c) on two nodes: its first actor shares the receiver's node,
+    its second sends from the other one, so only the case with two actors crosses node 1's link."""
+    from netns_support import require_netns
+
+    require_netns()
+    out, size, messages = tmp_path / "nc", 65536, 60
+    r = subprocess.run(
+        [sys.executable, "benchmarks/nodes_comm.py", "--nodes", "2", "--max-actors", "2", "--sample-times", "0.001",
+         "--messages", str(messages), "--message-bytes", str(size), "--rate", "100mbit", "--out", str(out)],
+        capture_output=True, text=True, timeout=280, cwd=CONFIG.parent.parent,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    with xr.open_dataset(out / "nodes_comm.nc", engine="netcdf4") as ds:
+        assert ds.attrs["nodes"] == 2 and ds.attrs["rate"] == "100mbit"
+        one, two = ds.sel(sample_time=0.001, actors=1), ds.sel(sample_time=0.001, actors=2)
+        payload = messages * size
+        for transport in ("raw_tcp", "channel"):
+            assert float(one[f"{transport}_link_bytes"]) < 0.1 * payload, transport  # the receiver's own node
+            assert float(two[f"{transport}_link_bytes"]) > 0.1 * payload, transport  # the second node's share
+            for case in (one, two):
+                assert 0 < float(case[f"{transport}_collection_time"]) < 60
+    assert (out / "nodes_comm.png").stat().st_size > 0
+
+
+def test_the_nodes_benchmark_refuses_bad_arguments_before_making_nodes():
+    r = subprocess.run(
+        [sys.executable, "benchmarks/nodes_comm.py", "--sample-times", "1ms"],
+        capture_output=True, text=True, timeout=60, cwd=CONFIG.parent.parent,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--sample-times '1ms': give seconds separated by commas" in r.stderr, r.stderr
