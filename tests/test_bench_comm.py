@@ -169,6 +169,8 @@ def test_smallest_run_writes_documented_results(tmp_path):
     assert (ds["messages_sent"] >= ds["messages"]).all()
     assert (ds["receiver_rss_peak"] >= ds["receiver_rss_start"]).all() and (ds["receiver_rss_start"] > 0).all()
     assert set(ds["critical_path"].values) <= {"actor", "buffer"}
+    # every receiver waits on its sockets, so it switches; faults are counted (0 where none)
+    assert (ds["receiver_switches_per_message"] > 0).all() and (ds["receiver_faults_per_message"] >= 0).all()
     assert (ds["t_c_eq1"] > 0).all() and (ds["t_rv"] > 0).all() and (ds["t_sd"] > 0).all()
     raw = ds["transport"] == "raw_tcp"
     assert np.allclose(ds["fraction_of_raw_tcp"].where(raw, drop=True), 1.0)

@@ -32,6 +32,14 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "messages_sent": ("messages the actors sent, all of them (the loops run until stopped, so at least N)", "1"),
     "receiver_rss_start": ("resident memory of the receiving process when the case started", "MB"),
     "receiver_rss_peak": ("peak resident memory of the receiving process during the case, sampled every 10 ms", "MB"),
+    "receiver_faults_per_message": (
+        "minor page faults of the receiving process (all its threads) during the case, per message collected",
+        "1",
+    ),
+    "receiver_switches_per_message": (
+        "context switches (voluntary and involuntary) of the receiving process during the case, per message collected",
+        "1",
+    ),
     "t_sp": ("sample time T_sp: measured wall time of one sampling step, mean over messages sent", "s"),
     "t_sp_cpu": ("CPU time of one sampling step, mean over messages sent (0 for sleep)", "s"),
     "t_sd": ("send time T_sd: CPU seconds of an actor's process per message sent, outside sampling", "s"),

@@ -52,7 +52,10 @@ def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
                     f"{i:>3} {c.sweep:>10} {c.transport:>10} {c.message_bytes:>8} B  A={c.actors:<2} "
                     f"ST={c.sample_time:<6g} N={c.messages:<6} T_c {row['collection_time']:8.3f} s  "
                     f"{row['throughput']:8.1f} MB/s  {row['message_rate']:9.0f} msg/s  "
-                    f"rss {row['receiver_rss_peak']:6.1f} MB  eq1 {row['t_c_eq1']:8.3f} s ({row['critical_path']})  "
+                    f"rss {row['receiver_rss_peak']:6.1f} MB  "
+                    f"faults {row.get('receiver_faults_per_message', float('nan')):5.0f}/msg  "
+                    f"switches {row.get('receiver_switches_per_message', float('nan')):5.1f}/msg  "
+                    f"eq1 {row['t_c_eq1']:8.3f} s ({row['critical_path']})  "
                     f"load {row['load_avg_1m_before']:.2f}"
                 )
         worker_env = bench.worker_env
