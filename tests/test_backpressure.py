@@ -145,10 +145,12 @@ def test_bounded_memory_with_a_slow_learner(h, tmp_path):
     assert len(nbytes) == 1, report  # preallocated: never grows
     assert max_rss < RSS_LIMIT_MB, report
     assert np.nanmax(ds["buffer_rss_mb"].values) < RSS_LIMIT_MB, report  # the heartbeats agree
-    # steady state: the second half of the training samples peaks no higher than the first half
+    # steady state: the second half of the training samples sits no higher than the first half.
+    # Medians, not peaks: a sample taken inside an update holds that update's activations (one
+    # sample 60 MB above its neighbours, then back), where growth raises every later sample.
     training = [s["rss_mb"] for s in buffer_samples if s["replay_len"] >= cfg.algo.learning_starts]
     assert len(training) >= 8, report
     half = len(training) // 2
-    assert max(training[half:]) <= max(training[:half]) + RSS_GROWTH_MB, (training, report)
+    assert np.median(training[half:]) <= np.median(training[:half]) + RSS_GROWTH_MB, (training, report)
     assert np.nanmax(ds["replay_size"].values) <= cfg.algo.buffer_size
     assert np.nanmax(ds["replay_fill"].values) <= 1.0
