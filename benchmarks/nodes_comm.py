@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -41,6 +42,8 @@ from comm_bench.nodes import NodesCluster  # noqa: E402
 from comm_bench.results import machine_description  # noqa: E402
 
 KIB = 1 << 10
+#: tc's rates: a number and a unit in bits or bytes per second
+RATE = re.compile(r"\d+(\.\d+)?([kmgt]?bit|[kmgt]?bps)", re.IGNORECASE)
 
 
 def actor_counts(max_actors: int) -> list[int]:
@@ -172,6 +175,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--sample-times {a.sample_times!r}: give seconds separated by commas, e.g. 0.001,0.01")
     if any(st < 0 for st in a.sample_times):
         p.error(f"--sample-times {a.sample_times}: sampling sleeps cannot be negative")
+    if a.rate is not None and not RATE.fullmatch(a.rate):
+        p.error(f"--rate {a.rate!r}: give tc's form, a number and a unit such as 1gbit, 100mbit or 12500kbps")
     if os.geteuid() != 0:
         p.error("needs root: the nodes are network namespaces (jobqueue/netns-nodes.sh)")
     return a

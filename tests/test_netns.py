@@ -98,9 +98,17 @@ def test_the_nodes_benchmark_spreads_its_actors_over_the_nodes_and_measures_both
     assert (out / "nodes_comm.png").stat().st_size > 0
 
 
-def test_the_nodes_benchmark_refuses_bad_arguments_before_making_nodes():
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sample-times", "1ms"], "--sample-times '1ms': give seconds separated by commas"),
+        (["--rate", "1gigabit"], "--rate '1gigabit': give tc's form"),
+        (["--nodes", "0"], "--nodes must be at least 1"),
+    ],
+)
+def test_the_nodes_benchmark_refuses_bad_arguments_before_making_nodes(args, message):
     r = subprocess.run(
-        [sys.executable, "benchmarks/nodes_comm.py", "--sample-times", "1ms"],
+        [sys.executable, "benchmarks/nodes_comm.py", *args],
         capture_output=True, text=True, timeout=60, cwd=CONFIG.parent.parent,
     )  # fmt: skip
-    assert r.returncode == 2 and "--sample-times '1ms': give seconds separated by commas" in r.stderr, r.stderr
+    assert r.returncode == 2 and message in r.stderr, r.stderr
