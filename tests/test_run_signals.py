@@ -142,9 +142,14 @@ class CliRun:
         return out
 
     def finish(self, timeout: float) -> int | None:
+        """The CLI's exit code, or None after ``timeout``: then its threads' stacks (SIGUSR1)
+        join the timeline, to show where it is stuck."""
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGUSR1)
+                time.sleep(1.0)
             return None
 
     def kill_session(self) -> None:
@@ -276,6 +281,12 @@ def test_sigterm_to_the_process_group_stops_the_run(h, cli_run, algo, actors):
 @pytest.mark.timeout(90)
 def test_sigterm_to_the_cli_alone_stops_the_run(h, cli_run):
     run, family = started(cli_run, "dqn", 1, terminal=False)
+    # `kill -USR1 PID` first: the stacks of all its threads on stderr, and the run goes on
+    t_usr1 = time.monotonic() - run.t0
+    os.kill(run.proc.pid, signal.SIGUSR1)
+    run.wait_for_line(re.compile(r"^Thread 0x[0-9a-f]+ \(most recent call first\)"), timeout=10, since=t_usr1)
+    run.wait_for_line(re.compile(r'File ".*tianji_dask/cli\.py", line \d+ in cmd_train'), timeout=10, since=t_usr1)
+    assert run.proc.poll() is None, run.timeline()
     os.kill(run.proc.pid, signal.SIGTERM)  # `kill PID`
     assert_stopped_cleanly(h, run, family, run.finish(timeout=30), 128 + signal.SIGTERM)
 

@@ -8,6 +8,7 @@ Ctrl-C, 143 by SIGTERM (results written either way).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import math
 import signal
 import sys
@@ -759,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, scancel, a batch system's time limit) ends a command like Ctrl-C does; a
     # run's worker processes ignore both (tianji_dask.runtime.worker_signals): the driver stops them.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # `kill -USR1 PID`: every thread's stack on stderr, for a command that seems stuck; it goes on
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return _main(argv)
     except KeyboardInterrupt as exc:  # before a run started, or outside train: nothing to save
