@@ -37,21 +37,13 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "jobqueue")]
 
 from netns_nodes import Nodes, link_bytes  # noqa: E402
 
-from comm_bench.cases import MB, Case, CommBenchConfig  # noqa: E402
+from comm_bench.cases import MB, Case, CommBenchConfig, actor_counts  # noqa: E402
 from comm_bench.nodes import NodesCluster  # noqa: E402
 from comm_bench.results import machine_description  # noqa: E402
 
 KIB = 1 << 10
 #: tc's rates: a number and a unit in bits or bytes per second
 RATE = re.compile(r"\d+(\.\d+)?([kmgt]?bit|[kmgt]?bps)", re.IGNORECASE)
-
-
-def actor_counts(max_actors: int) -> list[int]:
-    counts, a = [], 1
-    while a < max_actors:
-        counts.append(a)
-        a *= 2
-    return [*counts, max_actors]
 
 
 def node_of(actor: int, nodes: int) -> int:
@@ -70,16 +62,16 @@ def measure(args, log) -> list[dict]:
         for i in range(args.max_actors):  # names sort receiver first, then actors in dealing order
             nodes.start_worker(node_of(i, args.nodes), f"a{i + 1:02d}-actor-node{node_of(i, args.nodes)}", {})
         nodes.wait_for_workers(1 + args.max_actors, timeout=180)
-        cfg = CommBenchConfig(messages=args.messages, actor_counts=tuple(actor_counts(args.max_actors)))
+        cfg = CommBenchConfig(messages=args.messages, actor_counts=actor_counts(args.max_actors))
         with NodesCluster(cfg, scheduler, workers=1 + args.max_actors) as cluster:
             for st in args.sample_times:
                 for a in cfg.actor_counts:
-                    into = link_bytes(1)[1]
+                    before = link_bytes(1)[1]
                     raw = cluster.run_raw(args.message_bytes, args.messages, a, st)["collection_time"]
-                    into, raw_link = link_bytes(1)[1], link_bytes(1)[1] - into
+                    between = link_bytes(1)[1]
                     case = Case("actors", "channel", args.message_bytes, a, st, args.messages)
                     channel = cluster.run_channel(case, f"nodes-{a}-{st}")["collection_time"]
-                    channel_link = link_bytes(1)[1] - into
+                    raw_link, channel_link = between - before, link_bytes(1)[1] - between
                     rows.append(
                         {"sample_time": st, "actors": a, "raw_tcp": raw, "channel": channel,
                          "raw_tcp_link_bytes": raw_link, "channel_link_bytes": channel_link}
@@ -185,13 +177,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = measure(args, lambda s: print(s, flush=True))
+    machine = machine_description()
     meta = {
         "nodes": args.nodes,
         "rate": args.rate or "unlimited",
         "messages": args.messages,
         "message_bytes": args.message_bytes,
-        "machine_cpu_cores": machine_description()["cpu_cores"],
-        "cpu_model": machine_description()["cpu_model"],
+        "machine_cpu_cores": machine["cpu_cores"],
+        "cpu_model": machine["cpu_model"],
         "load_avg_1m": os.getloadavg()[0],
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "command": " ".join(sys.argv),

@@ -60,6 +60,15 @@ class CommBenchConfig:
         return max([1, *self.actor_counts])
 
 
+def actor_counts(max_actors: int) -> tuple[int, ...]:
+    """The actor sweep: 1, 2, 4, ... below ``max_actors``, then ``max_actors``."""
+    counts, a = [], 1
+    while a < max_actors:
+        counts.append(a)
+        a *= 2
+    return (*counts, max_actors)
+
+
 @dataclasses.dataclass
 class Case:
     sweep: str

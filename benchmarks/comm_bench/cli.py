@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cases import DEFAULT_CAPACITY_MB, SWEEPS, CommBenchConfig
+from .cases import DEFAULT_CAPACITY_MB, SWEEPS, CommBenchConfig, actor_counts
 from .run import run
 from .workload import SAMPLE_MODES
 
@@ -74,11 +74,6 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 def config_from_args(args) -> CommBenchConfig:
     if args.max_actors < 1:
         raise ValueError(f"--max-actors must be at least 1, got {args.max_actors}")
-    counts, a = [], 1
-    while a < args.max_actors:
-        counts.append(a)
-        a *= 2
-    counts.append(args.max_actors)
     env = {}
     for item in args.worker_env:
         name, sep, value = item.partition("=")
@@ -86,7 +81,7 @@ def config_from_args(args) -> CommBenchConfig:
             raise ValueError(f"--worker-env takes NAME=VALUE (NAME= to unset), got {item!r}")
         env[name] = value or None
     kw = {
-        "actor_counts": tuple(counts),
+        "actor_counts": actor_counts(args.max_actors),
         "sample_mode": args.sample_mode,
         "capacity_mb": args.capacity_mb,
         "unset_malloc_trim": args.unset_malloc_trim,

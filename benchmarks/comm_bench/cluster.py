@@ -111,8 +111,7 @@ class BenchCluster:
             "inbox_max_queued": fin["max_queued_bytes"] / MB,
             "receiver_rss_start": rss.start_bytes / MB,
             "receiver_rss_peak": rss.peak_bytes / MB,
-            "receiver_faults_per_message": rss.minor_faults / case.messages,
-            "receiver_switches_per_message": rss.context_switches / case.messages,
+            **rss.per_message(case.messages),
         }
 
     def run_actor_calls(self, case: Case, name: str) -> dict:
@@ -158,6 +157,5 @@ class BenchCluster:
             "t_rv": got["cpu_s"] / case.messages,
             "receiver_rss_start": rss.start_bytes / MB,
             "receiver_rss_peak": rss.peak_bytes / MB,
-            "receiver_faults_per_message": rss.minor_faults / case.messages,
-            "receiver_switches_per_message": rss.context_switches / case.messages,
+            **rss.per_message(case.messages),
         }

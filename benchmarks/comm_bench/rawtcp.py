@@ -201,8 +201,7 @@ def run_raw_tcp(
         "send_call_s": sum(s["send_wall_s"] for s in sres) / sent,
         "receiver_start_rss_bytes": rss.start_bytes,
         "receiver_peak_rss_bytes": rss.peak_bytes,
-        "receiver_minor_faults": rss.minor_faults,
-        "receiver_context_switches": rss.context_switches,
+        **rss.per_message(n),
         "receiver_malloc_env": rres["malloc_env"],
     }
 
@@ -222,7 +221,7 @@ def run_raw(case: Case, cfg: CommBenchConfig) -> dict:
         "send_call_time": r["send_call_s"],
         "receiver_rss_start": r["receiver_start_rss_bytes"] / MB,
         "receiver_rss_peak": r["receiver_peak_rss_bytes"] / MB,
-        "receiver_faults_per_message": r["receiver_minor_faults"] / case.messages,
-        "receiver_switches_per_message": r["receiver_context_switches"] / case.messages,
+        "receiver_faults_per_message": r["receiver_faults_per_message"],
+        "receiver_switches_per_message": r["receiver_switches_per_message"],
         "receiver_malloc_env": json.dumps(r["receiver_malloc_env"], sort_keys=True),
     }

@@ -115,6 +115,13 @@ class RssSampler:
             return
         self.minor_faults, self.context_switches = faults - self._counts[0], switches - self._counts[1]
 
+    def per_message(self, messages: int) -> dict[str, float]:
+        """The counts per message collected, as comm.nc names them."""
+        return {
+            "receiver_faults_per_message": self.minor_faults / messages,
+            "receiver_switches_per_message": self.context_switches / messages,
+        }
+
 
 def loadavg_1m() -> float:
     return os.getloadavg()[0]

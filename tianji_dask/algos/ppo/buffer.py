@@ -7,9 +7,8 @@ nothing while fewer are there (a learner iteration always trains on a full batch
 counted against the rollout. Which ones depends on the balance controller
 (``algo.ratio_tolerance``): with it off, actors make more than the learner takes and it gets the
 newest, the least stale; with it on, actors make what the learner takes and it gets the oldest
-(by policy version) first, so that a rollout that arrived a little late is trained on instead of going stale behind
-newer ones (with several actors, taking the newest dropped such rollouts and the balance then
-held their actors back). Rollouts dropped unused are also counted per actor
+(by policy version) first, so that a rollout that arrived a little late is trained on instead of
+going stale behind another actor's newer one. Rollouts dropped unused are also counted per actor
 (``dropped_by_actor``), which the learner publishes so the actors' balance controller refunds them
 (:mod:`tianji_dask.algos.ppo.pacing`).
 """

@@ -16,9 +16,9 @@ The count runs across versions: an actor faster than its learner makes ``per_ver
 a version once it is ``ahead`` ahead, as many as the learner takes, so none is made only to be dropped
 as stale. Credit grows with versions, not with a consumption count: rollouts that go stale
 and are dropped would never be counted as consumed, and both sides could wait for each other.
-A rollout dropped unused (one that arrives more than ``max_policy_lag`` versions late, though the
-buffer of a balanced run hands the learner the oldest rollouts first) is refunded to the actor that made it:
-the learner publishes each actor's count of them with every version. Without the refund each drop
+A rollout dropped unused (one that arrives more than ``max_policy_lag`` versions late; the buffer
+of a balanced run hands the learner the oldest rollouts first) is refunded to the actor that made
+it: the learner publishes each actor's count of them with every version. Without the refund each drop
 would cost its actor one rollout of lead for good, and once every actor had lost its ``ahead``
 they would all wait for each version and the learner for each rollout: serial training.
 """
