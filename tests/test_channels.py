@@ -34,7 +34,8 @@ from tianji_dask.channels import (
     TopicPublisher,
     wire,
 )
-from tianji_dask.channels.socket_reader import SocketReader
+from tianji_dask.channels.queue_link import QueueLink
+from tianji_dask.channels.socket_reader import FILL_AFTER_LARGE_BYTES, SocketReader
 from tianji_dask.runtime.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
@@ -373,6 +374,58 @@ def test_socket_reader_reads_exact_sizes_across_its_buffer_and_reports_a_closed_
         assert reader.read(5) == b"xyzta"
         with pytest.raises(ConnectionError, match="closed"):
             reader.read(3)  # "il" and then the end: a message cut short
+
+
+def test_socket_reader_fills_little_after_a_large_read_so_the_next_payload_is_not_copied_twice():
+    a, b = socket.socketpair()
+    with a, b:
+        reader = SocketReader(b, buffer_bytes=4 * FILL_AFTER_LARGE_BYTES)
+        small = bytes(range(100))
+        large = np.arange(8 * FILL_AFTER_LARGE_BYTES, dtype=np.uint8)
+        a.sendall(small + large.tobytes() + small + large.tobytes())
+        while len(b.recv(1 << 20, socket.MSG_PEEK)) < 2 * (len(small) + large.nbytes):
+            time.sleep(0.01)  # everything is in the socket: a fill takes all it asks for
+        assert reader.read(100) == small
+        assert reader.buffered == 4 * FILL_AFTER_LARGE_BYTES - 100  # small reads: a whole buffer
+        target = np.empty(large.nbytes, dtype=np.uint8)
+        reader.readinto(target.data)
+        assert np.array_equal(target, large)
+        assert reader.read(100) == small
+        assert reader.buffered == FILL_AFTER_LARGE_BYTES - 100  # not a buffer's worth of payload
+        reader.readinto(target.data)
+        assert np.array_equal(target, large)
+
+
+def test_credit_sent_from_the_consumers_thread_never_blocks_and_arrives_whole_when_the_socket_fills():
+    async def main():
+        with socket.create_server(("127.0.0.1", 0)) as server:  # TCP: a full socket takes part of a message
+            a = socket.create_connection(server.getsockname())
+            b, _ = server.accept()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * KIB)
+        wake = threading.Event()
+        link = QueueLink(a, asyncio.get_running_loop(), wake, lambda msg: None, lambda force: ({}, False), "t")
+        link.start({"window": 1})
+        first = wire.read_from(SocketReader(b))
+        assert first == {"window": 1}
+        accepted, refused, credit = [], 0, 0
+        deadline = time.monotonic() + 10
+        while refused < 100 and time.monotonic() < deadline:  # the peer reads nothing: it fills
+            credit += 1
+            if link.send_now({"credit": credit}):
+                accepted.append(credit)
+            elif accepted:  # refused (the writer may still hold the socket at first): kept by the caller
+                refused += 1
+        assert refused == 100 and len(accepted) > 10  # none of the calls waited for the peer
+        b.settimeout(10)
+        reader = SocketReader(b)
+        got = [wire.read_from(reader)["credit"] for _ in accepted]  # the writer finishes a begun one
+        assert got == accepted
+        b.shutdown(socket.SHUT_WR)
+        assert isinstance(await link.reading_ended(), ConnectionError)
+        await link.close()
+        b.close()
+
+    asyncio.run(main())
 
 
 def test_wire_send_writes_every_piece_whole_across_partial_sendmsgs_and_read_from_decodes_it():

@@ -57,6 +57,7 @@ class _SenderConn:
         "kick",
         "live",
         "sender_capacity",
+        "link",
     )
 
     def __init__(self, sender: str, comm, loop: asyncio.AbstractEventLoop, owned: bool, sender_capacity: int):
@@ -78,6 +79,7 @@ class _SenderConn:
             self.wake = event = asyncio.Event()
             self.kick = functools.partial(call_soon, loop, event.set)
         self.live = True
+        self.link: QueueLink | None = None  # an owned connection's threads, once started
 
 
 class QueueInbox:
@@ -163,7 +165,28 @@ class QueueInbox:
 
     def _send_credit(self, kicks: list[_SenderConn]) -> None:
         for conn in kicks:
-            conn.kick()
+            if not self._send_credit_now(conn):
+                conn.kick()
+
+    def _send_credit_now(self, conn: _SenderConn) -> bool:
+        """Send ``conn``'s credit from this thread when it is due at once (what ``_control``
+        would send without lingering) and its socket takes it without waiting; False leaves
+        it to the writer."""
+        link = conn.link
+        if link is None:
+            return False
+        with self._cond:
+            if self._closed or not conn.live or conn.window != conn.window_sent:
+                return False
+            if conn.credit_due < max(1, _lingering_credit(conn)):
+                return False
+            due, conn.credit_due = conn.credit_due, 0
+            conn.kick_scheduled = False
+        if link.send_now({"credit": due}):
+            return True
+        with self._cond:
+            conn.credit_due += due
+        return False
 
     def _close(self) -> None:
         """Called by ChannelService.close: refuse new items, tell every sender."""
@@ -226,6 +249,7 @@ class QueueInbox:
             label=f"{self.name} {conn.sender}",
         )
         link.start({"window": conn.window_sent})
+        conn.link = link
         try:
             fatal, how = self._outcome(await link.reading_ended())
             self._leave(conn)
@@ -309,11 +333,10 @@ class QueueInbox:
         message instead of waking the sender for each."""
         with self._cond:
             closed = self._closed
-            if not force and not closed and conn.window == conn.window_sent:
-                limit = min(conn.window, conn.sender_capacity or conn.window)
-                if 0 < conn.credit_due < limit // 4:
-                    conn.kick_scheduled = True  # takes meanwhile add credit without a wake-up
-                    return None, False
+            lingering = not force and not closed and conn.window == conn.window_sent
+            if lingering and 0 < conn.credit_due < _lingering_credit(conn):
+                conn.kick_scheduled = True  # takes meanwhile add credit without a wake-up
+                return None, False
             due, conn.credit_due = conn.credit_due, 0
             conn.kick_scheduled = False
             window = conn.window
@@ -373,6 +396,12 @@ class QueueInbox:
                 self._senders[conn.sender] += 1
             self._max_queued_bytes = max(self._max_queued_bytes, self._queued_bytes)
             self._cond.notify_all()
+
+
+def _lingering_credit(conn: _SenderConn) -> int:
+    """Credit under this much waits a little for more before it is written: a quarter of what
+    the sender may have in flight."""
+    return min(conn.window, conn.sender_capacity or conn.window) // 4
 
 
 def _describe(obj) -> str:

@@ -10,6 +10,10 @@ threads and awaits their end (``QueueInbox.serve``), so many senders are receive
 
 The writer's first message is the sender's cue to start sending items: until then the sender
 sends nothing, which is what lets the inbox take the socket from tornado safely.
+
+Credit that is due at once can also leave from the consumer's own thread (:meth:`QueueLink.
+send_now`, without blocking): it then reaches the sender without waiting for the writer thread
+to wake and take the GIL, which many reader threads hold in turn.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class QueueLink:
         self._on_message = on_message
         self._control = control
         self._stopping = threading.Event()
+        self._send_lock = threading.Lock()  # one message at a time on the socket, whole
+        self._unsent = b""  # the rest of a message send_now began, for the writer to finish
         self._first: dict = {}
         self._error: str | None = None
         self._read_end: Exception | None = None  # what ended reading; None: the sender's "bye"
@@ -96,6 +102,29 @@ class QueueLink:
         self._writer.join()
         self._sock.close()
 
+    def send_now(self, msg: dict) -> bool:
+        """Send ``msg`` from the calling thread if that takes no waiting: True when it is sent
+        (or its rest left to the writer thread, which was woken), or the connection is gone;
+        False when nothing was sent (the socket is busy or full): the caller keeps ``msg``."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._unsent or self._stopping.is_set():
+                return False
+            data = b"".join(wire.encode(msg, out_of_band=False))
+            try:
+                sent = self._sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True  # the reader sees the connection end too
+            if sent < len(data):
+                self._unsent = data[sent:]
+                self._wake.set()
+            return True
+        finally:
+            self._send_lock.release()
+
     def abort(self) -> None:
         """Shut the socket down so that both threads end soon; for a cancelled ``serve``."""
         self._stopping.set()
@@ -124,6 +153,7 @@ class QueueLink:
                 self._wake.clear()
                 if self._stopping.is_set():
                     break
+                self._send(None)  # the rest of what send_now began, if any
                 msg, closed = self._control(False)
                 if msg is None:  # only a little credit due: let more takes add to it first
                     self._stopping.wait(CREDIT_LINGER_S)
@@ -143,8 +173,14 @@ class QueueLink:
                     self._send({"error": self._error})
             finish_soon(self._loop, self._writer_done)
 
-    def _send(self, msg: dict) -> None:
-        self._sock.sendall(b"".join(wire.encode(msg, out_of_band=False)))
+    def _send(self, msg: dict | None) -> None:
+        """Finish what :meth:`send_now` began, then send ``msg`` (None: nothing more)."""
+        with self._send_lock:
+            if self._unsent:
+                self._sock.sendall(self._unsent)
+                self._unsent = b""
+            if msg is not None:
+                self._sock.sendall(b"".join(wire.encode(msg, out_of_band=False)))
 
     def _shutdown(self) -> None:
         with contextlib.suppress(OSError):  # already shut down, or the peer reset it

@@ -5,6 +5,10 @@ whatever has arrived, so a run of small messages costs one system call per buffe
 read. A large read goes straight into the caller's buffer with ``MSG_WAITALL``: the kernel
 returns once all of it is there, so a large array costs one wake-up of the thread (and one
 taking of the GIL) instead of one per TCP segment.
+
+Right after a large read the next fill asks for only :data:`FILL_AFTER_LARGE_BYTES`: the next
+message is probably large too, and a full buffer's worth of its payload would be received into
+the buffer and then copied again, with the GIL held, into the array it belongs in.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import socket
 
 #: Bytes one ``recv`` for small reads asks for; a read at least this large bypasses the buffer.
 BUFFER_BYTES = 64 << 10
+#: Bytes the fill after a large read asks for: a message's prelude and header, a little more.
+FILL_AFTER_LARGE_BYTES = 4 << 10
 
 
 class SocketReader:
@@ -25,6 +31,12 @@ class SocketReader:
         self._view = memoryview(self._buffer)
         self._start = 0  # buffered, unread bytes are _buffer[_start:_end]
         self._end = 0
+        self._fill_bytes = len(self._buffer)  # what the next fill asks for (at least)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet read."""
+        return self._end - self._start
 
     def read(self, n: int) -> bytes | bytearray:
         """The next ``n`` bytes."""
@@ -54,12 +66,15 @@ class SocketReader:
             if not got:
                 raise ConnectionError("the peer closed the connection")
             have += got
+        self._fill_bytes = min(FILL_AFTER_LARGE_BYTES, len(self._buffer))
 
     def _fill(self, at_least: int) -> None:
         """Empty the buffer and receive at least ``at_least`` bytes into it."""
         self._start = self._end = 0
+        limit = max(at_least, self._fill_bytes)
+        self._fill_bytes = len(self._buffer)
         while self._end < at_least:
-            got = self._sock.recv_into(self._view[self._end :])
+            got = self._sock.recv_into(self._view[self._end : limit])
             if not got:
                 raise ConnectionError("the peer closed the connection")
             self._end += got
