@@ -123,6 +123,13 @@ def test_command_line():
         config_from_args(build_parser().parse_args(["--sample-times", "fast"]))
     with pytest.raises(ValueError, match="--worker-env takes NAME=VALUE"):
         config_from_args(build_parser().parse_args(["--worker-env", "X"]))
+    chosen = config_from_args(build_parser().parse_args(["--actors", "16,32", "--max-actors", "8"]))
+    assert chosen.actor_counts == (16, 32)
+    for bad in ("16,many", ","):
+        with pytest.raises(ValueError, match="--actors"):
+            config_from_args(build_parser().parse_args(["--actors", bad]))
+    with pytest.raises(ValueError, match="actor counts must be >= 1"):
+        config_from_args(build_parser().parse_args(["--actors", "0,4"]))
 
 
 @pytest.mark.slow

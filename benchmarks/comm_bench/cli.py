@@ -30,6 +30,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=4,
         help="actor sweep 1, 2, 4, ... up to this many (one worker process each; default 4)",
     )
+    p.add_argument(
+        "--actors",
+        default=None,
+        metavar="LIST",
+        help="comma-separated actor counts of the actor sweep instead of --max-actors' sweep, e.g. 16,32",
+    )
     p.add_argument("--messages", type=int, default=None, help="N, messages to collect per case (overrides --small)")
     p.add_argument(
         "--sweeps",
@@ -80,8 +86,16 @@ def config_from_args(args) -> CommBenchConfig:
         if not sep or not name:
             raise ValueError(f"--worker-env takes NAME=VALUE (NAME= to unset), got {item!r}")
         env[name] = value or None
+    counts = actor_counts(args.max_actors)
+    if args.actors is not None:
+        try:
+            counts = tuple(int(x) for x in args.actors.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"--actors takes comma-separated counts, e.g. 16,32, got {args.actors!r}") from None
+        if not counts:
+            raise ValueError(f"--actors needs at least one count, got {args.actors!r}")
     kw = {
-        "actor_counts": actor_counts(args.max_actors),
+        "actor_counts": counts,
         "sample_mode": args.sample_mode,
         "capacity_mb": args.capacity_mb,
         "unset_malloc_trim": args.unset_malloc_trim,
