@@ -282,6 +282,20 @@ def forked_local_cluster(**kwargs):
     return LocalCluster(worker_class=ForkedNanny, **kwargs)
 
 
+@contextlib.contextmanager
+def run_cluster_client(n_workers: int):
+    """A ``Client`` of a LocalCluster made as a run makes its own (``runtime.cluster.local_cluster``:
+    the same worker processes, preloads and limits), for several runs of one module in turn: each
+    run is given the client instead of starting and closing a cluster of its own, for the tests
+    whose subject is what a run does, not its cluster's start and end."""
+    from distributed import Client
+
+    from tianji_dask.runtime.cluster import local_cluster
+
+    with local_cluster(n_workers, dashboard=False) as cluster, Client(cluster) as client:
+        yield client
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while True:
@@ -413,6 +427,7 @@ class _Helpers:
     script_main = staticmethod(script_main)
     cli_in_background = staticmethod(cli_in_background)
     forked_local_cluster = staticmethod(forked_local_cluster)
+    run_cluster_client = staticmethod(run_cluster_client)
     wait_until = staticmethod(wait_until)
     ending = staticmethod(ending)
     worker_processes = staticmethod(worker_processes)

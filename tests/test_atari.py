@@ -720,14 +720,22 @@ TINY_RUNS = {
 }
 
 
+@pytest.fixture(scope="module")
+def pong_client(h):
+    """One LocalCluster, made as a run makes its own, for the tiny runs in turn (one actor each:
+    two workers)."""
+    with h.run_cluster_client(2) as client:
+        yield client
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("algo", sorted(TINY_RUNS))
-def test_tiny_pong_run_on_a_local_cluster(h, tmp_path, algo):
+def test_tiny_pong_run_on_a_local_cluster(h, tmp_path, algo, pong_client):
     from tianji_dask.runtime.driver import train
 
     path, overrides = TINY_RUNS[algo]
-    result = train(load_config(path, overrides), out=tmp_path / algo).wait(timeout=220)
+    result = train(load_config(path, overrides), pong_client, out=tmp_path / algo).wait(timeout=220)
     n = _check_atari_run(h, result, load_config(path, overrides), algo.split("_")[0])
     print(f"\npong {algo}: {n}")
     # the checkpoint plays a whole game on the env's own rewards (21 points to one side)
