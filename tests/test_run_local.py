@@ -81,19 +81,50 @@ def clean(client) -> bool:
 
 
 # ------------------------------------------------------------------ the driver's own cluster
-@pytest.mark.timeout(90)
-def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
+@pytest.fixture(scope="module")
+def own_cluster_run(h, tmp_path_factory):
+    """One run on the LocalCluster the driver starts, read by the tests below: with the worker
+    check every 10 ms and the client refreshing its identity every 5 ms (the regression of
+    :func:`test_the_worker_check_is_not_fooled_by_the_clients_refresh`). Its run, result, events,
+    wall time and whether the cluster's processes were gone afterwards."""
+    from tianji_dask.runtime import supervisor
+
     cfg = short_config(h, "stop.max_env_steps=6000")
     before = children()
-    events = []
+    events: list[str] = []
+    out = tmp_path_factory.mktemp("own") / "run"
     t = time.monotonic()
-    run = train(cfg, out=tmp_path / "run", on_event=events.append)
-    result = run.wait(timeout=75)
+    with (
+        pytest.MonkeyPatch.context() as mp,
+        dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}),
+    ):
+        mp.setattr(supervisor, "WORKER_CHECK_S", 0.01)
+        run = train(cfg, out=out, on_event=events.append)
+        result = run.wait(timeout=75)
     wall = time.monotonic() - t
+    if result is None:
+        run.stop()
+        run.wait(timeout=30)
+    gone = h.wait_until(lambda: children() <= before, timeout=5)
+    return {
+        "cfg": cfg,
+        "out": out,
+        "run": run,
+        "result": result,
+        "events": events,
+        "wall": wall,
+        "gone": gone,
+        "left": children() - before,
+    }
+
+
+@pytest.mark.timeout(90)
+def test_distributed_run_on_its_own_local_cluster(h, own_cluster_run):
+    cfg, run, result, events = (own_cluster_run[k] for k in ("cfg", "run", "result", "events"))
     assert result is not None, "the run did not end"
     assert result.error is None, result.error
     assert result.status == "max_env_steps" and result.ok
-    assert result.run_dir == (tmp_path / "run").absolute()
+    assert result.run_dir == own_cluster_run["out"].absolute()
     assert any(e.startswith("dashboard: http://127.0.0.1:") for e in events), events
     # where the start-up went: the cluster, the hosts' creation, each role's loop (and of that its
     # build), each said once
@@ -125,8 +156,18 @@ def test_distributed_run_on_its_own_local_cluster(h, tmp_path):
         fds, threads = float(ds[f"{role}_open_fds"].max()), float(ds[f"{role}_threads"].max())
         assert 5 <= fds < 1000 and 2 <= threads < 200, (role, fds, threads)
     # the driver closes the LocalCluster it started: its worker processes are gone
-    assert h.wait_until(lambda: children() <= before, timeout=5), children() - before
-    print(f"\nown cluster: wall {wall:.1f} s (run {result.wall_s:.1f} s), {n}")
+    assert own_cluster_run["gone"], own_cluster_run["left"]
+    print(f"\nown cluster: wall {own_cluster_run['wall']:.1f} s (run {result.wall_s:.1f} s), {n}")
+
+
+def test_the_worker_check_is_not_fooled_by_the_clients_refresh(own_cluster_run):
+    """Regression: the driver read the client's cached identity, which the client's periodic
+    refresh replaces with one listing no workers; a Pong DQN run on the GPU machine lost its
+    buffer that way after 534 s. In the module's run the refresh runs every 5 ms and the check
+    every 10 ms."""
+    result = own_cluster_run["result"]
+    assert result is not None and result.error is None, result and result.error
+    assert result.status == "max_env_steps"
 
 
 @pytest.mark.timeout(90)
@@ -300,23 +341,6 @@ def test_a_failed_last_write_fails_the_run_and_the_files_say_so(h, tmp_path):
     assert result.error.startswith(f"writing results to {run.run_dir} failed: IsADirectoryError"), result.error
     attrs = xr.load_dataset(run.run_dir / "metrics.nc", engine="netcdf4").attrs
     assert (attrs["status"], attrs["error"]) == ("failed", result.error.splitlines()[0])
-
-
-@pytest.mark.timeout(60)
-def test_the_worker_check_is_not_fooled_by_the_clients_refresh(h, tmp_path, monkeypatch):
-    """Regression: the driver read the client's cached identity, which the client's periodic
-    refresh replaces with one listing no workers; a Pong DQN run on the GPU machine lost its
-    buffer that way after 534 s. Here the refresh runs every 5 ms and the check every 10 ms."""
-    import dask
-
-    from tianji_dask.runtime import supervisor
-
-    monkeypatch.setattr(supervisor, "WORKER_CHECK_S", 0.01)
-    cfg = short_config(h, "stop.max_env_steps=6000")
-    with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
-        result = train(cfg, out=tmp_path / "run").wait(timeout=45)
-    assert result is not None and result.error is None, result and result.error
-    assert result.status == "max_env_steps"
 
 
 @pytest.mark.timeout(60)
