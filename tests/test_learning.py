@@ -15,6 +15,14 @@ from tianji_dask.results.evaluation import evaluate
 from tianji_dask.runtime.driver import train
 
 
+@pytest.fixture(scope="module")
+def run_client(h):
+    """One LocalCluster, made as a run makes its own, for the distributed runs of this module in
+    turn (one actor each: two workers)."""
+    with h.run_cluster_client(2) as client:
+        yield client
+
+
 @pytest.mark.learning
 @pytest.mark.integration
 @pytest.mark.timeout(240)
@@ -46,7 +54,7 @@ def test_cartpole_reaches_150_within_budget(tmp_path, algo):
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("algo", "target"), [("dqn", 500), ("ppo", 475)])
-def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
+def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target, run_client):
     """The shipped config with evaluations (every 10,000 env steps, 20 episodes), trained until
     one of them reaches ``target`` instead of until the training mean reaches 300: runs stopped at
     300 often held no policy that plays 450 (docs/benchmarks.md). Its best checkpoint, played by
@@ -68,7 +76,7 @@ def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
             *paced,
         ],
     )
-    result = train(cfg, out=tmp_path / "run").wait()
+    result = train(cfg, run_client, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "eval_target_reached", (result.status, result.env_steps, result.wall_s)
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
@@ -87,7 +95,7 @@ def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target):
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-def test_distributed_ppo_records_staleness(tmp_path):
+def test_distributed_ppo_records_staleness(tmp_path, run_client):
     """metrics.nc of a distributed PPO run carries the staleness of what the learner trained on."""
     import numpy as np
     import xarray as xr
@@ -98,7 +106,7 @@ def test_distributed_ppo_records_staleness(tmp_path):
         "configs/cartpole_ppo.yaml",
         ["stop.target_return=null", "stop.max_env_steps=20000", "stop.max_seconds=120", "run.metrics_interval=0.1"],
     )
-    result = train(cfg, out=tmp_path / "run").wait()
+    result = train(cfg, run_client, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "max_env_steps"
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
@@ -131,7 +139,7 @@ def test_distributed_ppo_records_staleness(tmp_path):
 @pytest.mark.learning
 @pytest.mark.integration
 @pytest.mark.timeout(330)
-def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
+def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path, run_client):
     """PPO's Gaussian policy learns Pendulum-v1 on a LocalCluster: the 100-episode mean return
     reaches -800 within 100,000 env steps, from the first 50 episodes' mean below -1000 (random
     play scores about -1200, the config's target is -200). Iterations of one rollout of 256 steps
@@ -154,7 +162,7 @@ def test_pendulum_gaussian_ppo_return_rises_within_budget(tmp_path):
             "run.heartbeat_timeout=30.0",
         ],
     )
-    result = train(cfg, out=tmp_path / "run").wait()
+    result = train(cfg, run_client, out=tmp_path / "run").wait()
     assert result.error is None, result.error
     assert result.status == "target_reached", (result.status, result.env_steps, result.wall_s)
     with xr.open_dataset(result.run_dir / "episodes.nc", engine="netcdf4") as eps:
