@@ -382,6 +382,31 @@ def _uses_the_system(item: pytest.Item) -> bool:
     )
 
 
+def _module_rank(items: list[pytest.Item]) -> int:
+    """Where a module's tests go in the run: those that train to a target first, then those that
+    use the machine's Slurm or network namespaces (one at a time: together, so that they
+    rarely wait for each other), then the other integration and slow ones, the quick ones last."""
+    marks = {m.name for item in items for m in item.iter_markers()}
+    if "learning" in marks:
+        return 0
+    if any(_uses_the_system(item) for item in items):
+        return 1
+    if marks & {"integration", "slow"}:
+        return 2
+    return 3
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long modules run first, each module's tests together and in their order: pytest-xdist
+    hands the first tests out in large batches and the last ones one or two at a time, so a long
+    test left for the end would keep one process busy while the other has nothing to run."""
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    ranked = sorted(modules.values(), key=_module_rank)  # stable: files in their usual order
+    items[:] = [item for module in ranked for item in module]
+
+
 @pytest.fixture(autouse=True)
 def _one_system_test_at_a_time(request, tmp_path_factory):
     if not _uses_the_system(request.node):
