@@ -31,14 +31,22 @@ def _native_threads() -> list[str]:
     return sorted(n for n in names if n.startswith(("gloo", "pt_gloo", "pt_tcpstore")))
 
 
-def _rank_main(rank, world, port_q, out_q, algo, backend):
+def _rank_main(rank, world, port_q, out_q, algos, backend):
+    """One rank's process: a data-parallel session of its own for each of ``algos`` in turn."""
     faulthandler.enable(all_threads=True)  # a rank that crashes leaves its threads' stacks in stderr
     from tianji_dask.devices import device_of_slot
-    from tianji_dask.runtime.dataparallel import DataParallel, open_store
 
     device = device_of_slot("cuda", rank, torch.cuda.device_count()) if backend == "nccl" else "cpu"
-
     torch.set_num_threads(1)
+    for algo in algos:
+        out_q.put((rank, algo, *_session(rank, world, port_q, algo, backend, device)))
+
+
+def _session(rank, world, port_q, algo, backend, device):
+    """One process group from its store to its close(): the parameters' agreement after every
+    step, the parameters at the end, the torch.distributed threads left, the agreements, the device."""
+    from tianji_dask.runtime.dataparallel import DataParallel, open_store
+
     cfg = load_config(f"configs/cartpole_{algo}.yaml", check_env=False).algo
     store = None
     if rank == 0:
@@ -90,7 +98,7 @@ def _rank_main(rank, world, port_q, out_q, algo, backend):
     before = torch.cat([p.detach().reshape(-1) for p in params]).clone()
     dp.close()
     del store  # the test's own reference to rank 0's store: the last one after close()
-    out_q.put((rank, sums, before.cpu().numpy(), _native_threads(), agreements, device))
+    return sums, before.cpu().numpy(), _native_threads(), agreements, device
 
 
 BACKENDS = [
@@ -102,19 +110,31 @@ BACKENDS = [
 ]
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("algo", ["dqn", "ppo"])
-def test_parameters_identical_across_learners_after_every_step(algo, backend):
+ALGOS = ("dqn", "ppo")
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sessions(request):
+    """``(backend, exit codes, {(rank, algo): what _session returned})``: two rank processes,
+    spawned once a backend, each running a session of each algorithm in turn."""
+    backend = request.param
     ctx = mp.get_context("spawn")
     port_q, out_q = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port_q, out_q, algo, backend)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port_q, out_q, ALGOS, backend)) for r in range(2)]
     for p in procs:
         p.start()
-    results = {r: rest for r, *rest in (out_q.get(timeout=100) for _ in procs)}
+    results = {(r, algo): rest for r, algo, *rest in (out_q.get(timeout=100) for _ in range(len(procs) * len(ALGOS)))}
     for p in procs:
         p.join(30)
-    assert [p.exitcode for p in procs] == [0, 0], "exit codes of rank 0 and rank 1"
+    return backend, [p.exitcode for p in procs], results
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_parameters_identical_across_learners_after_every_step(sessions, algo):
+    backend, exitcodes, by_rank = sessions
+    results = {rank: by_rank[rank, algo] for rank in (0, 1)}
+    assert exitcodes == [0, 0], "exit codes of rank 0 and rank 1"
     for rank in (0, 1):
         sums, _, threads, agreements, device = results[rank]
         assert len(sums) == STEPS and all(sums), f"rank {rank}: parameters differed after some step: {sums}"
