@@ -58,7 +58,8 @@ class Nodes:
     pythonpath: list[str] = field(default_factory=lambda: [str(ROOT)])
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": os.pathsep.join(self.pythonpath)}
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return {**os.environ, "PYTHONPATH": os.pathsep.join([*self.pythonpath, *inherited])}
 
     @property
     def scheduler_address(self) -> str:

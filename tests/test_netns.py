@@ -5,6 +5,7 @@ the transitions the run produced. Needs root (CI); see netns_support for when it
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -112,3 +113,15 @@ def test_the_nodes_benchmark_refuses_bad_arguments_before_making_nodes(args, mes
         capture_output=True, text=True, timeout=60, cwd=CONFIG.parent.parent,
     )  # fmt: skip
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_node_processes_import_what_the_caller_imports(monkeypatch, tmp_path):
+    """A scheduler or worker started in a node keeps the caller's PYTHONPATH after the repository
+    (where packages come from a PYTHONPATH, as on the GPU machines, it could not start without)."""
+    from netns_support import Nodes
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site", "/opt/more"]))
+    nodes = Nodes(1, tmp_path / "scheduler.json")
+    nodes.pythonpath.append("/extra")
+    path = nodes._env()["PYTHONPATH"].split(os.pathsep)
+    assert path[1:] == ["/extra", "/opt/site", "/opt/more"] and path[0] == nodes.pythonpath[0]
