@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import zlib
 
 import cloudpickle
@@ -35,7 +34,6 @@ from tianji_dask.channels import (
     TopicPublisher,
     wire,
 )
-from tianji_dask.channels.queue_inbox import QueueInbox, _SenderConn
 from tianji_dask.channels.queue_link import QueueLink
 from tianji_dask.channels.socket_reader import FILL_AFTER_LARGE_BYTES, SocketReader
 from tianji_dask.runtime.workers import scheduler_workers
@@ -290,61 +288,6 @@ def test_local_queue_wait_blocks_until_consumer_takes():
     t.join()
     st = q.stats()
     assert st["blocked_s"] >= 0.25 and st["dropped"] == 0 and st["queued_bytes"] == 4 * KIB
-
-
-def test_queue_inbox_delivers_without_the_consumers_lock_and_counts_every_item_of_concurrent_senders():
-    inbox = QueueInbox("t", 1 << 30, loop=None, address="x")
-    senders, per_sender, per_message = 16, 400, 5
-    conns = [_SenderConn(f"s{i}", types.SimpleNamespace(peer_address="p"), None, True, 0) for i in range(senders)]
-    inbox._conns.extend(conns)
-
-    def message(seq0: int, nbytes: int) -> dict:
-        return {"items": [(seq0 + k, nbytes, {}) for k in range(per_message)]}
-
-    # A delivery waits for no lock that a consumer (or another sender's reader) holds.
-    with inbox._cond:
-        reader = threading.Thread(target=inbox._deliver, args=(conns[0], message(0, 10)))
-        reader.start()
-        reader.join(5)
-        assert not reader.is_alive()
-    assert [it.seq for it in inbox.poll()] == list(range(per_message))
-
-    # A consumer blocked in get() wakes on each delivery: none is lost.
-    for seq0 in range(per_message, 100 * per_message, per_message):
-        timer = threading.Timer(0.001, inbox._deliver, (conns[0], message(seq0, 10)))
-        timer.start()
-        start = time.monotonic()
-        got = inbox.get(timeout=10)
-        assert got and time.monotonic() - start < 5
-        got += inbox.get(timeout=10) if len(got) < per_message else []
-        assert [it.seq for it in got] == list(range(seq0, seq0 + per_message))
-        timer.join()
-
-    # Concurrent senders, each on its own thread, while the consumer takes: every item counted.
-    def send(conn: _SenderConn, i: int) -> None:
-        for seq0 in range(0, per_sender, per_message):
-            inbox._deliver(conn, message(100 * per_message + seq0, i + 1))
-
-    threads = [threading.Thread(target=send, args=(conn, i)) for i, conn in enumerate(conns)]
-    for t in threads:
-        t.start()
-    taken = []
-    while len(taken) < senders * per_sender:
-        taken += inbox.get(timeout=10)
-        if not any(t.is_alive() for t in threads) and not inbox.stats()["queued_items"]:
-            break
-    for t in threads:
-        t.join()
-    st = inbox.stats()
-    sent_bytes = sum((i + 1) * per_sender for i in range(senders)) + 100 * per_message * 10
-    assert len(taken) == senders * per_sender
-    assert st["received_items"] == senders * per_sender + 100 * per_message
-    assert st["received_bytes"] == sent_bytes
-    assert st["senders"] == {f"s{i}": per_sender + (100 * per_message if i == 0 else 0) for i in range(senders)}
-    assert st["queued_items"] == 0 and st["queued_bytes"] == 0 and st["seq_gaps"] == 100 * per_message * (senders - 1)
-    assert 0 < st["max_queued_bytes"] <= sent_bytes
-    inbox._leave(conns[1])  # a sender that leaves keeps its counts in the totals
-    assert inbox.stats()["received_bytes"] == sent_bytes and inbox.stats()["senders"]["s1"] == per_sender
 
 
 def test_local_topic_conflation():

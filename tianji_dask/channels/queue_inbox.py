@@ -58,9 +58,6 @@ class _SenderConn:
         "live",
         "sender_capacity",
         "link",
-        "received_items",
-        "received_bytes",
-        "seq_gaps",
     )
 
     def __init__(self, sender: str, comm, loop: asyncio.AbstractEventLoop, owned: bool, sender_capacity: int):
@@ -83,10 +80,6 @@ class _SenderConn:
             self.kick = functools.partial(call_soon, loop, event.set)
         self.live = True
         self.link: QueueLink | None = None  # an owned connection's threads, once started
-        # Written only by the thread that delivers this sender's items (``QueueInbox._deliver``).
-        self.received_items = 0
-        self.received_bytes = 0
-        self.seq_gaps = 0
 
 
 class QueueInbox:
@@ -99,18 +92,13 @@ class QueueInbox:
         self.capacity_bytes = int(capacity_bytes)
         self.address = address
         self._loop = loop
-        # Shared between the consumer's thread and the event loop: guarded by _cond, except
-        # that ``_deliver`` appends to ``_items`` (a deque: append and popleft are atomic) and
-        # reads ``_closed`` and ``_waiting`` without it, so that the reader threads of many
-        # senders do not queue on one lock. Only takers, holding _cond, pop from ``_items``.
+        # Shared between the consumer's thread and the event loop: guarded by _cond.
         self._cond = threading.Condition()
         self._items: deque[tuple[Item, _SenderConn]] = deque()
         self._conns: list[_SenderConn] = []
         self._closed = False
-        self._waiting = 0  # consumers blocked in get(): a delivery then notifies _cond
-        self._taken_bytes = 0
+        self._queued_bytes = 0
         self._max_queued_bytes = 0
-        # What the senders that left received (each live one counts its own, ``_SenderConn``).
         self._received_items = 0
         self._received_bytes = 0
         self._seq_gaps = 0
@@ -136,61 +124,37 @@ class QueueInbox:
             raise RuntimeError(f"{self!r}: get() would block the event loop; use poll()")
         deadline = time.monotonic() + timeout
         with self._cond:
-            # Counted as waiting before looking at _items: a delivery appends before it reads
-            # _waiting, so either this sees the item or that delivery notifies.
-            self._waiting += 1
-            try:
-                while not self._items and not self._closed:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-            finally:
-                self._waiting -= 1
+            while not self._items and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
             taken, kicks = self._take(max_items)
         self._send_credit(kicks)
         return taken
 
     def stats(self) -> dict:
         with self._cond:
-            received_items, received_bytes, seq_gaps = self._received_items, self._received_bytes, self._seq_gaps
-            senders = Counter(self._senders)
-            for conn in self._conns:
-                received_items += conn.received_items
-                received_bytes += conn.received_bytes
-                seq_gaps += conn.seq_gaps
-                senders[conn.sender] += conn.received_items
-            queued_bytes = received_bytes - self._taken_bytes
-            self._max_queued_bytes = max(self._max_queued_bytes, queued_bytes)
             return {
-                "received_items": received_items,
-                "received_bytes": received_bytes,
+                "received_items": self._received_items,
+                "received_bytes": self._received_bytes,
                 "queued_items": len(self._items),
-                "queued_bytes": queued_bytes,
+                "queued_bytes": self._queued_bytes,
                 "max_queued_bytes": self._max_queued_bytes,
-                "seq_gaps": seq_gaps,
-                "senders": {sender: n for sender, n in senders.items() if n},
+                "seq_gaps": self._seq_gaps,
+                "senders": dict(self._senders),
                 "connected": len(self._conns),
                 "capacity_bytes": self.capacity_bytes,
                 "closed": self._closed,
             }
 
-    def _received_bytes_now(self) -> int:
-        """Bytes received so far, the senders that left included; under _cond."""
-        return self._received_bytes + sum(conn.received_bytes for conn in self._conns)
-
     def _take(self, max_items: int | None) -> tuple[list[Item], list[_SenderConn]]:
-        """Under _cond. The queue only grows between takes, so the queued bytes seen here,
-        before taking, make its peak."""
         n = len(self._items) if max_items is None else min(max_items, len(self._items))
         taken: list[Item] = []
         kicks: list[_SenderConn] = []
-        if not n:
-            return taken, kicks
-        self._max_queued_bytes = max(self._max_queued_bytes, self._received_bytes_now() - self._taken_bytes)
         for _ in range(n):
             item, conn = self._items.popleft()
-            self._taken_bytes += item.nbytes
+            self._queued_bytes -= item.nbytes
             taken.append(item)
             if conn.live:
                 conn.credit_due += item.nbytes
@@ -347,10 +311,6 @@ class QueueInbox:
                 return
             conn.live = False
             self._conns.remove(conn)
-            self._received_items += conn.received_items
-            self._received_bytes += conn.received_bytes
-            self._seq_gaps += conn.seq_gaps
-            self._senders[conn.sender] += conn.received_items
         self._rebalance()
 
     def _rebalance(self) -> None:
@@ -420,24 +380,22 @@ class QueueInbox:
                 or not isinstance(entry[2], dict)
             ):
                 raise _Malformed(f"expected an item [seq, nbytes, payload dict], got {_describe(entry)}")
-        # A sender that left has its counts in the inbox's totals already (``_leave``).
-        if self._closed or not conn.live:
-            return
-        # One thread delivers a sender's items: its counters are its own, and an item is counted
-        # before it can be taken, so that received bytes never fall below taken ones.
         now = time.time()
-        append = self._items.append
-        for seq, nbytes, payload in entries:
-            fit_allocator(nbytes)
-            if seq > conn.next_seq:
-                conn.seq_gaps += seq - conn.next_seq
-            conn.next_seq = seq + 1
-            conn.received_items += 1
-            conn.received_bytes += nbytes
-            append((Item(conn.sender, seq, payload, nbytes, now), conn))
-        if entries and self._waiting:
-            with self._cond:
-                self._cond.notify_all()
+        with self._cond:
+            if self._closed:
+                return
+            for seq, nbytes, payload in entries:
+                fit_allocator(nbytes)
+                if seq > conn.next_seq:
+                    self._seq_gaps += seq - conn.next_seq
+                conn.next_seq = seq + 1
+                self._items.append((Item(conn.sender, seq, payload, nbytes, now), conn))
+                self._queued_bytes += nbytes
+                self._received_items += 1
+                self._received_bytes += nbytes
+                self._senders[conn.sender] += 1
+            self._max_queued_bytes = max(self._max_queued_bytes, self._queued_bytes)
+            self._cond.notify_all()
 
 
 def _lingering_credit(conn: _SenderConn) -> int:
