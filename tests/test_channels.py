@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -35,7 +36,7 @@ from tianji_dask.channels import (
     wire,
 )
 from tianji_dask.channels.queue_link import QueueLink
-from tianji_dask.channels.socket_reader import FILL_AFTER_LARGE_BYTES, SocketReader
+from tianji_dask.channels.receive_loop import FILL_AFTER_LARGE_BYTES, FrameReader, ReceiveLoop
 from tianji_dask.runtime.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
@@ -358,42 +359,36 @@ def test_a_large_items_arrays_go_to_the_socket_as_they_are_and_a_small_runs_insi
     assert len(one) > 50 * 100
 
 
-def test_socket_reader_reads_exact_sizes_across_its_buffer_and_reports_a_closed_peer():
-    a, b = socket.socketpair()
-    with a, b:
-        reader = SocketReader(b, buffer_bytes=8)
-        payload = bytes(range(256)) * 40  # 10,240 bytes: larger than the buffer, read into a target
-        a.sendall(b"abc" + b"0123456789" + payload + b"xyz")
-        assert reader.read(3) == b"abc"
-        assert reader.read(10) == b"0123456789"  # the buffer's 5 bytes, then a refill
-        target = np.empty(len(payload), dtype=np.uint8)
-        reader.readinto(target.data)
-        assert target.tobytes() == payload
-        a.sendall(b"tail")
-        a.shutdown(socket.SHUT_WR)
-        assert reader.read(5) == b"xyzta"
-        with pytest.raises(ConnectionError, match="closed"):
-            reader.read(3)  # "il" and then the end: a message cut short
+def read_messages(sock: socket.socket, n: int, timeout: float = 10.0) -> list[dict]:
+    """The next ``n`` messages of the channel's framing on ``sock``, read as the receive loop
+    reads them (``FrameReader``), waiting for the socket with ``select``."""
+    reader, got = FrameReader(sock), []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"{len(got)} of {n} messages within {timeout} s"
+        select.select([sock], [], [], remaining)
+        got += reader.pump()
+    return got
 
 
-def test_socket_reader_fills_little_after_a_large_read_so_the_next_payload_is_not_copied_twice():
+def test_frame_reader_fills_little_after_a_large_array_so_the_next_payload_is_not_copied_twice():
     a, b = socket.socketpair()
     with a, b:
-        reader = SocketReader(b, buffer_bytes=4 * FILL_AFTER_LARGE_BYTES)
-        small = bytes(range(100))
-        large = np.arange(8 * FILL_AFTER_LARGE_BYTES, dtype=np.uint8)
-        a.sendall(small + large.tobytes() + small + large.tobytes())
-        while len(b.recv(1 << 20, socket.MSG_PEEK)) < 2 * (len(small) + large.nbytes):
+        reader = FrameReader(b, buffer_bytes=4 * FILL_AFTER_LARGE_BYTES)
+        large = {
+            "items": [(0, 8 * FILL_AFTER_LARGE_BYTES, {"x": np.arange(8 * FILL_AFTER_LARGE_BYTES, dtype=np.uint8)})]
+        }
+        message = b"".join(bytes(piece) for piece in wire.encode(large, out_of_band=True))
+        a.sendall(message + message)
+        while len(b.recv(1 << 20, socket.MSG_PEEK)) < 2 * len(message):
             time.sleep(0.01)  # everything is in the socket: a fill takes all it asks for
-        assert reader.read(100) == small
-        assert reader.buffered == 4 * FILL_AFTER_LARGE_BYTES - 100  # small reads: a whole buffer
-        target = np.empty(large.nbytes, dtype=np.uint8)
-        reader.readinto(target.data)
-        assert np.array_equal(target, large)
-        assert reader.read(100) == small
-        assert reader.buffered == FILL_AFTER_LARGE_BYTES - 100  # not a buffer's worth of payload
-        reader.readinto(target.data)
-        assert np.array_equal(target, large)
+        assert reader.pump(max_bytes=1) == [] and reader.buffered == 4 * FILL_AFTER_LARGE_BYTES  # a whole buffer
+        [first] = reader.pump(max_bytes=len(message) - 4 * FILL_AFTER_LARGE_BYTES + 1)
+        assert np.array_equal(first["items"][0][2]["x"], large["items"][0][2]["x"])
+        assert reader.buffered == FILL_AFTER_LARGE_BYTES  # the next prelude, not a buffer's worth of payload
+        [second] = reader.pump()
+        assert np.array_equal(second["items"][0][2]["x"], large["items"][0][2]["x"])
 
 
 def test_credit_sent_from_the_consumers_thread_never_blocks_and_arrives_whole_when_the_socket_fills():
@@ -403,10 +398,11 @@ def test_credit_sent_from_the_consumers_thread_never_blocks_and_arrives_whole_wh
             b, _ = server.accept()
         a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * KIB)
         wake = threading.Event()
-        link = QueueLink(a, asyncio.get_running_loop(), wake, lambda msg: None, lambda force: ({}, False), "t")
+        link = QueueLink(
+            a, asyncio.get_running_loop(), wake, lambda msg: None, lambda force: ({}, False), "t", ReceiveLoop("t")
+        )
         link.start({"window": 1})
-        first = wire.read_from(SocketReader(b))
-        assert first == {"window": 1}
+        assert read_messages(b, 1) == [{"window": 1}]
         accepted, refused, credit = [], 0, 0
         deadline = time.monotonic() + 10
         while refused < 100 and time.monotonic() < deadline:  # the peer reads nothing: it fills
@@ -416,9 +412,7 @@ def test_credit_sent_from_the_consumers_thread_never_blocks_and_arrives_whole_wh
             elif accepted:  # refused (the writer may still hold the socket at first): kept by the caller
                 refused += 1
         assert refused == 100 and len(accepted) > 10  # none of the calls waited for the peer
-        b.settimeout(10)
-        reader = SocketReader(b)
-        got = [wire.read_from(reader)["credit"] for _ in accepted]  # the writer finishes a begun one
+        got = [msg["credit"] for msg in read_messages(b, len(accepted))]  # the writer finishes a begun one
         assert got == accepted
         b.shutdown(socket.SHUT_WR)
         assert isinstance(await link.reading_ended(), ConnectionError)
@@ -428,7 +422,54 @@ def test_credit_sent_from_the_consumers_thread_never_blocks_and_arrives_whole_wh
     asyncio.run(main())
 
 
-def test_wire_send_writes_every_piece_whole_across_partial_sendmsgs_and_read_from_decodes_it():
+def test_frame_reader_resumes_messages_cut_anywhere_and_never_waits():
+    messages = [
+        {"items": [(0, 100, {"x": np.full(100, 7, dtype=np.uint8)})] * 30},  # small items, one pickle
+        {"items": [(1, 96 * KIB, {"obs": np.arange(96 * KIB, dtype=np.uint8), "t": 1})]},
+        {"items": [(2, 8, {"a": np.ones(4, np.uint8), "b": np.zeros(0, np.uint8)})]},  # an empty buffer
+        {"credit": 5},
+        {"items": [(i, 70 * KIB, {"v": np.full(70 * KIB, i, dtype=np.uint8)}) for i in range(3, 5)]},
+    ]
+    stream = b"".join(
+        bytes(piece) for m in messages for piece in wire.encode(m, out_of_band="items" in m and m is not messages[0])
+    )
+    a, b = socket.socketpair()
+    with a, b:
+        reader = FrameReader(b, buffer_bytes=16 * KIB)
+        got: list[dict] = []
+        assert reader.pump() == []  # nothing there: no wait
+        cuts = [1, 3, 12, 13, 40, 700, 5000, 20 * KIB, 7, 100 * KIB, 1, 64 * KIB]
+        at = 0
+        for i in range(10_000):
+            if at >= len(stream):
+                break
+            n = cuts[i % len(cuts)]
+            a.sendall(stream[at : at + n])
+            at += n
+            got += reader.pump()
+        assert reader.pump() == [] and len(got) == len(messages)
+        for sent, received in zip(messages, got, strict=True):
+            assert sent.keys() == received.keys()
+            if "credit" in sent:
+                assert received == sent
+                continue
+            for (seq, nb, p), (rseq, rnb, rp) in zip(sent["items"], received["items"], strict=True):
+                assert (seq, nb) == (rseq, rnb) and p.keys() == rp.keys()
+                assert all(np.array_equal(p[k], rp[k]) for k in p if isinstance(p[k], np.ndarray))
+        a.sendall(b"XXXX" + bytes(8))  # bytes of no framing
+        with pytest.raises(wire.WireError, match="not a queue channel message"):
+            reader.pump()
+    a, b = socket.socketpair()
+    with a, b:
+        reader = FrameReader(b, buffer_bytes=16 * KIB)
+        a.sendall(stream[: len(stream) // 2])
+        a.close()
+        with pytest.raises(ConnectionError, match="closed"):
+            while True:
+                reader.pump()
+
+
+def test_wire_send_writes_every_piece_whole_across_partial_sendmsgs():
     a, b = socket.socketpair()
     with a, b:
         a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * KIB)  # many partial sendmsg calls
@@ -437,7 +478,7 @@ def test_wire_send_writes_every_piece_whole_across_partial_sendmsgs_and_read_fro
         assert len(pieces) == 5
         writer = threading.Thread(target=wire.send, args=(a, pieces))
         writer.start()
-        msg = wire.read_from(SocketReader(b))
+        [msg] = read_messages(b, 1)
         writer.join(10)
         assert [seq for seq, _, _ in msg["items"]] == [0, 1, 2, 3]
         assert all(np.array_equal(p["x"], np.full(300 * KIB, i, dtype=np.uint8)) for i, _, p in msg["items"])
@@ -699,21 +740,24 @@ def test_malformed_messages_are_refused_not_fatal(client, workers, owned):
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_on_tcp_the_inbox_owns_each_senders_socket_and_its_threads_end_with_the_connection(client, workers):
-    """On a plain tcp:// cluster each sender is served by a reader and a writer thread on a
-    socket taken from tornado, and writes its items from a thread of its own; they end when the
-    sender says bye, and when the inbox closes."""
+    """On a plain tcp:// cluster each sender's socket is taken from tornado: the inbox reads all
+    of them on one thread and writes each one's credit from a thread of its own, and the sender
+    writes its items from a thread of its own; a sender's threads end when it says bye, the
+    reading thread when the inbox closes."""
     recv = actor(client, Receiver, workers[0], "q-own", 1 << 20)
     addr = recv.address().result()
     pusher = actor(client, Pusher, workers[1], addr, "q-own", "p", 1 << 20)
     assert pusher.push(3, 96 * KIB).result() == [True] * 3
     assert len(recv.drain(target=3, timeout=20).result()["got"]) == 3
-    assert recv.link_threads().result() == ["tianji-queue-read q-own p", "tianji-queue-write q-own p"]
+    assert recv.link_threads().result() == ["tianji-queue-read q-own", "tianji-queue-write q-own p"]
     assert pusher.send_threads().result() == ["tianji-channel-send q-own p"]
     fut = client.submit(send_items, addr, "q-own", "s", 30, 20 * KIB, 1 << 20, workers=[workers[2]], pure=False)
     out = recv.drain(target=30, timeout=20).result()
     assert fut.result(timeout=20)[1]["errors"] == 0 and out["bad"] == []
-    # the sender that said bye is gone, threads and all; the other one is still served
-    assert wait_until(lambda: len(recv.link_threads().result()) == 2, 10), recv.link_threads().result()
+    # the sender that said bye is gone, its thread too; the other one is still served
+    assert wait_until(
+        lambda: recv.link_threads().result() == ["tianji-queue-read q-own", "tianji-queue-write q-own p"], 10
+    ), recv.link_threads().result()
     recv.close_channel().result()
     msg = pusher.push_until_error(KIB, 20).result()
     assert "closed" in msg and "q-own" in msg

@@ -31,6 +31,7 @@ from . import owned_socket, wire
 from .common import ChannelError, Item, call_soon, logger, on_event_loop
 from .malloc import fit_allocator
 from .queue_link import CLOSED_GRACE_S, QueueLink
+from .receive_loop import ReceiveLoop
 
 
 class _Malformed(Exception):
@@ -103,6 +104,7 @@ class QueueInbox:
         self._received_bytes = 0
         self._seq_gaps = 0
         self._senders: Counter[str] = Counter()
+        self._receive_loop = ReceiveLoop(name)  # reads every owned connection, on one thread
 
     def __repr__(self) -> str:
         return f"<QueueInbox {self.name!r} at {self.address}>"
@@ -247,6 +249,7 @@ class QueueInbox:
             on_message=functools.partial(self._deliver, conn),
             control=functools.partial(self._control, conn),
             label=f"{self.name} {conn.sender}",
+            receive_loop=self._receive_loop,
         )
         link.start({"window": conn.window_sent})
         conn.link = link

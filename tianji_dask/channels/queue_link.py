@@ -1,12 +1,12 @@
-"""One queue sender's connection on a socket the inbox owns, served by two threads.
+"""One queue sender's connection on a socket the inbox owns: read by the inbox's receive loop,
+written by a thread of its own.
 
 On plain tcp:// the inbox takes the sender's socket from tornado (``owned_socket``), so that
-receiving a sender's items costs the worker's event loop nothing: a reader thread reads the
-channel's framing (``wire.read_from``) with blocking ``recv_into`` into buffers of each array's
-exact size (``socket_reader``) and hands each message to the inbox, and a writer thread sends
-the inbox's credit and window updates back in the same framing. The event loop only starts the
-threads and awaits their end (``QueueInbox.serve``), so many senders are received in parallel:
-``recv`` and the copy out of the kernel run without the GIL.
+receiving a sender's items costs the worker's event loop nothing: the inbox's
+:class:`~.receive_loop.ReceiveLoop` reads the channel's framing into buffers of each array's
+exact size and hands each message to the inbox, on one thread for all its senders, and a writer
+thread sends the inbox's credit and window updates back in the same framing. The event loop only
+starts them and awaits the end (``QueueInbox.serve``).
 
 The writer's first message is the sender's cue to start sending items: until then the sender
 sends nothing, which is what lets the inbox take the socket from tornado safely.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from . import wire
 from .common import finish_soon
-from .socket_reader import SocketReader
+from .receive_loop import ReceiveLoop
 
 #: How long a closed inbox keeps reading (and dropping) a sender's items after telling it, so
 #: that the error is read before the connection goes; then the sender is cut off.
@@ -38,10 +38,10 @@ ERROR_SEND_TIMEOUT_S = 5.0
 
 
 class QueueLink:
-    """The reader and writer threads of one owned sender connection.
+    """One owned sender connection: its reading in ``receive_loop`` and its writer thread.
 
-    ``on_message(msg)`` runs on the reader thread for every message but the sender's "bye" and
-    may raise to end the connection. ``control(force)`` runs on the writer thread after each
+    ``on_message(msg)`` runs on the receive loop's thread for every message but the sender's
+    "bye" and may raise to end the connection. ``control(force)`` runs on the writer thread after each
     ``wake``: it returns the next credit/window message (empty when nothing is due; None,
     unless forced, when the writer should wait :data:`CREDIT_LINGER_S` for more credit first)
     and whether the inbox is closed, in which case that message is the sender's error and the
@@ -56,12 +56,14 @@ class QueueLink:
         on_message: Callable[[dict], None],
         control: Callable[[bool], tuple[dict | None, bool]],
         label: str,
+        receive_loop: ReceiveLoop,
     ):
         self._sock = sock
         self._loop = loop
         self._wake = wake
         self._on_message = on_message
         self._control = control
+        self._receive_loop = receive_loop
         self._stopping = threading.Event()
         self._send_lock = threading.Lock()  # one message at a time on the socket, whole
         self._unsent = b""  # the rest of a message send_now began, for the writer to finish
@@ -70,13 +72,13 @@ class QueueLink:
         self._read_end: Exception | None = None  # what ended reading; None: the sender's "bye"
         self._reader_done: asyncio.Future[None] = loop.create_future()
         self._writer_done: asyncio.Future[None] = loop.create_future()
-        self._reader = threading.Thread(target=self._read_loop, name=f"tianji-queue-read {label}", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name=f"tianji-queue-write {label}", daemon=True)
 
     def start(self, first: dict) -> None:
-        """Start both threads; ``first`` is the writer's first message, the sender's cue."""
+        """Start reading and the writer; ``first`` is the writer's first message, the sender's
+        cue."""
         self._first = first
-        self._reader.start()
+        self._receive_loop.add(self._sock, self._on_message, self._reading_stopped)
         self._writer.start()
 
     async def reading_ended(self) -> Exception | None:
@@ -87,7 +89,8 @@ class QueueLink:
 
     async def close(self, error: str | None = None) -> None:
         """End the link: send ``error`` to the sender first, if given, then shut the socket down,
-        join both threads and close the socket. Call once, after :meth:`reading_ended`."""
+        wait for reading to end, join the writer and close the socket. Call once, after
+        :meth:`reading_ended`."""
         self._error = error
         self._stopping.set()
         self._wake.set()
@@ -98,8 +101,7 @@ class QueueLink:
             await asyncio.shield(self._writer_done)
         self._shutdown()
         await asyncio.shield(self._reader_done)
-        self._reader.join()  # both have only their return left
-        self._writer.join()
+        self._writer.join()  # it has only its return left
         self._sock.close()
 
     def send_now(self, msg: dict) -> bool:
@@ -126,24 +128,16 @@ class QueueLink:
             self._send_lock.release()
 
     def abort(self) -> None:
-        """Shut the socket down so that both threads end soon; for a cancelled ``serve``."""
+        """Shut the socket down so that reading and the writer end soon; for a cancelled
+        ``serve``."""
         self._stopping.set()
         self._wake.set()
         self._shutdown()
 
     # ------------------------------------------------------------------ threads
-    def _read_loop(self) -> None:
-        try:
-            reader = SocketReader(self._sock)
-            while True:
-                msg = wire.read_from(reader)
-                if msg.get("bye"):
-                    break
-                self._on_message(msg)
-        except Exception as exc:  # noqa: BLE001 - handed to the event loop, which decides
-            self._read_end = exc
-        finally:
-            finish_soon(self._loop, self._reader_done)
+    def _reading_stopped(self, end: Exception | None) -> None:
+        self._read_end = end
+        finish_soon(self._loop, self._reader_done)
 
     def _write_loop(self) -> None:
         try:

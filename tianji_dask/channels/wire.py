@@ -12,8 +12,9 @@ it as out-of-band buffers, written as they are and read into buffers of their ex
 Small items stay inside the header (one pickle for the run, :data:`~.common.SMALL_ITEM_BYTES`).
 
 On plain tcp:// the inbox takes the socket from tornado after the handshake (``owned_socket``)
-and reads this framing on a thread of its own (:func:`read_from`); its credit then comes back in
-this framing too, on the same socket. On tls:// both directions stay on the tornado stream.
+and reads this framing on its receive loop (``receive_loop.FrameReader``); its credit then comes
+back in this framing too, on the same socket. On tls:// both directions stay on the tornado
+stream.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import struct
 import numpy as np
 
 from .common import ChannelError
-from .socket_reader import SocketReader
 
 MAGIC = b"TJQ1"
 _PRELUDE = struct.Struct("<4sII")
 _SIZE = struct.Struct("<Q")
+PRELUDE_BYTES = _PRELUDE.size
+SIZE_BYTES = _SIZE.size
 MAX_HEADER_BYTES = 64 << 20
 MAX_BUFFERS = 1 << 16
 MAX_BUFFER_BYTES = 1 << 36
@@ -81,8 +83,8 @@ def send(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
 async def read(stream) -> dict:
     """The next message from a tornado ``stream``. Raises :class:`WireError` for bytes of another
     framing or sizes out of bounds, ``StreamClosedError`` when the peer is gone."""
-    header_bytes, n = _check_prelude(await stream.read_bytes(_PRELUDE.size))
-    sizes = _check_sizes(await stream.read_bytes(_SIZE.size * n)) if n else []
+    header_bytes, n = check_prelude(await stream.read_bytes(_PRELUDE.size))
+    sizes = check_sizes(await stream.read_bytes(_SIZE.size * n)) if n else []
     header = await stream.read_bytes(header_bytes)
     buffers = []
     for size in sizes:
@@ -90,25 +92,10 @@ async def read(stream) -> dict:
         if size:
             await stream.read_into(buffer.data)
         buffers.append(buffer)
-    return _decode(header, buffers)
+    return decode(header, buffers)
 
 
-def read_from(reader: SocketReader) -> dict:
-    """The next message from a socket a thread owns. Raises :class:`WireError` as :func:`read`
-    does and ``ConnectionError`` when the peer closed the connection."""
-    header_bytes, n = _check_prelude(reader.read(_PRELUDE.size))
-    sizes = _check_sizes(reader.read(_SIZE.size * n)) if n else []
-    header = reader.read(header_bytes)
-    buffers = []
-    for size in sizes:
-        buffer = np.empty(size, dtype=np.uint8)  # not zero-filled: the socket fills it
-        if size:
-            reader.readinto(buffer.data)
-        buffers.append(buffer)
-    return _decode(header, buffers)
-
-
-def _check_prelude(prelude: bytes | bytearray) -> tuple[int, int]:
+def check_prelude(prelude: bytes | bytearray) -> tuple[int, int]:
     magic, header_bytes, n = _PRELUDE.unpack(prelude)
     if magic != MAGIC:
         raise WireError(f"not a queue channel message (it starts {magic!r}, not {MAGIC!r})")
@@ -117,14 +104,14 @@ def _check_prelude(prelude: bytes | bytearray) -> tuple[int, int]:
     return header_bytes, n
 
 
-def _check_sizes(packed: bytes | bytearray) -> list[int]:
+def check_sizes(packed: bytes | bytearray) -> list[int]:
     sizes = [s for (s,) in _SIZE.iter_unpack(packed)]
     if any(s > MAX_BUFFER_BYTES for s in sizes):
         raise WireError(f"a buffer of {max(sizes)} bytes is out of bounds")
     return sizes
 
 
-def _decode(header: bytes | bytearray, buffers: list[np.ndarray]) -> dict:
+def decode(header: bytes | bytearray, buffers: list[np.ndarray]) -> dict:
     try:
         msg = pickle.loads(header, buffers=buffers)
     except Exception as exc:  # noqa: BLE001 - any failure means the bytes were not a message
