@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import select
 import socket
 import struct
@@ -467,6 +468,31 @@ def test_frame_reader_resumes_messages_cut_anywhere_and_never_waits():
         with pytest.raises(ConnectionError, match="closed"):
             while True:
                 reader.pump()
+
+
+def test_receive_loop_reads_its_sockets_on_one_thread_that_ends_with_the_last_one():
+    loop, messages, ends = ReceiveLoop("t"), queue.Queue(), queue.Queue()
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    with a, c, d:
+        b.close()
+        loop.add(b, messages.put, lambda end: ends.put(("b", end)))  # closed before it is read
+        loop.add(d, messages.put, lambda end: ends.put(("d", end)))
+        name, end = ends.get(timeout=5)
+        assert name == "b" and isinstance(end, ConnectionError)
+        for credit in range(3):
+            c.sendall(b"".join(wire.encode({"credit": credit}, out_of_band=False)))
+        assert [messages.get(timeout=5) for _ in range(3)] == [{"credit": k} for k in range(3)]
+        assert [t.name for t in threading.enumerate()].count("tianji-queue-read t") == 1
+        c.sendall(b"".join(wire.encode({"bye": True}, out_of_band=False)))
+        assert ends.get(timeout=5) == ("d", None) and messages.empty()
+        assert wait_until(lambda: "tianji-queue-read t" not in [t.name for t in threading.enumerate()], 5)
+        e, f = socket.socketpair()  # a later connection starts the thread again
+        with e, f:
+            loop.add(f, messages.put, lambda end: ends.put(("f", end)))
+            e.close()
+            name, end = ends.get(timeout=5)
+            assert name == "f" and isinstance(end, ConnectionError)
 
 
 def test_wire_send_writes_every_piece_whole_across_partial_sendmsgs():

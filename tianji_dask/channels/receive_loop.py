@@ -192,8 +192,8 @@ class ReceiveLoop:
                 for sock, conn in pending:
                     try:
                         selector.register(sock, selectors.EVENT_READ, conn)
-                    except (OSError, ValueError) as exc:  # closed before its turn came
-                        self._ended(conn, exc if isinstance(exc, OSError) else ConnectionError(str(exc)))
+                    except (OSError, ValueError, KeyError) as exc:  # closed before its turn came
+                        self._ended(conn, exc if isinstance(exc, OSError) else ConnectionError(repr(exc)))
                 with self._lock:
                     if not self._count:
                         assert self._wake is not None
