@@ -481,10 +481,10 @@ def test_receive_loop_reads_its_sockets_on_one_thread_that_ends_with_the_last_on
         name, end = ends.get(timeout=5)
         assert name == "b" and isinstance(end, ConnectionError)
         for credit in range(3):
-            c.sendall(b"".join(wire.encode({"credit": credit}, out_of_band=False)))
+            c.sendall(wire.encode_whole({"credit": credit}))
         assert [messages.get(timeout=5) for _ in range(3)] == [{"credit": k} for k in range(3)]
         assert [t.name for t in threading.enumerate()].count("tianji-queue-read t") == 1
-        c.sendall(b"".join(wire.encode({"bye": True}, out_of_band=False)))
+        c.sendall(wire.encode_whole({"bye": True}))
         assert ends.get(timeout=5) == ("d", None) and messages.empty()
         assert wait_until(lambda: "tianji-queue-read t" not in [t.name for t in threading.enumerate()], 5)
         e, f = socket.socketpair()  # a later connection starts the thread again
@@ -740,7 +740,7 @@ def test_malformed_messages_are_refused_not_fatal(client, workers, owned):
     queue = dict(hs, channel="q-mal", kind="queue", owned=owned)
 
     def framed(msg: dict) -> bytes:
-        return b"".join(wire.encode(msg, out_of_band=False))
+        return wire.encode_whole(msg)
 
     window, reply, *_ = run([dict(queue, sender="x"), framed({"items": [[0, "x", 1]]})])
     assert window == ({"window": 1 << 20, "owned": True} if owned else {"window": 1 << 20})

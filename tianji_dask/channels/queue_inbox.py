@@ -239,7 +239,7 @@ class QueueInbox:
             problem = f"malformed message on queue channel {self.name!r} at {self.address}: sent before its cue ({exc})"
             logger.error("%s (sender %r from %s); closing its connection", problem, conn.sender, conn.peer)
             with contextlib.suppress(Exception):  # best effort; after "owned", in the channel's framing
-                error = b"".join(wire.encode({"error": problem}, out_of_band=False))
+                error = wire.encode_whole({"error": problem})
                 await asyncio.wait_for(comm.stream.write(error), 5)
             return problem
         link = QueueLink(

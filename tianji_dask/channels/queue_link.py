@@ -13,7 +13,7 @@ sends nothing, which is what lets the inbox take the socket from tornado safely.
 
 Credit that is due at once can also leave from the consumer's own thread (:meth:`QueueLink.
 send_now`, without blocking): it then reaches the sender without waiting for the writer thread
-to wake and take the GIL, which many reader threads hold in turn.
+to wake and take the GIL.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class QueueLink:
         try:
             if self._unsent or self._stopping.is_set():
                 return False
-            data = b"".join(wire.encode(msg, out_of_band=False))
+            data = wire.encode_whole(msg)
             try:
                 sent = self._sock.send(data, socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -174,7 +174,7 @@ class QueueLink:
                 self._sock.sendall(self._unsent)
                 self._unsent = b""
             if msg is not None:
-                self._sock.sendall(b"".join(wire.encode(msg, out_of_band=False)))
+                self._sock.sendall(wire.encode_whole(msg))
 
     def _shutdown(self) -> None:
         with contextlib.suppress(OSError):  # already shut down, or the peer reset it

@@ -1,9 +1,8 @@
 """One thread that reads every owned sender connection of an inbox, on a selector.
 
 With a reader thread per sender, a receiving process spends its GIL on handing it from thread to
-thread: at 16 senders of 512 KiB messages the GIL was about three quarters busy and the inbox
-topped out near 6,500 messages a second, while raw TCP's receiver, one thread on a selector with
-non-blocking reads, took twice that. This module reads that way: each connection is a
+thread (docs/benchmarks.md has the profile); raw TCP's receiver, one thread on a selector with
+non-blocking reads, does not. This module reads that way: each connection is a
 :class:`FrameReader`, a resumable parse of the channel's framing (``wire``) over a socket that
 stays in blocking mode for its writer thread and is read here with ``MSG_DONTWAIT``; a large
 array is received straight into the buffer it stays in, in as many pieces as the socket holds.
@@ -47,6 +46,7 @@ class FrameReader:
         self._start = 0  # buffered, unread bytes are _buffer[_start:_end]
         self._end = 0
         self._fill_bytes = buffer_bytes
+        self._prelude = bytearray(wire.PRELUDE_BYTES)  # read again for every message
         self._reset()
 
     @property
@@ -56,7 +56,6 @@ class FrameReader:
 
     def _reset(self) -> None:
         self._stage = "prelude"
-        self._prelude = bytearray(wire.PRELUDE_BYTES)
         self._part = memoryview(self._prelude)  # what is being filled, from _offset on
         self._offset = 0
         self._header_bytes = 0

@@ -64,6 +64,12 @@ def encode(msg: dict, *, out_of_band: bool) -> list[bytes | memoryview]:
     return [_PRELUDE.pack(MAGIC, len(header), len(views)) + sizes + header, *views]
 
 
+def encode_whole(msg: dict) -> bytes:
+    """``msg`` as one bytes object, everything inside its header: for credit, window and error
+    messages, which carry no arrays."""
+    return b"".join(encode(msg, out_of_band=False))
+
+
 def send(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
     """Write ``pieces`` (from :func:`encode`) on a socket that a thread owns for writing, with
     as few system calls as the kernel allows (``sendmsg`` of all of them at once)."""
