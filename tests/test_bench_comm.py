@@ -130,6 +130,9 @@ def test_command_line():
             config_from_args(build_parser().parse_args(["--actors", bad]))
     with pytest.raises(ValueError, match="actor counts must be >= 1"):
         config_from_args(build_parser().parse_args(["--actors", "0,4"]))
+    assert config_from_args(build_parser().parse_args(["--tiny-messages", "200000"])).tiny_messages == 200_000
+    with pytest.raises(ValueError, match="tiny_messages must be at least 1"):
+        config_from_args(build_parser().parse_args(["--tiny-messages", "0"]))
 
 
 @pytest.mark.slow

@@ -38,6 +38,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--messages", type=int, default=None, help="N, messages to collect per case (overrides --small)")
     p.add_argument(
+        "--tiny-messages",
+        type=int,
+        default=None,
+        help="messages of the tiny sweep's case (default 20,000; 2,000 with --small)",
+    )
+    p.add_argument(
         "--sweeps",
         default=",".join(SWEEPS),
         metavar="LIST",
@@ -112,6 +118,8 @@ def config_from_args(args) -> CommBenchConfig:
     cfg = CommBenchConfig.small(**kw) if args.small else CommBenchConfig(**kw)
     if args.messages is not None:
         cfg.messages = args.messages
+    if args.tiny_messages is not None:
+        cfg.tiny_messages = args.tiny_messages
     cfg.validate()
     return cfg
 
