@@ -40,6 +40,12 @@ from comm_bench.nodes import NodesCluster  # noqa: E402
 
 KIB = 1 << 10
 SIZES = (64 * KIB, 256 * KIB, 512 * KIB, 1024 * KIB, 4096 * KIB)
+#: The channel case's seconds a message (comm_bench's names): which side binds the rate.
+CHANNEL_SPENT = {
+    "t_sd": "sender process CPU a message",
+    "t_rv": "receiver process CPU a message",
+    "credit_wait_time": "sender's wait for credit a message",
+}
 
 
 def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
@@ -59,10 +65,13 @@ def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
                 raw = r["bytes"] / (r["t_n"] - r["t_first_byte"])
                 res = cluster.run_channel(Case("size", "channel", size, 1, 0.0, messages), f"link-{size}")
                 channel = messages * size / res["collection_time"]
-                rows.append({"rate": rate or "unlimited", "size": size, "raw_tcp": raw, "channel": channel})
+                spent = {k: res[k] for k in CHANNEL_SPENT}
+                rows.append({"rate": rate or "unlimited", "size": size, "raw_tcp": raw, "channel": channel, **spent})
                 log(
                     f"{rate or 'unlimited':>9} {size // KIB:6d} KiB: raw TCP {raw / MB:8.1f} MB/s, "
-                    f"channel {channel / MB:8.1f} MB/s ({channel / raw:.2f})"
+                    f"channel {channel / MB:8.1f} MB/s ({channel / raw:.2f}); a message: sender CPU "
+                    f"{spent['t_sd'] * 1e6:.0f} us, receiver CPU {spent['t_rv'] * 1e6:.0f} us, "
+                    f"credit wait {spent['credit_wait_time'] * 1e6:.0f} us"
                 )
     finally:
         nodes.stop()
@@ -72,7 +81,7 @@ def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
 def save(rows: list[dict], out: Path, meta: dict) -> None:
     rates = list(dict.fromkeys(r["rate"] for r in rows))
     sizes = sorted({r["size"] for r in rows})
-    grid = {k: np.full((len(rates), len(sizes)), np.nan) for k in ("raw_tcp", "channel")}
+    grid = {k: np.full((len(rates), len(sizes)), np.nan) for k in ("raw_tcp", "channel", *CHANNEL_SPENT)}
     for r in rows:
         i, j = rates.index(r["rate"]), sizes.index(r["size"])
         for k in grid:
@@ -82,6 +91,10 @@ def save(rows: list[dict], out: Path, meta: dict) -> None:
         {
             "raw_tcp_bytes_per_s": (dims, grid["raw_tcp"], {"long_name": "raw TCP throughput", "units": "B/s"}),
             "channel_bytes_per_s": (dims, grid["channel"], {"long_name": "queue channel throughput", "units": "B/s"}),
+            **{
+                f"channel_{k}": (dims, grid[k], {"long_name": long_name, "units": "s"})
+                for k, long_name in CHANNEL_SPENT.items()
+            },
             "fraction_of_raw_tcp": (
                 dims,
                 grid["channel"] / grid["raw_tcp"],

@@ -37,7 +37,13 @@ from tianji_dask.channels import (
     wire,
 )
 from tianji_dask.channels.queue_link import QueueLink
-from tianji_dask.channels.receive_loop import FILL_AFTER_LARGE_BYTES, FrameReader, ReceiveLoop
+from tianji_dask.channels.receive_loop import (
+    BUFFER_BYTES,
+    FILL_AFTER_LARGE_BYTES,
+    STRAIGHT_BYTES,
+    FrameReader,
+    ReceiveLoop,
+)
 from tianji_dask.runtime.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
@@ -360,6 +366,36 @@ def test_a_large_items_arrays_go_to_the_socket_as_they_are_and_a_small_runs_insi
     assert len(one) > 50 * 100
 
 
+@pytest.mark.parametrize("out_of_band", [True, False])
+def test_arrays_of_every_kind_come_out_of_the_framing_equal_with_dtype_shape_and_writability(out_of_band):
+    arrays = {
+        "f4_2d": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "big_endian": np.arange(5, dtype=">i8"),
+        "datetime": np.array(["2026-12-03T07:00", "2026-12-04T08:30"], dtype="datetime64[ns]"),
+        "unicode": np.array(["pong", "cartpole"]),
+        "scalar": np.array(3.5),
+        "empty": np.zeros((0, 4), np.int16),
+        "fortran": np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3)),
+        "strided": np.arange(20, dtype=np.int64)[::3],
+        "structured": np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),
+        "objects": np.array([{"x": 1}, None], dtype=object),
+        "read_only": np.frombuffer(bytes(range(16)), dtype=np.uint8),
+    }
+    masked = np.ma.masked_array([1, 2, 3], mask=[0, 1, 0])
+    prelude_and_header, *buffers = wire.encode(
+        {"items": [(0, 1, {**arrays, "masked": masked})]}, out_of_band=out_of_band
+    )
+    header = prelude_and_header[wire.PRELUDE_BYTES + wire.SIZE_BYTES * len(buffers) :]
+    received = [np.frombuffer(bytes(b), dtype=np.uint8).copy() for b in buffers]  # as the reader makes them
+    [(_, _, got)] = wire.decode(header, received)["items"]
+    for name, sent in arrays.items():
+        assert got[name].dtype == sent.dtype and got[name].shape == sent.shape, name
+        assert np.array_equal(got[name], sent) if name != "objects" else list(got[name]) == list(sent), name
+    assert got["f4_2d"].flags.writeable and got["f4_2d"].flags.c_contiguous
+    assert not got["read_only"].flags.writeable  # as pickle keeps it
+    assert isinstance(got["masked"], np.ma.MaskedArray) and got["masked"].mask.tolist() == [False, True, False]
+
+
 def read_messages(sock: socket.socket, n: int, timeout: float = 10.0) -> list[dict]:
     """The next ``n`` messages of the channel's framing on ``sock``, read as the receive loop
     reads them (``FrameReader``), waiting for the socket with ``select``."""
@@ -390,6 +426,25 @@ def test_frame_reader_fills_little_after_a_large_array_so_the_next_payload_is_no
         assert reader.buffered == FILL_AFTER_LARGE_BYTES  # the next prelude, not a buffer's worth of payload
         [second] = reader.pump()
         assert np.array_equal(second["items"][0][2]["x"], large["items"][0][2]["x"])
+
+
+def test_frame_reader_receives_a_rest_over_straight_bytes_into_its_array_even_under_a_buffers_size():
+    size = 48 * KIB
+    assert STRAIGHT_BYTES < size < BUFFER_BYTES
+    a, b = socket.socketpair()
+    with a, b:
+        reader = FrameReader(b)
+        item = {"items": [(0, size, {"x": np.arange(size, dtype=np.uint8)})]}
+        message = b"".join(bytes(piece) for piece in wire.encode(item, out_of_band=True))
+        a.sendall(message * 3)
+        while len(b.recv(1 << 20, socket.MSG_PEEK)) < 3 * len(message):
+            time.sleep(0.01)
+        assert reader.pump(max_bytes=1) == [] and reader.buffered == BUFFER_BYTES
+        # the first message from the buffer, the second's rest in one read straight into its array
+        assert len(reader.pump(max_bytes=1)) == 2 and reader.buffered == 0
+        assert reader.pump(max_bytes=1) == [] and reader.buffered == FILL_AFTER_LARGE_BYTES
+        [third] = reader.pump()
+        assert np.array_equal(third["items"][0][2]["x"], item["items"][0][2]["x"])
 
 
 def test_credit_sent_from_the_consumers_thread_never_blocks_and_arrives_whole_when_the_socket_fills():

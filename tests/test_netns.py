@@ -70,7 +70,12 @@ def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     with xr.open_dataset(out / "link_throughput.nc", engine="netcdf4") as ds:
         raw, channel = float(ds.raw_tcp_bytes_per_s.item()), float(ds.channel_bytes_per_s.item())
+        sender_cpu, receiver_cpu = float(ds.channel_t_sd.item()), float(ds.channel_t_rv.item())
+        credit_wait = float(ds.channel_credit_wait_time.item())
     assert 6e6 < raw < 14e6 and 6e6 < channel < 14e6, (raw, channel)  # 100 Mbit/s = 12.5 MB/s
+    per_message = 262144 / channel  # the link binds: each end's CPU is a fraction of a message's time
+    assert 0 < sender_cpu < per_message and 0 < receiver_cpu < per_message, (sender_cpu, receiver_cpu, per_message)
+    assert 0 <= credit_wait < 2 * per_message, credit_wait
 
 
 @pytest.mark.timeout(300)

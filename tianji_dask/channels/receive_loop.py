@@ -24,9 +24,11 @@ import numpy as np
 
 from . import wire
 
-#: Bytes one ``recv`` for the small parts of messages asks for (several small messages at once);
-#: a rest of a part at least this large is received straight into the part.
+#: Bytes one ``recv`` for the small parts of messages asks for (several small messages at once).
 BUFFER_BYTES = 64 << 10
+#: A rest of a part at least this large is received straight into the part: one system call
+#: costs less than copying it out of the buffer, a copy that holds the GIL.
+STRAIGHT_BYTES = 16 << 10
 #: Bytes the fill after a large array asks for: the next message's prelude and header, a little
 #: more, rather than a buffer's worth of its payload received here and copied again.
 FILL_AFTER_LARGE_BYTES = 4 << 10
@@ -46,6 +48,7 @@ class FrameReader:
         self._start = 0  # buffered, unread bytes are _buffer[_start:_end]
         self._end = 0
         self._fill_bytes = buffer_bytes
+        self._straight_bytes = min(STRAIGHT_BYTES, buffer_bytes)
         self._prelude = bytearray(wire.PRELUDE_BYTES)  # read again for every message
         self._reset()
 
@@ -119,7 +122,7 @@ class FrameReader:
             self._start += n
             self._offset += n
             return 0
-        if need >= len(self._buffer):  # a large rest: straight into the part
+        if need >= self._straight_bytes:
             got = self._recv(target[self._offset :])
             if got is None:
                 return None

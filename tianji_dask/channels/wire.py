@@ -10,6 +10,8 @@ large item's arrays straight into the buffers they stay in. A message::
 The header is a pickle (protocol 5) of the message dict; a large item's contiguous arrays leave
 it as out-of-band buffers, written as they are and read into buffers of their exact size.
 Small items stay inside the header (one pickle for the run, :data:`~.common.SMALL_ITEM_BYTES`).
+A plain contiguous array is pickled as its buffer, dtype string and shape (:func:`_reduce_array`),
+in a third of the time numpy's own reduction takes, which pickles the dtype object.
 
 On plain tcp:// the inbox takes the socket from tornado after the handshake (``owned_socket``)
 and reads this framing on its receive loop (``receive_loop.FrameReader``); its credit then comes
@@ -19,6 +21,8 @@ stream.
 
 from __future__ import annotations
 
+import copyreg
+import io
 import pickle
 import socket
 import struct
@@ -36,6 +40,9 @@ MAX_HEADER_BYTES = 64 << 20
 MAX_BUFFERS = 1 << 16
 MAX_BUFFER_BYTES = 1 << 36
 _MAX_IOV = 512  # pieces handed to one sendmsg, under the kernel's IOV_MAX of 1024
+#: A rest of a piece at least this large, left by a partial ``sendmsg``, goes by ``sendall``,
+#: whose loop over a full socket runs in C.
+SENDALL_BYTES = 64 << 10
 
 
 class WireError(ValueError):
@@ -54,11 +61,32 @@ def stream_of(comm, channel: str, address: str):
     return stream
 
 
+def _array_from_buffer(buffer, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The array :func:`_reduce_array` pickled: a view of ``buffer`` (the receiver's own)."""
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def _reduce_array(array: np.ndarray):
+    dtype = array.dtype
+    plain = dtype.fields is None and dtype.subdtype is None and not dtype.hasobject
+    if not (plain and array.flags.c_contiguous and array.nbytes):
+        return array.__reduce_ex__(5)
+    data = array.reshape(-1).view(np.uint8) if dtype.kind in "mM" else array  # dates have no buffer format
+    return _array_from_buffer, (pickle.PickleBuffer(data), dtype.str, array.shape)  # type: ignore[arg-type]
+
+
+_DISPATCH_TABLE = {**copyreg.dispatch_table, np.ndarray: _reduce_array}  # exact type: subclasses keep theirs
+
+
 def encode(msg: dict, *, out_of_band: bool) -> list[bytes | memoryview]:
     """``msg`` as the pieces to write in order: the prelude and header as one bytes object, then
     each out-of-band buffer as a view of the array it came from (no copy)."""
     buffers: list[pickle.PickleBuffer] = []
-    header = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append if out_of_band else None)
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append if out_of_band else None)
+    pickler.dispatch_table = _DISPATCH_TABLE
+    pickler.dump(msg)
+    header = out.getvalue()
     views = [b.raw() for b in buffers]
     sizes = b"".join(_SIZE.pack(v.nbytes) for v in views)
     return [_PRELUDE.pack(MAGIC, len(header), len(views)) + sizes + header, *views]
@@ -84,6 +112,8 @@ def send(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
                 sent = 0
         while views and not views[0].nbytes:
             views.pop(0)
+        if views and views[0].nbytes >= SENDALL_BYTES:
+            sock.sendall(views.pop(0))
 
 
 async def read(stream) -> dict:
