@@ -526,7 +526,7 @@ def test_frame_reader_resumes_messages_cut_anywhere_and_never_waits():
 
 
 def test_receive_loop_reads_its_sockets_on_one_thread_that_ends_with_the_last_one():
-    loop, messages, ends = ReceiveLoop("t"), queue.Queue(), queue.Queue()
+    loop, messages, ends = ReceiveLoop("t", threads=1), queue.Queue(), queue.Queue()
     a, b = socket.socketpair()
     c, d = socket.socketpair()
     with a, c, d:
@@ -548,6 +548,35 @@ def test_receive_loop_reads_its_sockets_on_one_thread_that_ends_with_the_last_on
             e.close()
             name, end = ends.get(timeout=5)
             assert name == "f" and isinstance(end, ConnectionError)
+
+
+def test_receive_loop_spreads_connections_over_its_threads_each_read_in_order_by_one():
+    loop, ends = ReceiveLoop("t2", threads=2), queue.Queue()
+    got: dict[int, list[tuple[int, str]]] = {k: [] for k in range(4)}
+    pairs = [socket.socketpair() for _ in range(4)]
+    for k, (_, b) in enumerate(pairs):
+        loop.add(b, lambda msg, k=k: got[k].append((msg["credit"], threading.current_thread().name)),
+                 lambda end, k=k: ends.put((k, end)))  # fmt: skip
+    assert sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-queue-read t2")) == [
+        "tianji-queue-read t2 0",
+        "tianji-queue-read t2 1",
+    ]
+    for credit in range(200):
+        for a, _ in pairs:
+            a.sendall(wire.encode_whole({"credit": credit}))
+    for a, _ in pairs:
+        a.sendall(wire.encode_whole({"bye": True}))
+    assert sorted(ends.get(timeout=5) for _ in pairs) == [(k, None) for k in range(4)]
+    for k in range(4):
+        assert [credit for credit, _ in got[k]] == list(range(200))  # all, in order
+        assert len({name for _, name in got[k]}) == 1  # on one thread
+    assert {got[k][0][1] for k in range(4)} == {"tianji-queue-read t2 0", "tianji-queue-read t2 1"}  # two each
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tianji-queue-read t2")], 5)
+    for a, b in pairs:
+        a.close()
+        b.close()
+    with pytest.raises(ValueError, match="at least one thread"):
+        ReceiveLoop("t0", threads=0)
 
 
 def test_wire_send_writes_every_piece_whole_across_partial_sendmsgs():
@@ -822,22 +851,23 @@ def test_malformed_messages_are_refused_not_fatal(client, workers, owned):
 @pytest.mark.timeout(60)
 def test_on_tcp_the_inbox_owns_each_senders_socket_and_its_threads_end_with_the_connection(client, workers):
     """On a plain tcp:// cluster each sender's socket is taken from tornado: the inbox reads all
-    of them on one thread and writes each one's credit from a thread of its own, and the sender
-    writes its items from a thread of its own; a sender's threads end when it says bye, the
-    reading thread when the inbox closes."""
+    of them on its receive loop's two threads (the first sender on the first, the next on the
+    other) and writes each one's credit from a thread of its own, and the sender writes its items
+    from a thread of its own; a sender's threads end when it says bye, a reading thread with its
+    last connection."""
     recv = actor(client, Receiver, workers[0], "q-own", 1 << 20)
     addr = recv.address().result()
     pusher = actor(client, Pusher, workers[1], addr, "q-own", "p", 1 << 20)
     assert pusher.push(3, 96 * KIB).result() == [True] * 3
     assert len(recv.drain(target=3, timeout=20).result()["got"]) == 3
-    assert recv.link_threads().result() == ["tianji-queue-read q-own", "tianji-queue-write q-own p"]
+    assert recv.link_threads().result() == ["tianji-queue-read q-own 0", "tianji-queue-write q-own p"]
     assert pusher.send_threads().result() == ["tianji-channel-send q-own p"]
     fut = client.submit(send_items, addr, "q-own", "s", 30, 20 * KIB, 1 << 20, workers=[workers[2]], pure=False)
     out = recv.drain(target=30, timeout=20).result()
     assert fut.result(timeout=20)[1]["errors"] == 0 and out["bad"] == []
     # the sender that said bye is gone, its thread too; the other one is still served
     assert wait_until(
-        lambda: recv.link_threads().result() == ["tianji-queue-read q-own", "tianji-queue-write q-own p"], 10
+        lambda: recv.link_threads().result() == ["tianji-queue-read q-own 0", "tianji-queue-write q-own p"], 10
     ), recv.link_threads().result()
     recv.close_channel().result()
     msg = pusher.push_until_error(KIB, 20).result()

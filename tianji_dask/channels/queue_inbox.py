@@ -104,7 +104,7 @@ class QueueInbox:
         self._received_bytes = 0
         self._seq_gaps = 0
         self._senders: Counter[str] = Counter()
-        self._receive_loop = ReceiveLoop(name)  # reads every owned connection, on one thread
+        self._receive_loop = ReceiveLoop(name)  # reads every owned connection
 
     def __repr__(self) -> str:
         return f"<QueueInbox {self.name!r} at {self.address}>"

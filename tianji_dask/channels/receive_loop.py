@@ -1,14 +1,14 @@
-"""One thread that reads every owned sender connection of an inbox, on a selector.
+"""The threads that read every owned sender connection of an inbox, each on a selector.
 
 With a reader thread per sender, a receiving process spends its GIL on handing it from thread to
 thread (docs/benchmarks.md has the profile); raw TCP's receiver, one thread on a selector with
-non-blocking reads, does not. This module reads that way: each connection is a
-:class:`FrameReader`, a resumable parse of the channel's framing (``wire``) over a socket that
-stays in blocking mode for its writer thread and is read here with ``MSG_DONTWAIT``; a large
+non-blocking reads, does not. This module reads that way, on a few such threads: each connection
+is a :class:`FrameReader`, a resumable parse of the channel's framing (``wire``) over a socket
+that stays in blocking mode for its writer thread and is read here with ``MSG_DONTWAIT``; a large
 array is received straight into the buffer it stays in, in as many pieces as the socket holds.
 
-The thread runs while connections are registered and ends with the last one; the next
-:meth:`ReceiveLoop.add` starts another.
+A thread runs while it has connections and ends with its last one; the next
+:meth:`ReceiveLoop.add` that picks it starts another.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ STRAIGHT_BYTES = 16 << 10
 FILL_AFTER_LARGE_BYTES = 4 << 10
 #: Bytes read from one connection before the others get their turn, within one wake-up.
 TURN_BYTES = 4 << 20
+#: Threads of an inbox's receive loop (each connection read by one).
+RECEIVE_THREADS = 2
 
 
 class FrameReader:
@@ -155,11 +157,35 @@ class _Connection:
 
 
 class ReceiveLoop:
-    """Reads the registered sockets on one thread: each message goes to its connection's
-    ``on_message`` (on this thread; it may raise to end the connection), and a connection's end
-    to its ``on_end`` once, with None after the sender's "bye", else what ended it
-    (``OSError``: the sender is gone; anything else: bad bytes or a message ``on_message``
-    refused). A connection is no longer read once ended; its socket stays the caller's."""
+    """Reads the registered sockets on up to ``threads`` threads, each connection on one (the one
+    reading the fewest when it is added): each message goes to its connection's ``on_message``
+    (on that thread; it may raise to end the connection), and a connection's end to its
+    ``on_end`` once, with None after the sender's "bye", else what ended it (``OSError``: the
+    sender is gone; anything else: bad bytes or a message ``on_message`` refused). A connection
+    is no longer read once ended; its socket stays the caller's.
+
+    Reading moves the bytes with the GIL released, parsing and handing on hold it: a second
+    thread overlaps one connection's copies with another's Python, where many threads would only
+    hand the GIL around (docs/benchmarks.md)."""
+
+    def __init__(self, label: str, threads: int = RECEIVE_THREADS):
+        if threads < 1:
+            raise ValueError(f"a receive loop needs at least one thread, not {threads}")
+        self._lock = threading.Lock()
+        self._threads = [_ReadThread(label if threads == 1 else f"{label} {k}") for k in range(threads)]
+
+    def add(
+        self, sock: socket.socket, on_message: Callable[[dict], None], on_end: Callable[[Exception | None], None]
+    ) -> None:
+        """Start reading ``sock`` (from any thread)."""
+        with self._lock:
+            thread = min(self._threads, key=_ReadThread.connections)
+            thread.add(sock, _Connection(FrameReader(sock), on_message, on_end))
+
+
+class _ReadThread:
+    """One thread reading its connections on a selector; it runs while it has connections and
+    ends with the last one, the next :meth:`add` starting another."""
 
     def __init__(self, label: str):
         self._label = label
@@ -168,11 +194,11 @@ class ReceiveLoop:
         self._count = 0  # connections added and not yet ended
         self._wake: socket.socket | None = None  # while the thread runs: write a byte to wake it
 
-    def add(
-        self, sock: socket.socket, on_message: Callable[[dict], None], on_end: Callable[[Exception | None], None]
-    ) -> None:
-        """Start reading ``sock`` (from any thread)."""
-        conn = _Connection(FrameReader(sock), on_message, on_end)
+    def connections(self) -> int:
+        with self._lock:
+            return self._count
+
+    def add(self, sock: socket.socket, conn: _Connection) -> None:
         with self._lock:
             self._pending.append((sock, conn))
             self._count += 1
