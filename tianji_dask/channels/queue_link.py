@@ -4,7 +4,7 @@ written by a thread of its own.
 On plain tcp:// the inbox takes the sender's socket from tornado (``owned_socket``), so that
 receiving a sender's items costs the worker's event loop nothing: the inbox's
 :class:`~.receive_loop.ReceiveLoop` reads the channel's framing into buffers of each array's
-exact size and hands each message to the inbox, on one thread for all its senders, and a writer
+exact size and hands each message to the inbox, on a few threads for all its senders, and a writer
 thread sends the inbox's credit and window updates back in the same framing. The event loop only
 starts them and awaits the end (``QueueInbox.serve``).
 
