@@ -83,8 +83,12 @@ def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target, run
         means, steps = ds["eval_return_mean"].values, ds["eval_env_steps"].values
         dropped = int(ds["stale_dropped"].max())
     assert len(means) >= 2 and np.all(np.diff(steps) >= 0) and steps[0] >= cfg.run.eval_every_env_steps, steps
-    if algo == "ppo":  # paced: at most a rollout or two made while the learner moved on
-        assert dropped <= 2 * cfg.env.num_envs * cfg.algo.rollout_steps, (dropped, result.env_steps)
+    if algo == "ppo":
+        # paced: at most a rollout or two made while the learner moved on, at the start and around
+        # each evaluation (a loaded CI run dropped one right after its second and two after its
+        # third); unpaced, most of the 400,000 steps went
+        rollout = cfg.env.num_envs * cfg.algo.rollout_steps
+        assert dropped <= 2 * rollout * (len(means) + 1), (dropped, steps, result.env_steps)
     best = json.loads((result.run_dir / "checkpoint_best" / "checkpoint.json").read_text())
     # the best of every evaluation, the later and worse ones included, is the one kept
     assert best["eval_return_mean"] == means.max() >= target, (best, means)
