@@ -409,6 +409,13 @@ def read_messages(sock: socket.socket, n: int, timeout: float = 10.0) -> list[di
     return got
 
 
+def send_and_wait_until_held(a: socket.socket, b: socket.socket, data: bytes) -> None:
+    """Send ``data`` on ``a`` and return once all of it waits in ``b``, unread."""
+    a.sendall(data)
+    while len(b.recv(len(data), socket.MSG_PEEK)) < len(data):
+        time.sleep(0.01)
+
+
 def test_frame_reader_fills_little_after_a_large_array_so_the_next_payload_is_not_copied_twice():
     a, b = socket.socketpair()
     with a, b:
@@ -417,9 +424,7 @@ def test_frame_reader_fills_little_after_a_large_array_so_the_next_payload_is_no
             "items": [(0, 8 * FILL_AFTER_LARGE_BYTES, {"x": np.arange(8 * FILL_AFTER_LARGE_BYTES, dtype=np.uint8)})]
         }
         message = b"".join(bytes(piece) for piece in wire.encode(large, out_of_band=True))
-        a.sendall(message + message)
-        while len(b.recv(1 << 20, socket.MSG_PEEK)) < 2 * len(message):
-            time.sleep(0.01)  # everything is in the socket: a fill takes all it asks for
+        send_and_wait_until_held(a, b, message * 2)  # a fill then takes all it asks for
         assert reader.pump(max_bytes=1) == [] and reader.buffered == 4 * FILL_AFTER_LARGE_BYTES  # a whole buffer
         [first] = reader.pump(max_bytes=len(message) - 4 * FILL_AFTER_LARGE_BYTES + 1)
         assert np.array_equal(first["items"][0][2]["x"], large["items"][0][2]["x"])
@@ -436,9 +441,7 @@ def test_frame_reader_receives_a_rest_over_straight_bytes_into_its_array_even_un
         reader = FrameReader(b)
         item = {"items": [(0, size, {"x": np.arange(size, dtype=np.uint8)})]}
         message = b"".join(bytes(piece) for piece in wire.encode(item, out_of_band=True))
-        a.sendall(message * 3)
-        while len(b.recv(1 << 20, socket.MSG_PEEK)) < 3 * len(message):
-            time.sleep(0.01)
+        send_and_wait_until_held(a, b, message * 3)
         assert reader.pump(max_bytes=1) == [] and reader.buffered == BUFFER_BYTES
         # the first message from the buffer, the second's rest in one read straight into its array
         assert len(reader.pump(max_bytes=1)) == 2 and reader.buffered == 0

@@ -75,7 +75,8 @@ def _reduce_array(array: np.ndarray):
     return _array_from_buffer, (pickle.PickleBuffer(data), dtype.str, array.shape)  # type: ignore[arg-type]
 
 
-_DISPATCH_TABLE = {**copyreg.dispatch_table, np.ndarray: _reduce_array}  # exact type: subclasses keep theirs
+class _Pickler(pickle.Pickler):
+    dispatch_table = {**copyreg.dispatch_table, np.ndarray: _reduce_array}  # exact type: subclasses keep theirs
 
 
 def encode(msg: dict, *, out_of_band: bool) -> list[bytes | memoryview]:
@@ -83,9 +84,7 @@ def encode(msg: dict, *, out_of_band: bool) -> list[bytes | memoryview]:
     each out-of-band buffer as a view of the array it came from (no copy)."""
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append if out_of_band else None)
-    pickler.dispatch_table = _DISPATCH_TABLE
-    pickler.dump(msg)
+    _Pickler(out, protocol=5, buffer_callback=buffers.append if out_of_band else None).dump(msg)
     header = out.getvalue()
     views = [b.raw() for b in buffers]
     sizes = b"".join(_SIZE.pack(v.nbytes) for v in views)
