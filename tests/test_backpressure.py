@@ -94,7 +94,7 @@ def test_bounded_memory_with_a_slow_learner(h, tmp_path):
                     samples.append({"t": time.monotonic(), **{w: v for w, v in client.run(probe).items()}})
                 except Exception as exc:  # noqa: BLE001 - hosts come and go at the ends of the run
                     samples.append({"t": time.monotonic(), "error": repr(exc)})
-                stop_probing.wait(0.25)
+                stop_probing.wait(0.05)  # the actor may make its steps in 2-3 s: sample often
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
