@@ -1,6 +1,7 @@
 """The allocator fit for large messages: after it, a 512 KiB buffer comes from the heap instead
-of a fresh mmap (checked with glibc's own counters, in a fresh process started the way Dask
-starts workers, with MALLOC_TRIM_THRESHOLD_ set)."""
+of a fresh mmap, and the heap a channel's capacity of them took stays mapped once they are freed
+(checked with glibc's own counters, in a fresh process started the way Dask starts workers, with
+MALLOC_TRIM_THRESHOLD_ set)."""
 
 import json
 import os
@@ -58,3 +59,44 @@ def test_threshold_rounds_up_and_is_capped():
     assert malloc.threshold_for(600_000) == 2 << 20
     assert malloc.threshold_for(4 << 20) == 8 << 20
     assert malloc.threshold_for(64 << 20) == 32 << 20
+
+
+TRIM_PROBE = textwrap.dedent("""
+    import ctypes, json, sys
+    from tianji_dask.channels.malloc import fit_allocator
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    n, in_flight = 512 << 10, int(sys.argv[1])
+    fit_allocator(n, in_flight)
+    held = [bytearray(n) for _ in range(48)]  # 24 MiB, as a channel's window fills
+    grown = libc.mallinfo2().arena
+    del held  # a consumer catching up: all of it free again
+    print(json.dumps({"grown": grown, "after": libc.mallinfo2().arena}))
+""")
+
+
+@pytest.mark.parametrize("in_flight", [0, 32 << 20])
+def test_freed_heap_of_a_channels_capacity_stays_mapped(in_flight):
+    """With the trim threshold of a few buffers (no capacity told), freeing 24 MiB of 512 KiB
+    buffers hands the heap back to the system, and the next messages fault it in again; with a
+    32 MiB channel's capacity told, it stays."""
+    env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="65536")
+    cmd = [sys.executable, "-c", TRIM_PROBE, str(in_flight)]
+    r = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+    assert r["grown"] >= 24 << 20
+    if in_flight:
+        assert r["after"] == r["grown"]
+    else:
+        assert r["after"] <= r["grown"] - (8 << 20)
+
+
+def test_trim_threshold_keeps_what_is_in_flight_within_bounds():
+    assert malloc.trim_threshold_for(1 << 20, 0) == 8 << 20
+    assert malloc.trim_threshold_for(1 << 20, 16 << 20) == 24 << 20
+    assert malloc.trim_threshold_for(32 << 20, 4 << 30) == 512 << 20

@@ -388,7 +388,7 @@ class QueueInbox:
             if self._closed:
                 return
             for seq, nbytes, payload in entries:
-                fit_allocator(nbytes)
+                fit_allocator(nbytes, self.capacity_bytes)
                 if seq > conn.next_seq:
                     self._seq_gaps += seq - conn.next_seq
                 conn.next_seq = seq + 1

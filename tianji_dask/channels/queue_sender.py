@@ -150,7 +150,7 @@ class QueueSender:
         ``capacity_bytes``, RuntimeError when ``wait`` would have to block an event loop.
         """
         nbytes = payload_nbytes(payload)
-        fit_allocator(nbytes)
+        fit_allocator(nbytes, self.capacity_bytes)
         if nbytes > self.capacity_bytes:
             raise ValueError(
                 f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of "
