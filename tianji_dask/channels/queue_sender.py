@@ -274,28 +274,34 @@ class QueueSender:
         if self._wake is not None:
             self._wake.set()
 
-    def _take_batch(self) -> list[tuple[int, int, dict]]:
-        """Move the head of the pending queue into flight, within window and batch size."""
+    def _take_batch(self) -> tuple[list[tuple[int, int, dict]], int]:
+        """Move the head of the pending queue into flight, within window and batch size: the
+        items and their bytes. The caller holds ``_cond``."""
         batch: list[tuple[int, int, dict]] = []
         batch_bytes = 0
-        with self._cond:
-            if self._error is not None:
-                return batch
-            window = min(self._window, self.capacity_bytes)
-            while self._pending:
-                nbytes = self._pending[0][1]
-                if batch and (batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items):
-                    break
-                if batch and (nbytes < SMALL_ITEM_BYTES) != (batch[0][1] < SMALL_ITEM_BYTES):
-                    break  # a message carries small items or large ones, in order
-                fits = self._inflight_bytes + batch_bytes + nbytes <= window
-                if not fits and (batch or self._inflight_bytes):
-                    break
-                batch.append(self._pending.popleft())
-                batch_bytes += nbytes
-            self._pending_bytes -= batch_bytes
-            self._inflight_bytes += batch_bytes
-        return batch
+        if self._error is not None:
+            return batch, 0
+        window = min(self._window, self.capacity_bytes)
+        while self._pending:
+            nbytes = self._pending[0][1]
+            if batch and (batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items):
+                break
+            if batch and (nbytes < SMALL_ITEM_BYTES) != (batch[0][1] < SMALL_ITEM_BYTES):
+                break  # a message carries small items or large ones, in order
+            fits = self._inflight_bytes + batch_bytes + nbytes <= window
+            if not fits and (batch or self._inflight_bytes):
+                break
+            batch.append(self._pending.popleft())
+            batch_bytes += nbytes
+        self._pending_bytes -= batch_bytes
+        self._inflight_bytes += batch_bytes
+        return batch, batch_bytes
+
+    def _count_written(self, items: int, nbytes: int) -> None:
+        """Count one written message of ``items`` items; the caller holds ``_cond``."""
+        self._sent_items += items
+        self._sent_bytes += nbytes
+        self._messages += 1
 
     async def _run(self) -> None:
         self._wake = asyncio.Event()
@@ -336,13 +342,12 @@ class QueueSender:
                     if self._error is not None:
                         return
             while not owned:
-                batch = self._take_batch()
+                with self._cond:
+                    batch, batch_bytes = self._take_batch()
                 if batch:
                     await _write(stream, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
                     with self._cond:
-                        self._sent_items += len(batch)
-                        self._sent_bytes += sum(nb for _, nb, _ in batch)
-                        self._messages += 1
+                        self._count_written(len(batch), batch_bytes)
                     continue
                 with self._cond:
                     if self._error is not None:
@@ -390,21 +395,24 @@ class QueueSender:
         thread.join()  # it has only its return left
 
     def _write_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
+        """One turn of ``_cond`` a message: the counts of the message written last go in with
+        the take of the next (or before waiting for one)."""
+        written: tuple[int, int] | None = None
         try:
             while True:
                 with self._cond:
+                    if written is not None:
+                        self._count_written(*written)
+                        written = None
                     while True:
-                        batch = self._take_batch()
+                        batch, batch_bytes = self._take_batch()
                         if batch or self._error is not None or (self._closing and not self._pending):
                             break
                         self._cond.wait()
                 if not batch:
                     return
                 wire.send(sock, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
-                with self._cond:
-                    self._sent_items += len(batch)
-                    self._sent_bytes += sum(nb for _, nb, _ in batch)
-                    self._messages += 1
+                written = (len(batch), batch_bytes)
         except OSError as exc:
             self._fail(f"connection lost: {exc!r}")
         finally:
