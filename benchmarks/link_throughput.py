@@ -35,7 +35,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "jobqueue")]
 
 from netns_nodes import Nodes  # noqa: E402
 
-from comm_bench.cases import MB, Case, CommBenchConfig  # noqa: E402
+from comm_bench.cases import DEFAULT_CAPACITY_MB, MB, Case, CommBenchConfig  # noqa: E402
 from comm_bench.nodes import NodesCluster  # noqa: E402
 
 KIB = 1 << 10
@@ -48,7 +48,7 @@ CHANNEL_SPENT = {
 }
 
 
-def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
+def measure(rate: str | None, sizes, messages: int, log, capacity_mb: float = DEFAULT_CAPACITY_MB) -> list[dict]:
     workdir = Path(tempfile.mkdtemp(prefix="link-throughput-"))
     nodes = Nodes.up(2, workdir, rate)
     nodes.pythonpath.append(str(HERE))  # the tasks are comm_bench's
@@ -58,7 +58,7 @@ def measure(rate: str | None, sizes, messages: int, log) -> list[dict]:
         nodes.start_worker(1, "node1-receiver", {})
         nodes.start_worker(2, "node2-sender", {})
         nodes.wait_for_workers(2)
-        cfg = CommBenchConfig(messages=messages)
+        cfg = CommBenchConfig(messages=messages, capacity_mb=capacity_mb)
         with NodesCluster(cfg, scheduler, workers=2) as cluster:
             for size in sizes:
                 r = cluster.run_raw(size, messages)
@@ -127,21 +127,34 @@ def save(rows: list[dict], out: Path, meta: dict) -> None:
     fig.savefig(out / "link_throughput.png", dpi=120)
 
 
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="1gbit,unlimited", help="comma-separated tc rates; 'unlimited' for none")
     p.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="comma-separated message bytes")
     p.add_argument("--messages", type=int, default=2000, help="messages per case")
+    p.add_argument(
+        "--capacity-mb",
+        type=float,
+        default=DEFAULT_CAPACITY_MB,
+        help="the channel's credit window, MB (default: the default config's channel.capacity_mb)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/link_throughput"))
     a = p.parse_args()
+    if a.capacity_mb <= 0:
+        p.error(f"--capacity-mb must be positive, got {a.capacity_mb}")
     if os.geteuid() != 0:
         p.error("needs root: the nodes are network namespaces (jobqueue/netns-nodes.sh)")
     sizes = [int(s) for s in a.sizes.split(",")]
     rows = []
     for rate in a.rates.split(","):
-        rows += measure(None if rate == "unlimited" else rate, sizes, a.messages, lambda s: print(s, flush=True))
+        rows += measure(None if rate == "unlimited" else rate, sizes, a.messages, _print, a.capacity_mb)
     meta = {
         "messages": a.messages,
+        "capacity_mb": a.capacity_mb,
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -64,7 +64,7 @@ def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path)
     out = tmp_path / "lt"
     r = subprocess.run(
         [sys.executable, "benchmarks/link_throughput.py", "--rates", "100mbit", "--sizes", "262144",
-         "--messages", "40", "--out", str(out)],
+         "--messages", "40", "--capacity-mb", "4", "--out", str(out)],
         capture_output=True, text=True, timeout=280, cwd=CONFIG.parent.parent,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -72,10 +72,19 @@ def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path)
         raw, channel = float(ds.raw_tcp_bytes_per_s.item()), float(ds.channel_bytes_per_s.item())
         sender_cpu, receiver_cpu = float(ds.channel_t_sd.item()), float(ds.channel_t_rv.item())
         credit_wait = float(ds.channel_credit_wait_time.item())
+        assert ds.attrs["capacity_mb"] == 4
     assert 6e6 < raw < 14e6 and 6e6 < channel < 14e6, (raw, channel)  # 100 Mbit/s = 12.5 MB/s
     per_message = 262144 / channel  # the link binds: each end's CPU is a fraction of a message's time
     assert 0 < sender_cpu < per_message and 0 < receiver_cpu < per_message, (sender_cpu, receiver_cpu, per_message)
     assert 0 <= credit_wait < 2 * per_message, credit_wait
+
+
+def test_the_link_benchmark_refuses_a_window_of_nothing_before_any_work():
+    r = subprocess.run(
+        [sys.executable, "benchmarks/link_throughput.py", "--capacity-mb", "0"],
+        capture_output=True, text=True, timeout=60, cwd=CONFIG.parent.parent,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--capacity-mb must be positive, got 0.0" in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(300)
