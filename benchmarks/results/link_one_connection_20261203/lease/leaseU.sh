@@ -3,9 +3,7 @@
 # threshold that keeps a channel's capacity mapped (B), B + one lock turn a written message (D,
 # the tree), D with max_batch_bytes 2 MiB (D2) and 4 MiB (D4); three rounds alternating.
 # Then comm.py 16 and 32 actors with A and D, Fig. 5d's five sizes with D, a py-spy profile of D.
-cd /tmp/tj; export PYTHONPATH=/tmp/site:/tmp/tj
-export PATH=/tmp/tj/.ipr/bin:/tmp/site/bin:$PATH LD_LIBRARY_PATH=/tmp/tj/.ipr/lib
-X=/tmp/x; mkdir -p $X
+source /tmp/tj/.old_src/jobs.sh  # the tree, $X, job and run
 mk() { local t=/tmp/tj$1; rm -rf $t; mkdir -p $t; cp -r benchmarks jobqueue $t/; }
 mk A; tar xzf .old_src/A.tgz -C /tmp/tjA
 mk B; tar xzf .old_src/B.tgz -C /tmp/tjB
@@ -15,7 +13,6 @@ for v in D2:2 D4:4; do
 done
 ln -s /tmp/tj /tmp/tjD
 { nproc; lscpu | grep -i "model name"; cat .old_src/commit.txt; for v in A B D D2 D4; do echo "$v: $(grep -h 'max_batch_bytes: int\|^_KEEP_MAX\|one lock turn\|One turn' /tmp/tj$v/tianji_dask/channels/*.py | tr -s ' ' | tr '\n' ' ')"; done; } > $X/machine.txt 2>&1
-source /tmp/tj/.old_src/jobs.sh  # job and run
 L="python3 -u benchmarks/link_throughput.py --rates unlimited --sizes 524288 --messages 10000"
 for r in 1 2 3; do for v in A B D D2 D4; do run link_${v}_r$r $v $L; done; done
 touch $X/LINKDONE
