@@ -15,8 +15,8 @@ from tianji_dask.channels import malloc
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
-PROBE = textwrap.dedent("""
-    import ctypes, json
+MALLINFO = textwrap.dedent("""
+    import ctypes, json, sys
     from tianji_dask.channels.malloc import fit_allocator
 
     class MallInfo2(ctypes.Structure):
@@ -26,7 +26,18 @@ PROBE = textwrap.dedent("""
 
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
+""")
 
+
+def run_probe(body: str, *args: str) -> dict:
+    """What ``body`` (after MALLINFO's set-up) prints as JSON, in a fresh process started with
+    Dask's MALLOC_TRIM_THRESHOLD_."""
+    env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="65536")
+    cmd = [sys.executable, "-c", MALLINFO + body, *args]
+    return json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+
+
+PROBE = textwrap.dedent("""
     def mmapped_while_held(n):
         before = libc.mallinfo2().hblks
         buf = bytearray(n)
@@ -44,9 +55,7 @@ PROBE = textwrap.dedent("""
 
 
 def test_large_buffers_leave_mmap_after_fit():
-    env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
-    r = json.loads(out.stdout)
+    r = run_probe(PROBE)
     assert r["small"] == 0  # small messages keep Dask's setting
     assert r["before"] == 1  # with Dask's trim threshold, 512 KiB is a fresh mmap
     assert r["threshold"] == 1 << 20
@@ -62,16 +71,6 @@ def test_threshold_rounds_up_and_is_capped():
 
 
 TRIM_PROBE = textwrap.dedent("""
-    import ctypes, json, sys
-    from tianji_dask.channels.malloc import fit_allocator
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                     "uordblks", "fordblks", "keepcost")]
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
     n, in_flight = 512 << 10, int(sys.argv[1])
     fit_allocator(n, in_flight)
     held = [bytearray(n) for _ in range(48)]  # 24 MiB, as a channel's window fills
@@ -86,9 +85,7 @@ def test_freed_heap_of_a_channels_capacity_stays_mapped(in_flight):
     """With the trim threshold of a few buffers (no capacity told), freeing 24 MiB of 512 KiB
     buffers hands the heap back to the system, and the next messages fault it in again; with a
     32 MiB channel's capacity told, it stays."""
-    env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="65536")
-    cmd = [sys.executable, "-c", TRIM_PROBE, str(in_flight)]
-    r = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+    r = run_probe(TRIM_PROBE, str(in_flight))
     assert r["grown"] >= 24 << 20
     if in_flight:
         assert r["after"] == r["grown"]

@@ -27,7 +27,6 @@ _KEEP_MAX_BYTES = 512 << 20  # and at most this much in all
 
 _lock = threading.Lock()
 _mmap_threshold = 0  # what this module last set; 0 = untouched
-_trim_threshold = 0
 _in_flight_fit = 0  # the most in-flight bytes the trim threshold was set for
 _libc = None
 
@@ -59,10 +58,6 @@ def current_mmap_threshold() -> int:
     return _mmap_threshold
 
 
-def current_trim_threshold() -> int:
-    return _trim_threshold
-
-
 def threshold_for(nbytes: int) -> int:
     """The mmap threshold that keeps buffers of ``nbytes`` on the heap: the next power of two
     at or above twice the size, at most glibc's ceiling (larger buffers stay mmapped)."""
@@ -75,18 +70,17 @@ def trim_threshold_for(mmap_threshold: int, in_flight_bytes: int) -> int:
 
 
 def _raise_thresholds(nbytes: int, in_flight_bytes: int) -> int:
-    global _mmap_threshold, _trim_threshold, _in_flight_fit
+    global _mmap_threshold, _in_flight_fit
     with _lock:
         want = max(threshold_for(nbytes), _mmap_threshold)
         in_flight = max(in_flight_bytes, _in_flight_fit)
-        trim = trim_threshold_for(want, in_flight)
-        if want == _mmap_threshold and trim == _trim_threshold:
+        if want == _mmap_threshold and in_flight == _in_flight_fit:
             return _mmap_threshold
         mallopt = _mallopt()
         if not mallopt:
             return 0
         if mallopt(_M_MMAP_THRESHOLD, want) != 1:
             return _mmap_threshold
-        mallopt(_M_TRIM_THRESHOLD, trim)
-        _mmap_threshold, _trim_threshold, _in_flight_fit = want, trim, in_flight
+        mallopt(_M_TRIM_THRESHOLD, trim_threshold_for(want, in_flight))
+        _mmap_threshold, _in_flight_fit = want, in_flight
         return want
