@@ -38,6 +38,7 @@ from tianji_dask.channels import (
 )
 from tianji_dask.channels.queue_link import QueueLink
 from tianji_dask.channels.receive_loop import (
+    ARRAY_WAIT_S,
     BUFFER_BYTES,
     FILL_AFTER_LARGE_BYTES,
     STRAIGHT_BYTES,
@@ -448,6 +449,53 @@ def test_frame_reader_receives_a_rest_over_straight_bytes_into_its_array_even_un
         assert reader.pump(max_bytes=1) == [] and reader.buffered == FILL_AFTER_LARGE_BYTES
         [third] = reader.pump()
         assert np.array_equal(third["items"][0][2]["x"], item["items"][0][2]["x"])
+
+
+def large_message_cut(size: int, held: int) -> tuple[dict, bytes, bytes]:
+    """A message of one ``size``-byte array, its bytes cut after the header and ``held`` bytes
+    of the array: (message, first part, rest)."""
+    msg = {"items": [(0, size, {"x": np.arange(size, dtype=np.uint8)})]}
+    data = b"".join(bytes(piece) for piece in wire.encode(msg, out_of_band=True))
+    cut = len(data) - size + held
+    return msg, data[:cut], data[cut:]
+
+
+def test_frame_reader_told_to_wait_receives_an_arrays_rest_inside_one_call_and_otherwise_never_waits():
+    msg, first, rest = large_message_cut(256 * KIB, held=8 * KIB)
+    a, b = socket.socketpair()
+    with a, b:
+        reader = FrameReader(b, array_wait_s=30)
+        send_and_wait_until_held(a, b, first)
+        assert reader.pump() == []  # not told to wait: what the socket holds, then back
+        half = len(rest) // 2
+        sender = threading.Thread(target=lambda: (a.sendall(rest[:half]), time.sleep(0.1), a.sendall(rest[half:])))
+        sender.start()
+        [got] = reader.pump(wait_for_arrays=True)  # the rest came while it waited
+        sender.join()
+        assert np.array_equal(got["items"][0][2]["x"], msg["items"][0][2]["x"])
+
+
+def test_receive_loop_waiting_for_a_stopped_senders_array_reads_a_connection_added_meanwhile():
+    """A thread alone with its connection waits inside recv for the rest of an array; a sender
+    stopped halfway (a suspended job) holds a connection added to that thread meanwhile up by
+    at most ARRAY_WAIT_S a turn, never until the stopped one goes on."""
+    loop, messages, ends = ReceiveLoop("wait", threads=1), queue.Queue(), queue.Queue()
+    msg, first, rest = large_message_cut(1024 * KIB, held=64 * KIB)
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    with a, b, c, d:
+        loop.add(b, messages.put, lambda end: ends.put(end))
+        a.sendall(first)  # and stops halfway through its array
+        time.sleep(0.2)  # the thread is inside its waiting recv by now
+        loop.add(d, messages.put, lambda end: ends.put(end))
+        c.sendall(wire.encode_whole({"credit": 7}))
+        assert messages.get(timeout=20 * ARRAY_WAIT_S + 2) == {"credit": 7}
+        a.sendall(rest)
+        got = messages.get(timeout=5)
+        assert np.array_equal(got["items"][0][2]["x"], msg["items"][0][2]["x"])
+        for sock in (a, c):
+            sock.sendall(wire.encode_whole({"bye": True}))
+        assert [ends.get(timeout=5), ends.get(timeout=5)] == [None, None]
 
 
 def test_credit_sent_from_the_consumers_thread_never_blocks_and_arrives_whole_when_the_socket_fills():

@@ -5,7 +5,9 @@ thread (docs/benchmarks.md has the profile); raw TCP's receiver, one thread on a
 non-blocking reads, does not. This module reads that way, on a few such threads: each connection
 is a :class:`FrameReader`, a resumable parse of the channel's framing (``wire``) over a socket
 that stays in blocking mode for its writer thread and is read here with ``MSG_DONTWAIT``; a large
-array is received straight into the buffer it stays in, in as many pieces as the socket holds.
+array is received straight into the buffer it stays in, in as many pieces as the socket holds, or,
+on a thread with no other connection to read meanwhile, in one ``recv`` that waits for its rest
+(``MSG_WAITALL``): a wake-up and a turn of the GIL a piece less.
 
 A thread runs while it has connections and ends with its last one; the next
 :meth:`ReceiveLoop.add` that picks it starts another.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +39,10 @@ FILL_AFTER_LARGE_BYTES = 4 << 10
 TURN_BYTES = 4 << 20
 #: Threads of an inbox's receive loop (each connection read by one).
 RECEIVE_THREADS = 2
+#: Longest a ``recv`` waits for the rest of an array (``pump(wait_for_arrays=True)``) before the
+#: thread goes back to its selector: a sender stopped halfway through an array (a suspended job)
+#: holds up a connection added to the thread meanwhile by no more than this.
+ARRAY_WAIT_S = 0.05
 
 
 class FrameReader:
@@ -43,8 +50,12 @@ class FrameReader:
     reads what the socket holds and returns the messages it completed; a message cut by an empty
     socket resumes where it stopped at the next call."""
 
-    def __init__(self, sock: socket.socket, buffer_bytes: int = BUFFER_BYTES):
+    def __init__(self, sock: socket.socket, buffer_bytes: int = BUFFER_BYTES, array_wait_s: float = ARRAY_WAIT_S):
         self._sock = sock
+        # bounds a waiting recv only: MSG_DONTWAIT reads and the writer's sends are not affected
+        seconds, micros = divmod(max(1, round(array_wait_s * 1e6)), 1_000_000)
+        with contextlib.suppress(OSError):  # a socket closed already ends at its first read
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", seconds, micros))
         self._buffer = bytearray(buffer_bytes)
         self._view = memoryview(self._buffer)
         self._start = 0  # buffered, unread bytes are _buffer[_start:_end]
@@ -70,14 +81,16 @@ class FrameReader:
         self._arrays: list[np.ndarray] = []
         self._next_array = 0
 
-    def pump(self, max_bytes: int = TURN_BYTES) -> list[dict]:
+    def pump(self, max_bytes: int = TURN_BYTES, wait_for_arrays: bool = False) -> list[dict]:
         """The messages completed by reading what the socket holds now (at most about
-        ``max_bytes``). Raises ``ConnectionError`` when the peer closed the connection and
-        :class:`wire.WireError` for bytes that are not a message."""
+        ``max_bytes``). With ``wait_for_arrays``, the rest of an array whose header came is
+        waited for inside one ``recv`` (the sender is writing it; at most :data:`ARRAY_WAIT_S`)
+        instead of read in the pieces the socket holds at each wake-up. Raises ``ConnectionError`` when the peer
+        closed the connection and :class:`wire.WireError` for bytes that are not a message."""
         messages: list[dict] = []
         read = 0
         while read < max_bytes:
-            got = self._fill_part()
+            got = self._fill_part(wait_for_arrays)
             if got is None:
                 break
             read += got
@@ -112,7 +125,7 @@ class FrameReader:
                 return False
         return True
 
-    def _fill_part(self) -> int | None:
+    def _fill_part(self, wait_for_arrays: bool) -> int | None:
         """Move bytes into the current part, from the buffer or the socket; how many it moved,
         None when the socket holds nothing more now."""
         target = self._part
@@ -125,7 +138,8 @@ class FrameReader:
             self._offset += n
             return 0
         if need >= self._straight_bytes:
-            got = self._recv(target[self._offset :])
+            waits = wait_for_arrays and self._stage == "arrays"
+            got = self._recv(target[self._offset :], socket.MSG_WAITALL if waits else socket.MSG_DONTWAIT)
             if got is None:
                 return None
             self._offset += got
@@ -139,9 +153,9 @@ class FrameReader:
         self._start, self._end = 0, got
         return got
 
-    def _recv(self, into: memoryview) -> int | None:
+    def _recv(self, into: memoryview, flags: int = socket.MSG_DONTWAIT) -> int | None:
         try:
-            n = self._sock.recv_into(into, into.nbytes, socket.MSG_DONTWAIT)
+            n = self._sock.recv_into(into, into.nbytes, flags)
         except BlockingIOError:
             return None
         if not n:
@@ -234,7 +248,7 @@ class _ReadThread:
                         with contextlib.suppress(BlockingIOError):
                             woken.recv(4096)
                         continue
-                    end = _read(conn)
+                    end = _read(conn, self._count == 1)
                     if end is not _GOING_ON:
                         selector.unregister(key.fileobj)
                         self._ended(conn, end)
@@ -251,10 +265,12 @@ class _ReadThread:
 _GOING_ON = object()
 
 
-def _read(conn: _Connection):
-    """Read what ``conn``'s socket holds and hand on its messages; _GOING_ON, or how it ended."""
+def _read(conn: _Connection, alone: bool):
+    """Read what ``conn``'s socket holds and hand on its messages; _GOING_ON, or how it ended.
+    ``alone``: it is its thread's only connection, so the thread may wait inside a ``recv``
+    for the rest of an array, nothing else to read meanwhile."""
     try:
-        for msg in conn.reader.pump():
+        for msg in conn.reader.pump(wait_for_arrays=alone):
             if msg.get("bye"):
                 return None
             conn.on_message(msg)
