@@ -118,6 +118,10 @@ class Receiver:
                 break
         return {"got": got, "bad": bad, "over": over, "stats": self.inbox.stats()}
 
+    def take(self, n: int) -> int:
+        """Take up to ``n`` queued items (waiting up to 5 s for the first); how many."""
+        return len(self.inbox.get(5.0, max_items=n))
+
     def close_channel(self) -> None:
         self.service.close(self.name)
 
@@ -149,6 +153,9 @@ class Pusher:
 
     async def stats(self) -> dict:
         return self.sender.stats()
+
+    def close(self) -> None:
+        self.sender.close(timeout=10)
 
     async def send_threads(self) -> list[str]:
         """Names of the threads writing owned connections' items in this worker."""
@@ -185,6 +192,14 @@ class Subscriber:
             if version == last_version:
                 break
         return {"seen": seen, "bad": bad, "stats": self.inbox.stats()}
+
+
+def set_credit_linger(seconds: float) -> float:
+    """Set this worker's ``queue_link.CREDIT_LINGER_S``; returns the value it had."""
+    from tianji_dask.channels import queue_link
+
+    old, queue_link.CREDIT_LINGER_S = queue_link.CREDIT_LINGER_S, seconds
+    return old
 
 
 def send_items(address, channel, sender_id, n, nbytes, capacity, policy="wait", batch=1 << 20):
@@ -771,6 +786,31 @@ def test_queue_backpressure_wait(client, workers):
     assert out["over"] == [] and out["stats"]["max_queued_bytes"] <= cap
     assert sstats["blocked_s"] > 0 and sstats["dropped"] == 0
     recv.close_channel().result()
+
+
+def test_credit_leaves_from_the_consumers_thread_once_a_quarter_is_due_while_the_writer_lingers(client, workers):
+    """A little credit waits (the link's writer lingers for more); once a quarter of the
+    window is due, the consumer's take sends it at once instead of leaving it to the linger."""
+    window, item_bytes = 16 << 20, 1 << 20
+    recv = actor(client, Receiver, workers[0], "q-linger", window)
+    addr = recv.address().result()
+    pusher = actor(client, Pusher, workers[1], addr, "q-linger", "p", window)
+    old = client.run(set_credit_linger, 30.0, workers=[workers[0]])[workers[0]]
+    try:
+        assert all(pusher.push(8, item_bytes).result(timeout=30))
+        assert wait_until(lambda: recv.stats().result()["queued_items"] == 8, 20)
+        outstanding = pusher.stats().result()["outstanding_bytes"]
+        assert outstanding > 7 * item_bytes
+        assert recv.take(1).result() == 1  # under a quarter: the writer lingers for more
+        time.sleep(0.5)
+        assert pusher.stats().result()["outstanding_bytes"] == outstanding
+        assert recv.take(4).result() == 4  # a quarter due now
+        assert wait_until(lambda: pusher.stats().result()["outstanding_bytes"] < 4 * item_bytes, 5)
+    finally:
+        client.run(set_credit_linger, old, workers=[workers[0]])
+        pusher.close().result(timeout=30)  # its "bye" ends the link, the lingering writer too
+        recv.close_channel().result()
+    assert wait_until(lambda: recv.link_threads().result() == [], 10)
 
 
 @pytest.mark.integration

@@ -153,16 +153,21 @@ class QueueInbox:
     def _take(self, max_items: int | None) -> tuple[list[Item], list[_SenderConn]]:
         n = len(self._items) if max_items is None else min(max_items, len(self._items))
         taken: list[Item] = []
-        kicks: list[_SenderConn] = []
+        credited: dict[_SenderConn, None] = {}
         for _ in range(n):
             item, conn = self._items.popleft()
             self._queued_bytes -= item.nbytes
             taken.append(item)
             if conn.live:
                 conn.credit_due += item.nbytes
-                if not conn.kick_scheduled:
-                    conn.kick_scheduled = True
-                    kicks.append(conn)
+                credited[conn] = None
+        kicks: list[_SenderConn] = []
+        for conn in credited:
+            if not conn.kick_scheduled:
+                conn.kick_scheduled = True
+                kicks.append(conn)
+            elif conn.link is not None and conn.credit_due >= _lingering_credit(conn):
+                kicks.append(conn)  # its writer lingers for more credit, and enough is due now
         return taken, kicks
 
     def _send_credit(self, kicks: list[_SenderConn]) -> None:
