@@ -72,7 +72,8 @@ def test_a_run_whose_evaluator_dies_goes_on_without_evaluations(tmp_path):
     assert result.error is None and result.status == "stopped", (result.status, result.error)
     with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
         assert ds.sizes["evaluation"] <= 2  # the one before the kill, and at most one that ended with it
-        assert ds["eval_env_steps"].values.max() < steps
+        # that one was asked for at the latest at the step count read once the death was noticed
+        assert ds["eval_env_steps"].values.max() <= steps
     deadline = time.monotonic() + 10
     while evaluators() and time.monotonic() < deadline:
         time.sleep(0.1)
