@@ -8,13 +8,15 @@ receives. Raw TCP runs in those same two worker processes (``comm_bench.nodes``:
 message, the receiver reading into a preallocated buffer), right before the channel case of the
 same size, which is the communication benchmark's (``comm_bench``: one ``QueueSender`` pushing
 into one ``QueueInbox``, sample time 0). Throughput is message bytes over the receiver's time from
-the first to the last message.
+the first to the last message. With ``--repeats N`` each size runs that pair N times in turn and
+reports the medians, and the channel's fraction as the ratio of the two medians (raw TCP's own
+rate swings from run to run on an unlimited link); every run stays in the ``*_runs`` variables.
 
     sudo python benchmarks/link_throughput.py --out benchmarks/results/link_throughput
     sudo python benchmarks/link_throughput.py --rates 1gbit --sizes 524288 --messages 300   # quick
 
-Writes ``link_throughput.nc`` (dims ``rate`` x ``size``), ``link_throughput.json`` and
-``link_throughput.png`` to ``--out``.
+Writes ``link_throughput.nc`` (dims ``rate`` x ``size``, the runs with ``repeat`` too),
+``link_throughput.json`` and ``link_throughput.png`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ CHANNEL_SPENT = {
 }
 
 
-def measure(rate: str | None, sizes, messages: int, log, capacity_mb: float = DEFAULT_CAPACITY_MB) -> list[dict]:
+def measure(
+    rate: str | None, sizes, messages: int, log, capacity_mb: float = DEFAULT_CAPACITY_MB, repeats: int = 1
+) -> list[dict]:
     workdir = Path(tempfile.mkdtemp(prefix="link-throughput-"))
     nodes = Nodes.up(2, workdir, rate)
     nodes.pythonpath.append(str(HERE))  # the tasks are comm_bench's
@@ -61,18 +65,28 @@ def measure(rate: str | None, sizes, messages: int, log, capacity_mb: float = DE
         cfg = CommBenchConfig(messages=messages, capacity_mb=capacity_mb)
         with NodesCluster(cfg, scheduler, workers=2) as cluster:
             for size in sizes:
-                r = cluster.run_raw(size, messages)
-                raw = r["bytes"] / (r["t_n"] - r["t_first_byte"])
-                res = cluster.run_channel(Case("size", "channel", size, 1, 0.0, messages), f"link-{size}")
-                channel = messages * size / res["collection_time"]
-                spent = {k: res[k] for k in CHANNEL_SPENT}
-                rows.append({"rate": rate or "unlimited", "size": size, "raw_tcp": raw, "channel": channel, **spent})
-                log(
-                    f"{rate or 'unlimited':>9} {size // KIB:6d} KiB: raw TCP {raw / MB:8.1f} MB/s, "
-                    f"channel {channel / MB:8.1f} MB/s ({channel / raw:.2f}); a message: sender CPU "
-                    f"{spent['t_sd'] * 1e6:.0f} us, receiver CPU {spent['t_rv'] * 1e6:.0f} us, "
-                    f"credit wait {spent['credit_wait_time'] * 1e6:.0f} us"
-                )
+                runs = []
+                for k in range(repeats):
+                    r = cluster.run_raw(size, messages)
+                    raw = r["bytes"] / (r["t_n"] - r["t_first_byte"])
+                    res = cluster.run_channel(Case("size", "channel", size, 1, 0.0, messages), f"link-{size}-{k}")
+                    channel = messages * size / res["collection_time"]
+                    spent = {key: res[key] for key in CHANNEL_SPENT}
+                    runs.append({"raw_tcp": raw, "channel": channel, **spent})
+                    log(
+                        f"{rate or 'unlimited':>9} {size // KIB:6d} KiB: raw TCP {raw / MB:8.1f} MB/s, "
+                        f"channel {channel / MB:8.1f} MB/s ({channel / raw:.2f}); a message: sender CPU "
+                        f"{spent['t_sd'] * 1e6:.0f} us, receiver CPU {spent['t_rv'] * 1e6:.0f} us, "
+                        f"credit wait {spent['credit_wait_time'] * 1e6:.0f} us"
+                    )
+                medians = {key: float(np.median([run[key] for run in runs])) for key in runs[0]}
+                rows.append({"rate": rate or "unlimited", "size": size, **medians, "runs": runs})
+                if repeats > 1:
+                    log(
+                        f"{rate or 'unlimited':>9} {size // KIB:6d} KiB, medians of {repeats}: raw TCP "
+                        f"{medians['raw_tcp'] / MB:8.1f} MB/s, channel {medians['channel'] / MB:8.1f} MB/s "
+                        f"({medians['channel'] / medians['raw_tcp']:.2f})"
+                    )
     finally:
         nodes.stop()
     return rows
@@ -81,12 +95,17 @@ def measure(rate: str | None, sizes, messages: int, log, capacity_mb: float = DE
 def save(rows: list[dict], out: Path, meta: dict) -> None:
     rates = list(dict.fromkeys(r["rate"] for r in rows))
     sizes = sorted({r["size"] for r in rows})
+    repeats = max(len(r["runs"]) for r in rows)
     grid = {k: np.full((len(rates), len(sizes)), np.nan) for k in ("raw_tcp", "channel", *CHANNEL_SPENT)}
+    runs = {k: np.full((len(rates), len(sizes), repeats), np.nan) for k in ("raw_tcp", "channel")}
     for r in rows:
         i, j = rates.index(r["rate"]), sizes.index(r["size"])
         for k in grid:
             grid[k][i, j] = r[k]
+        for k in runs:
+            runs[k][i, j, : len(r["runs"])] = [run[k] for run in r["runs"]]
     dims = ("rate", "size")
+    run_dims = ("rate", "size", "repeat")
     ds = xr.Dataset(
         {
             "raw_tcp_bytes_per_s": (dims, grid["raw_tcp"], {"long_name": "raw TCP throughput", "units": "B/s"}),
@@ -100,10 +119,17 @@ def save(rows: list[dict], out: Path, meta: dict) -> None:
                 grid["channel"] / grid["raw_tcp"],
                 {"long_name": "channel throughput / raw TCP throughput", "units": "1"},
             ),
+            "raw_tcp_bytes_per_s_runs": (run_dims, runs["raw_tcp"], {"long_name": "raw TCP, each run", "units": "B/s"}),
+            "channel_bytes_per_s_runs": (
+                run_dims,
+                runs["channel"],
+                {"long_name": "queue channel, each run (the one after that repeat's raw TCP)", "units": "B/s"},
+            ),
         },
         coords={
             "rate": ("rate", rates, {"long_name": "link rate limit (tc tbf)", "units": "1"}),
             "size": ("size", sizes, {"long_name": "message size", "units": "B"}),
+            "repeat": ("repeat", np.arange(repeats), {"long_name": "raw TCP and channel pair, in run order"}),
         },
         attrs={"title": "throughput between two network-namespace nodes (paper Fig. 5d)", **meta},
     )
@@ -142,19 +168,25 @@ def main() -> int:
         default=DEFAULT_CAPACITY_MB,
         help="the channel's credit window, MB (default: the default config's channel.capacity_mb)",
     )
+    p.add_argument(
+        "--repeats", type=int, default=1, help="raw TCP and channel pairs a size, in turn; medians reported (default 1)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/link_throughput"))
     a = p.parse_args()
     if a.capacity_mb <= 0:
         p.error(f"--capacity-mb must be positive, got {a.capacity_mb}")
+    if a.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {a.repeats}")
     if os.geteuid() != 0:
         p.error("needs root: the nodes are network namespaces (jobqueue/netns-nodes.sh)")
     sizes = [int(s) for s in a.sizes.split(",")]
     rows = []
     for rate in a.rates.split(","):
-        rows += measure(None if rate == "unlimited" else rate, sizes, a.messages, _print, a.capacity_mb)
+        rows += measure(None if rate == "unlimited" else rate, sizes, a.messages, _print, a.capacity_mb, a.repeats)
     meta = {
         "messages": a.messages,
         "capacity_mb": a.capacity_mb,
+        "repeats": a.repeats,
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

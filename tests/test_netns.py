@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import xarray as xr
 from conftest import CONFIG
@@ -57,14 +58,14 @@ def test_a_run_with_its_learner_and_actors_on_three_nodes_reaches_its_target_thr
 
 @pytest.mark.timeout(300)
 def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path):
-    """benchmarks/link_throughput.py on its smallest case: a 100 Mbit/s link caps both."""
+    """benchmarks/link_throughput.py on its smallest case, twice: a 100 Mbit/s link caps both."""
     from netns_support import require_netns
 
     require_netns()
     out = tmp_path / "lt"
     r = subprocess.run(
         [sys.executable, "benchmarks/link_throughput.py", "--rates", "100mbit", "--sizes", "262144",
-         "--messages", "40", "--capacity-mb", "4", "--out", str(out)],
+         "--messages", "40", "--capacity-mb", "4", "--repeats", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=280, cwd=CONFIG.parent.parent,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -72,19 +73,27 @@ def test_the_link_benchmark_measures_both_transports_on_a_limited_link(tmp_path)
         raw, channel = float(ds.raw_tcp_bytes_per_s.item()), float(ds.channel_bytes_per_s.item())
         sender_cpu, receiver_cpu = float(ds.channel_t_sd.item()), float(ds.channel_t_rv.item())
         credit_wait = float(ds.channel_credit_wait_time.item())
-        assert ds.attrs["capacity_mb"] == 4
+        assert ds.attrs["capacity_mb"] == 4 and ds.attrs["repeats"] == 2
+        raw_runs, channel_runs = ds.raw_tcp_bytes_per_s_runs.values.ravel(), ds.channel_bytes_per_s_runs.values.ravel()
+    assert len(raw_runs) == len(channel_runs) == 2 and np.all(raw_runs > 0) and np.all(channel_runs > 0)
+    assert raw == np.median(raw_runs) and channel == np.median(channel_runs)  # the reported figures
     assert 6e6 < raw < 14e6 and 6e6 < channel < 14e6, (raw, channel)  # 100 Mbit/s = 12.5 MB/s
     per_message = 262144 / channel  # the link binds: each end's CPU is a fraction of a message's time
     assert 0 < sender_cpu < per_message and 0 < receiver_cpu < per_message, (sender_cpu, receiver_cpu, per_message)
     assert 0 <= credit_wait < 2 * per_message, credit_wait
 
 
-def test_the_link_benchmark_refuses_a_window_of_nothing_before_any_work():
+def test_the_link_benchmark_refuses_a_window_of_nothing_and_no_repeats_before_any_work():
     r = subprocess.run(
         [sys.executable, "benchmarks/link_throughput.py", "--capacity-mb", "0"],
         capture_output=True, text=True, timeout=60, cwd=CONFIG.parent.parent,
     )  # fmt: skip
     assert r.returncode == 2 and "--capacity-mb must be positive, got 0.0" in r.stderr, r.stderr
+    r = subprocess.run(
+        [sys.executable, "benchmarks/link_throughput.py", "--repeats", "0"],
+        capture_output=True, text=True, timeout=60, cwd=CONFIG.parent.parent,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--repeats must be at least 1, got 0" in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(300)
