@@ -84,9 +84,10 @@ class FrameReader:
     def pump(self, max_bytes: int = TURN_BYTES, wait_for_arrays: bool = False) -> list[dict]:
         """The messages completed by reading what the socket holds now (at most about
         ``max_bytes``). With ``wait_for_arrays``, the rest of an array whose header came is
-        waited for inside one ``recv`` (the sender is writing it; at most :data:`ARRAY_WAIT_S`)
-        instead of read in the pieces the socket holds at each wake-up. Raises ``ConnectionError`` when the peer
-        closed the connection and :class:`wire.WireError` for bytes that are not a message."""
+        waited for inside one ``recv`` (the sender is writing it; at most ``array_wait_s`` a
+        call) instead of read in the pieces the socket holds at each wake-up. Raises
+        ``ConnectionError`` when the peer closed the connection and :class:`wire.WireError` for
+        bytes that are not a message."""
         messages: list[dict] = []
         read = 0
         while read < max_bytes:
