@@ -34,6 +34,7 @@ from tianji_dask.channels import (
     LocalTopic,
     QueueSender,
     TopicPublisher,
+    owned_socket,
     wire,
 )
 from tianji_dask.channels.queue_link import QueueLink
@@ -158,8 +159,9 @@ class Pusher:
         self.sender.close(timeout=10)
 
     async def send_threads(self) -> list[str]:
-        """Names of the threads writing owned connections' items in this worker."""
-        return sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-channel-send"))
+        """Names of the threads serving owned connections in this worker: writing items, reading
+        credit."""
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("tianji-channel-"))
 
 
 class Subscriber:
@@ -664,10 +666,16 @@ class _SlowInbox:
     """A receiver speaking the queue wire protocol (queue_inbox) over a real comm, reading one
     message at a time with a pause between reads and returning credit for each at once: the
     sender's last messages are still in its socket when it closes, with credit unread
-    beside them."""
+    beside them. ``owned``: it takes its end of the socket as the inbox does on tcp:// and sends
+    its cue together with a window update, ``window_after_cue`` (both reach the sender in one
+    segment, before it takes its own end)."""
 
-    def __init__(self, pause: float):
+    WINDOW = 1 << 30
+
+    def __init__(self, pause: float, owned: bool = False, window_after_cue: int = 1 << 29):
         self.pause = pause
+        self.owned = owned
+        self.window_after_cue = window_after_cue
         self.items: list[int] = []
         self.bye = False
         self.error: str | None = None
@@ -677,13 +685,12 @@ class _SlowInbox:
         try:
             hello = await comm.read()
             assert hello["kind"] == "queue", hello
-            await comm.write({"window": 1 << 30})
-            while True:
-                msg = await wire.read(comm.stream)
-                if msg.get("bye"):
-                    self.bye = True
-                    break
-                self.items.extend(seq for seq, _, _ in msg["items"])
+            if self.owned:
+                await comm.write({"window": self.WINDOW, "owned": True})
+                await asyncio.to_thread(self._serve_owned, owned_socket.take(comm))
+                return
+            await comm.write({"window": self.WINDOW})
+            while not self._took(msg := await wire.read(comm.stream)):
                 await comm.write({"credit": sum(nb for _, nb, _ in msg["items"])})
                 await asyncio.sleep(self.pause)
         except Exception as exc:  # noqa: BLE001 - the test reports it
@@ -692,15 +699,31 @@ class _SlowInbox:
             await comm.close()
             self.done.set()
 
+    def _serve_owned(self, sock: socket.socket) -> None:
+        with sock, sock.makefile("rb") as file:
+            sock.sendall(
+                wire.encode_whole({"window": self.WINDOW}) + wire.encode_whole({"window": self.window_after_cue})
+            )
+            while not self._took(msg := wire.read_file(file)):
+                sock.sendall(wire.encode_whole({"credit": sum(nb for _, nb, _ in msg["items"])}))
+                time.sleep(self.pause)
+
+    def _took(self, msg: dict) -> bool:
+        """Record ``msg``'s items; True for the "bye"."""
+        self.bye = bool(msg.get("bye"))
+        self.items.extend(seq for seq, _, _ in msg.get("items", ()))
+        return self.bye
+
 
 @pytest.mark.timeout(60)
-def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message():
+@pytest.mark.parametrize("owned", [False, True], ids=["stream", "owned-socket"])
+def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message(owned):
     from distributed.comm import listen
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    inbox = _SlowInbox(pause=0.15)
+    inbox = _SlowInbox(pause=0.15, owned=owned)
 
     async def start():
         listener = listen("tcp://127.0.0.1:0", inbox.handle)
@@ -718,6 +741,8 @@ def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message():
         assert inbox.items == list(range(n)) and inbox.bye, (inbox.items, inbox.bye, inbox.error)
         assert inbox.error is None, inbox.error
         assert sender.stats()["errors"] == 0, sender.stats()
+        # the window update that came with the cue was applied, not lost in tornado's buffer
+        assert sender.stats()["window"] == (inbox.window_after_cue if owned else inbox.WINDOW)
     finally:
         loop.call_soon_threadsafe(listener.stop)
         loop.call_soon_threadsafe(loop.stop)
@@ -941,18 +966,18 @@ def test_malformed_messages_are_refused_not_fatal(client, workers, owned):
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_on_tcp_the_inbox_owns_each_senders_socket_and_its_threads_end_with_the_connection(client, workers):
-    """On a plain tcp:// cluster each sender's socket is taken from tornado: the inbox reads all
-    of them on its receive loop's two threads (the first sender on the first, the next on the
-    other) and writes each one's credit from a thread of its own, and the sender writes its items
-    from a thread of its own; a sender's threads end when it says bye, a reading thread with its
-    last connection."""
+    """On a plain tcp:// cluster each sender's socket is taken from tornado at both ends: the
+    inbox reads all of them on its receive loop's two threads (the first sender on the first, the
+    next on the other) and writes each one's credit from a thread of its own, and the sender
+    writes its items from a thread of its own and reads its credit on another; a sender's
+    threads end when it says bye, a reading thread with its last connection."""
     recv = actor(client, Receiver, workers[0], "q-own", 1 << 20)
     addr = recv.address().result()
     pusher = actor(client, Pusher, workers[1], addr, "q-own", "p", 1 << 20)
     assert pusher.push(3, 96 * KIB).result() == [True] * 3
     assert len(recv.drain(target=3, timeout=20).result()["got"]) == 3
     assert recv.link_threads().result() == ["tianji-queue-read q-own 0", "tianji-queue-write q-own p"]
-    assert pusher.send_threads().result() == ["tianji-channel-send q-own p"]
+    assert pusher.send_threads().result() == ["tianji-channel-credit q-own p", "tianji-channel-send q-own p"]
     fut = client.submit(send_items, addr, "q-own", "s", 30, 20 * KIB, 1 << 20, workers=[workers[2]], pure=False)
     out = recv.drain(target=30, timeout=20).result()
     assert fut.result(timeout=20)[1]["errors"] == 0 and out["bad"] == []

@@ -25,6 +25,13 @@ def can_take(comm: Comm) -> bool:
     return type(comm) is TCP and comm.stream is not None and not comm.stream.closed()
 
 
+def read_ahead(comm: Comm) -> int:
+    """How many bytes of ``comm`` tornado has read from the socket and not yet handed out: they
+    must be read through the comm before :func:`take`."""
+    stream = getattr(comm, "stream", None)
+    return 0 if stream is None else stream._read_buffer_size
+
+
 def take(comm: Comm) -> socket.socket:
     """The blocking socket of ``comm``, now the caller's alone; ``comm`` is closed (aborted)
     without closing the connection. Raises ``ConnectionError`` when the comm is already closed

@@ -24,8 +24,10 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
-With "owned", the items go from a thread of the sender's own (``sendmsg`` on a duplicate of the
-socket, which tornado keeps only to read the credit); without it, from the event loop.
+With "owned", the sender too takes its end of the socket from tornado once the cue came
+(``owned_socket``): a thread of its own writes the items (``sendmsg``) and the "bye", another
+reads the credit, and the event loop only starts them and awaits their end. Without it
+(tls://), everything goes through the event loop.
 
 Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on that
 thread or the event loop, so the caller must not mutate them after the call.
@@ -43,7 +45,7 @@ from collections import deque
 
 from distributed.comm import connect
 
-from . import wire
+from . import owned_socket, wire
 from .common import (
     FULL_POLICIES,
     HANDLER_OP,
@@ -60,7 +62,6 @@ from .common import (
 from .malloc import fit_allocator
 from .wire import encode, stream_of
 
-_SEND_TIMEOUT_S = 24 * 3600.0  # the writer thread's socket is in timeout mode only to stay non-blocking
 BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 
 
@@ -129,7 +130,7 @@ class QueueSender:
         self._bye_sent = False
         self._kick_scheduled = False
         self._future: concurrent.futures.Future[None] | None = None  # of _run, set by the first push
-        self._wake: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None  # of the event loop's writer (tls://)
         self._writer_thread = False  # items go from a thread of this sender (an owned connection)
         self._sent_items = 0
         self._sent_bytes = 0
@@ -265,7 +266,7 @@ class QueueSender:
                 self._pending_bytes = 0
             self._cond.notify_all()
         if self._wake is not None:
-            self._wake.set()
+            call_soon(self._loop, self._wake.set)
 
     # ------------------------------------------------------------------ event loop
     def _on_kick(self) -> None:
@@ -335,13 +336,11 @@ class QueueSender:
                 )
             with self._cond:
                 self._window = int(reply["window"])
-            reader = asyncio.create_task(self._read_credit(comm, stream, owned))
             if owned:
-                await self._write_from_thread(stream)
-                with self._cond:
-                    if self._error is not None:
-                        return
-            while not owned:
+                await self._run_owned(comm, stream)
+                return
+            reader = asyncio.create_task(self._read_credit(comm))
+            while True:
                 with self._cond:
                     batch, batch_bytes = self._take_batch()
                 if batch:
@@ -368,35 +367,59 @@ class QueueSender:
             if comm is not None and not comm.closed():
                 comm.abort()
 
-    async def _write_from_thread(self, stream) -> None:
-        """Write the items from a thread of this sender, on a duplicate of the stream's socket,
-        until everything queued before ``close`` is written or the channel failed; then return
-        (the "bye" goes on the stream). Tornado still reads the receiver's credit on the
-        original: it writes nothing meanwhile, and the duplicate keeps the socket non-blocking
-        (timeout mode) as tornado needs it."""
-        sock = stream.socket.dup()
-        sock.settimeout(_SEND_TIMEOUT_S)
-        done: asyncio.Future[None] = self._loop.create_future()
-        thread = threading.Thread(
-            target=self._write_loop,
-            args=(sock, done),
-            name=f"tianji-channel-send {self.channel} {self.sender_id}",
-            daemon=True,
-        )
+    def _apply(self, msg) -> bool:
+        """Apply one message of the receiver: credit and window; False (the channel failed)
+        for its error or anything that is not a message dict."""
+        if not isinstance(msg, dict) or "error" in msg:
+            reason = msg.get("error") if isinstance(msg, dict) else repr(msg)
+            self._fail(f"receiver closed the connection: {reason}")
+            return False
+        with self._cond:
+            self._inflight_bytes -= int(msg.get("credit", 0))
+            if "window" in msg:
+                self._window = int(msg["window"])
+            self._cond.notify_all()
+        return True
+
+    # ------------------------------------------------------------------ owned connection (tcp://)
+    async def _run_owned(self, comm, stream) -> None:
+        """Take the socket from tornado, then write the items and the "bye" from one thread of
+        this sender and read the credit on another, until both ended; closes the socket."""
+        while owned_socket.read_ahead(comm):  # what the inbox sent just after its cue (a window)
+            if not self._apply(await wire.read(stream)):
+                return
+        sock = owned_socket.take(comm)
+        written: asyncio.Future[None] = self._loop.create_future()
+        read: asyncio.Future[None] = self._loop.create_future()
+        label = f"{self.channel} {self.sender_id}"
+        threads = [
+            threading.Thread(target=run, args=(sock, end), name=f"tianji-channel-{role} {label}", daemon=True)
+            for run, end, role in ((self._write_loop, written, "send"), (self._credit_loop, read, "credit"))
+        ]
         with self._cond:
             self._writer_thread = True
-        thread.start()
+        for thread in threads:
+            thread.start()
         try:
-            await asyncio.shield(done)
-        except asyncio.CancelledError:
-            with contextlib.suppress(OSError):  # ends a send the receiver does not take
-                sock.shutdown(socket.SHUT_RDWR)
-            raise
-        thread.join()  # it has only its return left
+            await asyncio.shield(written)
+            with self._cond:
+                said_bye = self._bye_sent
+            if said_bye:
+                try:
+                    await asyncio.wait_for(asyncio.shield(read), BYE_TIMEOUT_S)
+                except TimeoutError:
+                    logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
+        finally:
+            _shutdown(sock)  # ends whichever thread still waits on the socket
+            await asyncio.shield(asyncio.gather(written, read))
+            for thread in threads:
+                thread.join()  # each has only its return left
+            sock.close()
 
     def _write_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
-        """One turn of ``_cond`` a message: the counts of the message written last go in with
-        the take of the next (or before waiting for one)."""
+        """Write batches until everything queued before ``close`` is written, then the "bye";
+        return early when the channel failed. One turn of ``_cond`` a message: the counts of the
+        message written last go in with the take of the next (or before waiting for one)."""
         written: tuple[int, int] | None = None
         try:
             while True:
@@ -409,23 +432,47 @@ class QueueSender:
                         if batch or self._error is not None or (self._closing and not self._pending):
                             break
                         self._cond.wait()
+                    if not batch:
+                        if self._error is not None:
+                            return
+                        self._bye_sent = True
                 if not batch:
-                    return
+                    break
                 wire.send(sock, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
                 written = (len(batch), batch_bytes)
+            wire.send(sock, encode({"bye": True}, out_of_band=False))
         except OSError as exc:
             self._fail(f"connection lost: {exc!r}")
+            _shutdown(sock)
         finally:
-            sock.close()
             finish_soon(self._loop, done)
 
+    def _credit_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
+        """Apply the receiver's credit and window messages until it closes its end, which after
+        the "bye" is the normal end. Reading on after the "bye" matters: a socket closed with
+        unread data resets the connection, which discards the part of the last messages the
+        receiver has not read yet."""
+        file = sock.makefile("rb")
+        try:
+            while self._apply(wire.read_file(file)):
+                pass
+            _shutdown(sock)  # the receiver's error: nothing more can be delivered
+        except (OSError, EOFError, wire.WireError) as exc:
+            with self._cond:
+                said_bye = self._bye_sent
+            if not said_bye:
+                self._fail(f"connection lost (receiving worker gone?): {exc!r}")
+                _shutdown(sock)
+        finally:
+            file.close()
+            finish_soon(self._loop, done)
+
+    # ------------------------------------------------------------------ tornado stream (tls://)
     async def _say_bye(self, comm, stream, reader: asyncio.Task) -> None:
         """Close handshake: "bye", then go on reading (and dropping) credit until the receiver,
-        having read everything before the "bye", closes its end.  Closing first would leave
-        credit unread in this socket, and a socket closed with unread data resets the
-        connection, which discards the part of the last messages the receiver has not read
-        yet.  Cancelling the reader is no way out either: distributed's ``TCP.read`` aborts
-        the comm when cancelled."""
+        having read everything before the "bye", closes its end (see ``_credit_loop``).
+        Cancelling the reader is no way out: distributed's ``TCP.read`` aborts the comm when
+        cancelled."""
         with self._cond:
             self._bye_sent = True
         await _write(stream, encode({"bye": True}, out_of_band=False))
@@ -435,23 +482,12 @@ class QueueSender:
             logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
         await comm.close()
 
-    async def _read_credit(self, comm, stream, owned: bool) -> None:
-        """Apply the receiver's credit and window messages: in the channel's framing on the
-        ``stream`` when the receiver owns its end, else distributed's on the ``comm``."""
+    async def _read_credit(self, comm) -> None:
+        """Apply the receiver's credit and window messages, in distributed's framing on ``comm``."""
         try:
-            while True:
-                msg = await (wire.read(stream) if owned else comm.read())
-                if not isinstance(msg, dict) or "error" in msg:
-                    reason = msg.get("error") if isinstance(msg, dict) else repr(msg)
-                    self._fail(f"receiver closed the connection: {reason}")
-                    return
-                with self._cond:
-                    self._inflight_bytes -= int(msg.get("credit", 0))
-                    if "window" in msg:
-                        self._window = int(msg["window"])
-                    self._cond.notify_all()
-                if self._wake is not None:
-                    self._wake.set()
+            while self._apply(await comm.read()):
+                assert self._wake is not None  # set by _run before this task starts
+                self._wake.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the reader is the channel's error
@@ -459,6 +495,11 @@ class QueueSender:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already shut down, or the peer reset it
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 async def _write(stream, pieces: list) -> None:
