@@ -4,10 +4,12 @@ Tornado's ``IOStream`` keeps watching a socket for reads even while nothing is r
 reads whatever arrives into its own buffer, so a second reader beside it (a thread on the same
 file descriptor) loses bytes to it. :func:`take` ends tornado's part for good: it duplicates
 the descriptor and aborts the comm, which unregisters the descriptor from the event loop and
-closes tornado's copy, while the connection lives on through the duplicate. The caller must make
-sure the peer sends nothing while this happens (the queue channel's peer waits for a word on the
-taken socket first), and :func:`take` refuses a stream that holds bytes it already read ahead or
-has not yet written.
+closes tornado's copy, while the connection lives on through the duplicate. Bytes the peer sends
+meanwhile stay in the socket for the new owner; :func:`take` refuses a stream that holds bytes it
+already read ahead (:func:`read_ahead`: read them through the comm first) or has not yet written.
+The queue channel uses it at both ends: the inbox takes its end once the sender waits for its cue
+(so nothing is read ahead), the sender once the cue came, after reading through the comm what the
+inbox sent next (a window update).
 
 TLS comms are not taken: their bytes are only meaningful through the TLS session tornado holds.
 """

@@ -1,0 +1,3 @@
+import sys
+
+sys.setswitchinterval(0.0005)
