@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import math
 import signal
 import sys
 from pathlib import Path
@@ -744,13 +743,9 @@ def cmd_job_script(args) -> int:
 
 
 def _report(result) -> None:
-    ttt = result.time_to_target_s
-    ttt_text = "not reached" if math.isnan(ttt) else f"{ttt:.1f} s"
-    print(
-        f"{result.status}: {result.env_steps:,} env steps in {result.wall_s:.1f} s, "
-        f"return(100) {result.return_mean_100:.1f}, time to target {ttt_text}",
-        file=sys.stderr,
-    )
+    from tianji_dask.progress import summary_line
+
+    print(summary_line(result), file=sys.stderr)
     print(f"results: {result.run_dir}", file=sys.stderr)
     if result.error:
         print(f"error: {result.error}", file=sys.stderr)

@@ -27,6 +27,18 @@ def progress_line(row: dict, target: float | None) -> str:
     )
 
 
+def summary_line(result) -> str:
+    """How a run ended, in one line: its status, env steps, wall time, time to target and the
+    mean return of the last 100 episodes at its end (which may have dipped under the target
+    again once the run crossed it)."""
+    ttt = result.time_to_target_s
+    ttt_text = "not reached" if math.isnan(ttt) else f"{ttt:.1f} s"
+    return (
+        f"{result.status}: {result.env_steps:,} env steps in {result.wall_s:.1f} s, "
+        f"time to target {ttt_text}, return(100) at the end {result.return_mean_100:.1f}"
+    )
+
+
 def plain_console(stderr: bool = True) -> Console:
     """A rich console that wraps lines only on a terminal: off one (a log file, a pipe) a
     message, and the command it suggests, stays on its line."""
