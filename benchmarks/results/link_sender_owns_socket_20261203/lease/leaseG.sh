@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# the next lease (not run: this stop had no device time left): S (the tree) at 512 KiB, one connection, unlimited link, 40,000 messages, under
-# py-spy without stopping the processes: per thread (active samples) and GIL holders only, on
-# the sending and the receiving worker (profile.sh).
+# the next lease (not run: this stop had no device time left). S (the tree) at 512 KiB, one
+# connection, unlimited link: first 40,000 messages under py-spy without stopping the processes
+# (per thread, active samples, and GIL holders only, on the sending and the receiving worker:
+# profile.sh of ../../link_throughput_16core_20261203/lease/, copied to .old_src/).
 source /tmp/tj/.old_src/jobs.sh
 rm -rf /tmp/x; X=/tmp/x; mkdir -p $X
 { nproc; cat .old_src/commit.txt; } > $X/machine.txt
