@@ -749,6 +749,56 @@ def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message(owned):
         thread.join(5)
 
 
+class _DeafInbox:
+    """A receiver that owns its end of the socket as the inbox does on tcp://, sends its cue and
+    then reads nothing until ``release`` is set."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    async def handle(self, comm) -> None:
+        await comm.read()
+        await comm.write({"window": 1 << 30, "owned": True})
+        sock = owned_socket.take(comm)
+        sock.sendall(wire.encode_whole({"window": 1 << 30}))
+        await asyncio.to_thread(self.release.wait, 30)
+        sock.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_close_that_times_out_says_so_not_that_the_connection_was_lost():
+    """close(timeout) against a receiver that takes nothing: the sender's threads then see their
+    socket shut down, and the channel's error must still say what happened."""
+    from distributed.comm import listen
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    inbox = _DeafInbox()
+
+    async def start():
+        listener = listen("tcp://127.0.0.1:0", inbox.handle)
+        await listener.start()
+        return listener
+
+    listener = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        sender = QueueSender(listener.contact_address, "deaf", "s0", 64 << 20, loop=loop, connection_args={})
+        for i in range(8):  # 8 x 4 MiB: more than the socket buffers of both ends hold
+            assert sender.push(make_payload("s0", i, 4 << 20))
+        start_s = time.monotonic()
+        sender.close(timeout=1.0)
+        assert time.monotonic() - start_s < 10
+        assert sender.stats()["errors"] == 1
+        with pytest.raises(ChannelError, match="closed before everything queued was written"):
+            sender.push(make_payload("s0", 8, KIB))
+    finally:
+        inbox.release.set()
+        loop.call_soon_threadsafe(listener.stop)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_many_to_one(client, workers):

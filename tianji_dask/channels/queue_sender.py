@@ -409,6 +409,9 @@ class QueueSender:
                     await asyncio.wait_for(asyncio.shield(read), BYE_TIMEOUT_S)
                 except TimeoutError:
                     logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
+        except asyncio.CancelledError:  # close() timed out: say so before the threads see the shutdown
+            self._fail("closed before everything queued was written")
+            raise
         finally:
             _shutdown(sock)  # ends whichever thread still waits on the socket
             await asyncio.shield(asyncio.gather(written, read))
