@@ -7,6 +7,7 @@ its event loop), senders and publishers as plain tasks or actors on other worker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import select
@@ -715,25 +716,37 @@ class _SlowInbox:
         return self.bye
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("owned", [False, True], ids=["stream", "owned-socket"])
-def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message(owned):
+@contextlib.contextmanager
+def listening(handle):
+    """A comm listener on 127.0.0.1 with ``handle`` for each connection, on an event loop of its
+    own thread: yields the loop and the listener's address; stops both on the way out."""
     from distributed.comm import listen
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    inbox = _SlowInbox(pause=0.15, owned=owned)
 
     async def start():
-        listener = listen("tcp://127.0.0.1:0", inbox.handle)
+        listener = listen("tcp://127.0.0.1:0", handle)
         await listener.start()
         return listener
 
     listener = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     try:
+        yield loop, listener.contact_address
+    finally:
+        loop.call_soon_threadsafe(listener.stop)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("owned", [False, True], ids=["stream", "owned-socket"])
+def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message(owned):
+    inbox = _SlowInbox(pause=0.15, owned=owned)
+    with listening(inbox.handle) as (loop, address):
         n = 8  # 8 x 4 MiB: more than the socket buffers of both ends hold
-        sender = QueueSender(listener.contact_address, "slow", "s0", 64 << 20, loop=loop, connection_args={})
+        sender = QueueSender(address, "slow", "s0", 64 << 20, loop=loop, connection_args={})
         for i in range(n):
             assert sender.push(make_payload("s0", i, 4 << 20))
         sender.close(timeout=30)
@@ -743,10 +756,6 @@ def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message(owned):
         assert sender.stats()["errors"] == 0, sender.stats()
         # the window update that came with the cue was applied, not lost in tornado's buffer
         assert sender.stats()["window"] == (inbox.window_after_cue if owned else inbox.WINDOW)
-    finally:
-        loop.call_soon_threadsafe(listener.stop)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
 
 
 class _DeafInbox:
@@ -769,34 +778,20 @@ class _DeafInbox:
 def test_a_close_that_times_out_says_so_not_that_the_connection_was_lost():
     """close(timeout) against a receiver that takes nothing: the sender's threads then see their
     socket shut down, and the channel's error must still say what happened."""
-    from distributed.comm import listen
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     inbox = _DeafInbox()
-
-    async def start():
-        listener = listen("tcp://127.0.0.1:0", inbox.handle)
-        await listener.start()
-        return listener
-
-    listener = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    try:
-        sender = QueueSender(listener.contact_address, "deaf", "s0", 64 << 20, loop=loop, connection_args={})
-        for i in range(8):  # 8 x 4 MiB: more than the socket buffers of both ends hold
-            assert sender.push(make_payload("s0", i, 4 << 20))
-        start_s = time.monotonic()
-        sender.close(timeout=1.0)
-        assert time.monotonic() - start_s < 10
-        assert sender.stats()["errors"] == 1
-        with pytest.raises(ChannelError, match="closed before everything queued was written"):
-            sender.push(make_payload("s0", 8, KIB))
-    finally:
-        inbox.release.set()
-        loop.call_soon_threadsafe(listener.stop)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+    with listening(inbox.handle) as (loop, address):
+        try:
+            sender = QueueSender(address, "deaf", "s0", 64 << 20, loop=loop, connection_args={})
+            for i in range(8):  # 8 x 4 MiB: more than the socket buffers of both ends hold
+                assert sender.push(make_payload("s0", i, 4 << 20))
+            start_s = time.monotonic()
+            sender.close(timeout=1.0)  # cancels the sender's run, which records why soon after
+            assert time.monotonic() - start_s < 10
+            assert wait_until(lambda: sender.stats()["errors"] == 1, 10), sender.stats()
+            with pytest.raises(ChannelError, match="closed before everything queued was written"):
+                sender.push(make_payload("s0", 8, KIB))
+        finally:
+            inbox.release.set()
 
 
 @pytest.mark.integration
