@@ -701,13 +701,18 @@ class _SlowInbox:
             self.done.set()
 
     def _serve_owned(self, sock: socket.socket) -> None:
-        with sock, sock.makefile("rb") as file:
+        with sock:
             sock.sendall(
                 wire.encode_whole({"window": self.WINDOW}) + wire.encode_whole({"window": self.window_after_cue})
             )
-            while not self._took(msg := wire.read_file(file)):
-                sock.sendall(wire.encode_whole({"credit": sum(nb for _, nb, _ in msg["items"])}))
-                time.sleep(self.pause)
+            reader = FrameReader(sock)
+            while True:
+                select.select([sock], [], [], 30)
+                for msg in reader.pump():
+                    if self._took(msg):
+                        return
+                    sock.sendall(wire.encode_whole({"credit": sum(nb for _, nb, _ in msg["items"])}))
+                    time.sleep(self.pause)
 
     def _took(self, msg: dict) -> bool:
         """Record ``msg``'s items; True for the "bye"."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import selectors
 import socket
 import threading
 import time
@@ -60,6 +61,7 @@ from .common import (
     resolve_loop,
 )
 from .malloc import fit_allocator
+from .receive_loop import FrameReader
 from .wire import encode, stream_of
 
 BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
@@ -454,20 +456,26 @@ class QueueSender:
         """Apply the receiver's credit and window messages until it closes its end, which after
         the "bye" is the normal end. Reading on after the "bye" matters: a socket closed with
         unread data resets the connection, which discards the part of the last messages the
-        receiver has not read yet."""
-        file = sock.makefile("rb")
+        receiver has not read yet. The messages are parsed as the inbox parses its senders'
+        (``FrameReader``), the thread waiting on a selector between them."""
+        reader = FrameReader(sock)
+        selector = selectors.DefaultSelector()
+        selector.register(sock, selectors.EVENT_READ)
         try:
-            while self._apply(wire.read_file(file)):
-                pass
-            _shutdown(sock)  # the receiver's error: nothing more can be delivered
-        except (OSError, EOFError, wire.WireError) as exc:
+            while True:
+                selector.select()
+                for msg in reader.pump():
+                    if not self._apply(msg):
+                        _shutdown(sock)  # the receiver's error: nothing more can be delivered
+                        return
+        except (OSError, wire.WireError) as exc:  # ConnectionError: the receiver closed its end
             with self._cond:
                 said_bye = self._bye_sent
             if not said_bye:
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
                 _shutdown(sock)
         finally:
-            file.close()
+            selector.close()
             finish_soon(self._loop, done)
 
     # ------------------------------------------------------------------ tornado stream (tls://)

@@ -16,8 +16,8 @@ in a third of the time numpy's own reduction takes, which pickles the dtype obje
 On plain tcp:// the inbox takes the socket from tornado after the handshake (``owned_socket``)
 and reads this framing on its receive loop (``receive_loop.FrameReader``); its credit then comes
 back in this framing too, on the same socket, which the sender takes from tornado as well and
-reads on a thread (:func:`read_file`). On tls:// both directions stay on the tornado
-stream.
+reads on a thread with a ``FrameReader`` of its own. On tls:// both directions stay on the
+tornado stream.
 """
 
 from __future__ import annotations
@@ -129,29 +129,6 @@ async def read(stream) -> dict:
             await stream.read_into(buffer.data)
         buffers.append(buffer)
     return decode(header, buffers)
-
-
-def read_file(file) -> dict:
-    """The next message from a buffered binary file over a blocking socket (``socket.makefile
-    ("rb")``), for a thread that owns the socket for reading. Raises :class:`WireError` as
-    :func:`read`, ``EOFError`` when the peer closed its end, ``OSError`` for a broken connection."""
-    header_bytes, n = check_prelude(_read_exactly(file, _PRELUDE.size))
-    sizes = check_sizes(_read_exactly(file, _SIZE.size * n)) if n else []
-    header = _read_exactly(file, header_bytes)
-    buffers = []
-    for size in sizes:
-        buffer = np.empty(size, dtype=np.uint8)
-        if size and file.readinto(buffer.data) != size:
-            raise EOFError(f"the peer closed the connection within a buffer of {size} bytes")
-        buffers.append(buffer)
-    return decode(header, buffers)
-
-
-def _read_exactly(file, nbytes: int) -> bytes:
-    data = file.read(nbytes)
-    if len(data) != nbytes:
-        raise EOFError(f"the peer closed the connection after {len(data)} of {nbytes} bytes")
-    return data
 
 
 def check_prelude(prelude: bytes | bytearray) -> tuple[int, int]:
