@@ -790,9 +790,10 @@ def test_a_close_that_times_out_says_so_not_that_the_connection_was_lost():
             for i in range(8):  # 8 x 4 MiB: more than the socket buffers of both ends hold
                 assert sender.push(make_payload("s0", i, 4 << 20))
             start_s = time.monotonic()
-            sender.close(timeout=1.0)  # cancels the sender's run, which records why soon after
+            sender.close(timeout=1.0)  # cancels the sender's run and waits for its teardown
             assert time.monotonic() - start_s < 10
-            assert wait_until(lambda: sender.stats()["errors"] == 1, 10), sender.stats()
+            assert sender.stats()["errors"] == 1, sender.stats()
+            assert not [t.name for t in threading.enumerate() if t.name.endswith(" deaf s0")]
             with pytest.raises(ChannelError, match="closed before everything queued was written"):
                 sender.push(make_payload("s0", 8, KIB))
         finally:

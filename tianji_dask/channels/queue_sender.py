@@ -65,6 +65,7 @@ from .receive_loop import FrameReader
 from .wire import encode, stream_of
 
 BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
+TEARDOWN_S = 5.0  # how long a close that timed out waits for the cancelled run to let go of its socket
 
 
 class QueueSender:
@@ -132,6 +133,8 @@ class QueueSender:
         self._bye_sent = False
         self._kick_scheduled = False
         self._future: concurrent.futures.Future[None] | None = None  # of _run, set by the first push
+        self._run_started = threading.Event()
+        self._run_ended = threading.Event()  # _run's teardown is done: socket closed, threads joined
         self._wake: asyncio.Event | None = None  # of the event loop's writer (tls://)
         self._writer_thread = False  # items go from a thread of this sender (an owned connection)
         self._sent_items = 0
@@ -203,6 +206,8 @@ class QueueSender:
 
     def close(self, timeout: float = 5.0) -> None:
         """Write what is still queued (for at most ``timeout`` seconds), then close the comm.
+        After a timeout the rest is dropped and the channel's error says so; close returns once
+        the connection is shut down and its threads ended (at most ``TEARDOWN_S`` later).
 
         Idempotent; never raises for a broken connection (see ``stats()["errors"]``).  From an
         event-loop thread it only starts the flush and returns."""
@@ -219,8 +224,10 @@ class QueueSender:
         try:
             future.result(timeout)
         except TimeoutError:
-            future.cancel()  # the writer's finally aborts the comm
+            future.cancel()  # the run's teardown shuts the socket down and records why
             logger.warning("%r: close() timed out after %.1f s with items unwritten", self, timeout)
+            if self._run_started.is_set() and not self._run_ended.wait(TEARDOWN_S):
+                logger.warning("%r: the cancelled run had not let go of its socket after %.0f s", self, TEARDOWN_S)
         except Exception:  # noqa: BLE001 - already recorded by _fail; close stays quiet by contract
             pass
 
@@ -307,6 +314,13 @@ class QueueSender:
         self._messages += 1
 
     async def _run(self) -> None:
+        self._run_started.set()
+        try:
+            await self._connect_and_write()
+        finally:
+            self._run_ended.set()
+
+    async def _connect_and_write(self) -> None:
         self._wake = asyncio.Event()
         comm = None
         reader = None
