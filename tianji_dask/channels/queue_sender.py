@@ -226,7 +226,8 @@ class QueueSender:
         except TimeoutError:
             future.cancel()  # the run's teardown shuts the socket down and records why
             logger.warning("%r: close() timed out after %.1f s with items unwritten", self, timeout)
-            if self._run_started.is_set() and not self._run_ended.wait(TEARDOWN_S):
+            started = self._run_started.is_set() and self._loop.is_running()  # else no teardown comes
+            if started and not self._run_ended.wait(TEARDOWN_S):
                 logger.warning("%r: the cancelled run had not let go of its socket after %.0f s", self, TEARDOWN_S)
         except Exception:  # noqa: BLE001 - already recorded by _fail; close stays quiet by contract
             pass
