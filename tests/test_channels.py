@@ -800,6 +800,28 @@ def test_a_close_that_times_out_says_so_not_that_the_connection_was_lost():
             inbox.release.set()
 
 
+@pytest.mark.timeout(60)
+def test_a_close_that_times_out_on_a_stopped_event_loop_returns_after_its_timeout():
+    """A worker's loop that stopped runs no teardown: close must not wait for one."""
+    inbox = _DeafInbox()
+    with listening(inbox.handle) as (loop, address):
+        sender = QueueSender(address, "deaf", "s1", 64 << 20, loop=loop, connection_args={})
+        for i in range(8):
+            assert sender.push(make_payload("s1", i, 4 << 20))
+        loop.call_soon_threadsafe(loop.stop)
+        assert wait_until(lambda: not loop.is_running(), 10)
+        start_s = time.monotonic()
+        sender.close(timeout=0.5)
+        elapsed_s = time.monotonic() - start_s
+        again = threading.Thread(target=loop.run_forever, daemon=True)  # the teardown, for the others
+        again.start()
+        inbox.release.set()
+        assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.endswith(" deaf s1")], 10)
+        loop.call_soon_threadsafe(loop.stop)
+        again.join(5)
+    assert elapsed_s < 3, elapsed_s
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_queue_many_to_one(client, workers):
