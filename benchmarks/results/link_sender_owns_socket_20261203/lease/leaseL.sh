@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# one lease: Fig. 5d at 512 KiB, one connection, unlimited link: S (HEAD) against N (the tree: a
+# large item's message encoded by push, outside the lock; the writer thread only hands messages to
+# the socket), five rounds, the order alternating; then comm.py 16 and 32 actors with N.
+source /tmp/tj/.old_src/jobs.sh
+rm -rf /tmp/x; X=/tmp/x; mkdir -p $X
+mk() { local t=/tmp/tj$1; rm -rf $t; mkdir -p $t; cp -r benchmarks jobqueue $t/; tar xzf .old_src/$1.tgz -C $t; }
+mk S; rm -f /tmp/tjN; ln -s /tmp/tj /tmp/tjN
+{ nproc; cat .old_src/commit.txt; for v in S N; do echo "$v: $(grep -c _encode_for_writer /tmp/tj$v/tianji_dask/channels/queue_sender.py)"; done; } > $X/machine.txt 2>&1
+L="python3 -u benchmarks/link_throughput.py --rates unlimited --sizes 524288 --messages 10000 --repeats 3"
+for r in 1 2 3 4 5; do
+  if [ $((r % 2)) = 1 ]; then order="N S"; else order="S N"; fi
+  for v in $order; do run link_${v}_r$r $v $L; done
+done
+touch $X/LINKDONE
+run comm_N N python3 -u benchmarks/comm.py --sweeps actors --sample-times 0.001 --actors 16,32 --messages 8000
+touch $X/ALLDONE
