@@ -16,6 +16,7 @@ TLS comms are not taken: their bytes are only meaningful through the TLS session
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 from distributed.comm import Comm
@@ -51,3 +52,10 @@ def take(comm: Comm) -> socket.socket:
     comm.abort()
     sock.setblocking(True)  # the duplicate shares tornado's non-blocking flag: clear it
     return sock
+
+
+def shut_down(sock: socket.socket) -> None:
+    """Shut a taken socket down both ways, which ends any thread blocked on it; quiet when it is
+    already shut down or the peer reset it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)

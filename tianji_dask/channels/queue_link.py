@@ -24,7 +24,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from . import wire
+from . import owned_socket, wire
 from .common import finish_soon
 from .receive_loop import ReceiveLoop
 
@@ -97,9 +97,9 @@ class QueueLink:
         try:
             await asyncio.wait_for(asyncio.shield(self._writer_done), ERROR_SEND_TIMEOUT_S + 1)
         except TimeoutError:  # the writer is stuck in a send to a sender that reads nothing
-            self._shutdown()
+            owned_socket.shut_down(self._sock)
             await asyncio.shield(self._writer_done)
-        self._shutdown()
+        owned_socket.shut_down(self._sock)
         await asyncio.shield(self._reader_done)
         self._writer.join()  # it has only its return left
         self._sock.close()
@@ -132,7 +132,7 @@ class QueueLink:
         ``serve``."""
         self._stopping.set()
         self._wake.set()
-        self._shutdown()
+        owned_socket.shut_down(self._sock)
 
     # ------------------------------------------------------------------ threads
     def _reading_stopped(self, end: Exception | None) -> None:
@@ -156,7 +156,7 @@ class QueueLink:
                     self._send(msg)
                 if closed:
                     self._stopping.wait(CLOSED_GRACE_S)
-                    self._shutdown()
+                    owned_socket.shut_down(self._sock)
                     return
         except OSError:
             pass  # the sender is gone, or close() cut the socket: the reader sees it too
@@ -175,7 +175,3 @@ class QueueLink:
                 self._unsent = b""
             if msg is not None:
                 self._sock.sendall(wire.encode_whole(msg))
-
-    def _shutdown(self) -> None:
-        with contextlib.suppress(OSError):  # already shut down, or the peer reset it
-            self._sock.shutdown(socket.SHUT_RDWR)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import selectors
 import socket
 import threading
@@ -430,7 +429,7 @@ class QueueSender:
             self._fail("closed before everything queued was written")
             raise
         finally:
-            _shutdown(sock)  # ends whichever thread still waits on the socket
+            owned_socket.shut_down(sock)  # ends whichever thread still waits on the socket
             await asyncio.shield(asyncio.gather(written, read))
             for thread in threads:
                 thread.join()  # each has only its return left
@@ -463,7 +462,7 @@ class QueueSender:
             wire.send(sock, encode({"bye": True}, out_of_band=False))
         except OSError as exc:
             self._fail(f"connection lost: {exc!r}")
-            _shutdown(sock)
+            owned_socket.shut_down(sock)
         finally:
             finish_soon(self._loop, done)
 
@@ -481,14 +480,14 @@ class QueueSender:
                 selector.select()
                 for msg in reader.pump():
                     if not self._apply(msg):
-                        _shutdown(sock)  # the receiver's error: nothing more can be delivered
+                        owned_socket.shut_down(sock)  # the receiver's error: nothing more can be delivered
                         return
         except (OSError, wire.WireError) as exc:  # ConnectionError: the receiver closed its end
             with self._cond:
                 said_bye = self._bye_sent
             if not said_bye:
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
-                _shutdown(sock)
+                owned_socket.shut_down(sock)
         finally:
             selector.close()
             finish_soon(self._loop, done)
@@ -521,11 +520,6 @@ class QueueSender:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
-
-
-def _shutdown(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # already shut down, or the peer reset it
-        sock.shutdown(socket.SHUT_RDWR)
 
 
 async def _write(stream, pieces: list) -> None:
