@@ -763,6 +763,25 @@ def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message(owned):
         assert sender.stats()["window"] == (inbox.window_after_cue if owned else inbox.WINDOW)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("owned", [False, True], ids=["stream", "owned-socket"])
+@pytest.mark.parametrize("nbytes", [KIB, 256 * KIB], ids=["small", "large"])
+def test_an_item_that_does_not_pickle_fails_the_channel_naming_it_after_the_items_before_it(owned, nbytes):
+    inbox = _SlowInbox(pause=0.0, owned=owned)
+    with listening(inbox.handle) as (loop, address):
+        sender = QueueSender(address, "unpicklable", "s0", 64 << 20, loop=loop, connection_args={})
+        for i in range(3):
+            assert sender.push(make_payload("s0", i, nbytes))
+        assert wait_until(lambda: inbox.items == [0, 1, 2], 10), inbox.items
+        sender.push({**make_payload("s0", 3, nbytes), "fn": lambda: None})
+        assert wait_until(lambda: sender.stats()["errors"] == 1, 10), sender.stats()
+        with pytest.raises(ChannelError, match=r"item 3 cannot be serialized .*payloads hold arrays"):
+            sender.push(make_payload("s0", 4, nbytes))
+        sender.close(timeout=5)
+        assert inbox.items == [0, 1, 2]
+        assert not [t.name for t in threading.enumerate() if t.name.endswith(" unpicklable s0")]
+
+
 class _DeafInbox:
     """A receiver that owns its end of the socket as the inbox does on tcp://, sends its cue and
     then reads nothing until ``release`` is set."""

@@ -20,13 +20,16 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
     sender   -> {"items": [(seq, nbytes, payload), ...]}      (repeated, up to max_batch_bytes and
                                                               max_batch_items: a run of items under
                                                               SMALL_ITEM_BYTES in one pickle, or of
-                                                              larger ones, their arrays out of band)
+                                                              larger ones, their arrays out of band;
+                                                              one larger item when push encoded it)
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
 With "owned", the sender too takes its end of the socket from tornado once the cue came
-(``owned_socket``): a thread of its own writes the items (``sendmsg``) and the "bye", another
-reads the credit, and the event loop only starts them and awaits their end. Without it
+(``owned_socket``): a thread of its own writes the items (``sendmsg``, what is ready up to
+``max_batch_bytes`` a call) and the "bye", another reads the credit, and the event loop only
+starts them and awaits their end. ``push`` encodes a larger item for that thread when nothing
+waits before it, so that the writer's Python a message is next to nothing. Without it
 (tls://), everything goes through the event loop.
 
 Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on that
@@ -124,7 +127,10 @@ class QueueSender:
         self._cond = threading.Condition()
         self._pending: deque[tuple[int, int, dict]] = deque()  # (seq, nbytes, payload), unwritten
         self._pending_bytes = 0
-        self._inflight_bytes = 0  # written, credit not yet returned
+        # Large items push encoded for the writer thread, each a message (pieces, bytes), in order
+        # before everything pending; only that thread pops them.
+        self._ready: deque[tuple[list, int]] = deque()
+        self._inflight_bytes = 0  # ready, or written with credit not yet returned
         self._window = self.capacity_bytes
         self._next_seq = 0
         self._error: ChannelError | None = None
@@ -136,6 +142,7 @@ class QueueSender:
         self._run_ended = threading.Event()  # _run's teardown is done: socket closed, threads joined
         self._wake: asyncio.Event | None = None  # of the event loop's writer (tls://)
         self._writer_thread = False  # items go from a thread of this sender (an owned connection)
+        # The sent counts: under _cond, but only ever written by the one writer of the connection.
         self._sent_items = 0
         self._sent_bytes = 0
         self._messages = 0
@@ -177,9 +184,10 @@ class QueueSender:
                         _, dropped_bytes, _ = self._pending.popleft()
                         self._pending_bytes -= dropped_bytes
                         self._dropped += 1
-            self._pending.append((self._next_seq, nbytes, payload))
+            if not (self._writer_thread and self._hand_to_writer(nbytes, payload)):
+                self._pending.append((self._next_seq, nbytes, payload))
+                self._pending_bytes += nbytes
             self._next_seq += 1
-            self._pending_bytes += nbytes
             if self._writer_thread:
                 self._cond.notify_all()
                 return True
@@ -188,6 +196,26 @@ class QueueSender:
         if kick and not call_soon(self._loop, self._on_kick):
             self._fail("the event loop is closed (worker shutting down)")
             raise ChannelError(str(self._error))
+        return True
+
+    def _hand_to_writer(self, nbytes: int, payload: dict) -> bool:
+        """Encode a large item as a message of its own and queue it for the writer thread, when
+        nothing is pending before it and it fits the window; False otherwise (it waits in the
+        pending queue for the writer to take it). The caller holds ``_cond``.
+
+        Each microsecond of Python the writer spends a message adds to the connection's time a
+        message, its system call doing the rest of the work, while the pushing thread's Python
+        runs beside that call (docs/benchmarks.md): so the pushing thread encodes."""
+        if nbytes < SMALL_ITEM_BYTES or self._pending or self._error is not None:
+            return False  # small items: the writer pickles a run of them together
+        if self._inflight_bytes and self._inflight_bytes + nbytes > min(self._window, self.capacity_bytes):
+            return False
+        try:
+            pieces = encode({"items": [(self._next_seq, nbytes, payload)]}, out_of_band=True)
+        except Exception:  # noqa: BLE001 - the writer encodes it again and fails the channel with the reason
+            return False
+        self._ready.append((pieces, nbytes))
+        self._inflight_bytes += nbytes
         return True
 
     def stats(self) -> dict:
@@ -272,6 +300,7 @@ class QueueSender:
                 self._errors += 1
                 # Unwritten items can never be delivered: release them now.
                 self._pending.clear()
+                self._ready.clear()
                 self._pending_bytes = 0
             self._cond.notify_all()
         if self._wake is not None:
@@ -307,11 +336,22 @@ class QueueSender:
         self._inflight_bytes += batch_bytes
         return batch, batch_bytes
 
-    def _count_written(self, items: int, nbytes: int) -> None:
-        """Count one written message of ``items`` items; the caller holds ``_cond``."""
+    def _encode_batch(self, batch: list[tuple[int, int, dict]]) -> list:
+        """``batch`` as one message's pieces; a ``ChannelError`` naming the item that does not pickle."""
+        try:
+            return encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES)
+        except Exception as exc:  # noqa: BLE001 - whatever the pickler raises
+            bad = next((seq for seq, _, payload in batch if not _pickles(payload)), batch[0][0])
+            raise ChannelError(
+                f"queue channel {self.channel!r} at {self.address}: item {bad} cannot be serialized ({exc!r}); "
+                "payloads hold arrays, tensors and plain picklable values"
+            ) from None
+
+    def _count_written(self, items: int, nbytes: int, messages: int = 1) -> None:
+        """Count written items and messages; only the connection's writer calls it."""
         self._sent_items += items
         self._sent_bytes += nbytes
-        self._messages += 1
+        self._messages += messages
 
     async def _run(self) -> None:
         self._run_started.set()
@@ -360,7 +400,7 @@ class QueueSender:
                 with self._cond:
                     batch, batch_bytes = self._take_batch()
                 if batch:
-                    await _write(stream, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
+                    await _write(stream, self._encode_batch(batch))
                     with self._cond:
                         self._count_written(len(batch), batch_bytes)
                     continue
@@ -436,35 +476,56 @@ class QueueSender:
             sock.close()
 
     def _write_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
-        """Write batches until everything queued before ``close`` is written, then the "bye";
-        return early when the channel failed. One turn of ``_cond`` a message: the counts of the
-        message written last go in with the take of the next (or before waiting for one)."""
-        written: tuple[int, int] | None = None
+        """Write until everything queued before ``close`` is written, then the "bye"; return
+        early when the channel failed. The messages ``push`` encoded go without a turn of
+        ``_cond``; only when there are none does the writer take a batch of pending items under
+        it, or wait."""
         try:
             while True:
+                if self._ready:
+                    self._write_ready(sock)
+                    continue
+                batch: list[tuple[int, int, dict]] = []
+                batch_bytes = 0
                 with self._cond:
-                    if written is not None:
-                        self._count_written(*written)
-                        written = None
                     while True:
+                        if self._ready:
+                            break
                         batch, batch_bytes = self._take_batch()
                         if batch or self._error is not None or (self._closing and not self._pending):
                             break
                         self._cond.wait()
-                    if not batch:
+                    if not (self._ready or batch):
                         if self._error is not None:
                             return
                         self._bye_sent = True
-                if not batch:
-                    break
-                wire.send(sock, encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES))
-                written = (len(batch), batch_bytes)
+                        break
+                if batch:
+                    wire.send(sock, self._encode_batch(batch))
+                    self._count_written(len(batch), batch_bytes)
             wire.send(sock, encode({"bye": True}, out_of_band=False))
-        except OSError as exc:
-            self._fail(f"connection lost: {exc!r}")
+        except (OSError, ChannelError) as exc:
+            self._fail(exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
             owned_socket.shut_down(sock)
         finally:
             finish_soon(self._loop, done)
+
+    def _write_ready(self, sock: socket.socket) -> None:
+        """Write the messages ``push`` encoded, up to ``max_batch_bytes`` of them (at least one)
+        in one system call."""
+        ready = self._ready
+        try:
+            pieces, nbytes = ready.popleft()
+            items = 1
+            while ready and nbytes + ready[0][1] <= self.max_batch_bytes:
+                more, more_bytes = ready.popleft()
+                pieces = pieces + more
+                nbytes += more_bytes
+                items += 1
+        except IndexError:  # the channel failed meanwhile and cleared them
+            return
+        wire.send(sock, pieces)
+        self._count_written(items, nbytes, messages=items)
 
     def _credit_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
         """Apply the receiver's credit and window messages until it closes its end, which after
@@ -520,6 +581,14 @@ class QueueSender:
                 said_bye = self._bye_sent
             if not said_bye:  # after "bye" the receiver closing its end is the normal end
                 self._fail(f"connection lost (receiving worker gone?): {exc!r}")
+
+
+def _pickles(payload: dict) -> bool:
+    try:
+        encode({"items": [(0, 0, payload)]}, out_of_band=True)
+    except Exception:  # noqa: BLE001 - whatever the pickler raises
+        return False
+    return True
 
 
 async def _write(stream, pieces: list) -> None:

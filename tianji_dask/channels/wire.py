@@ -99,11 +99,17 @@ def encode_whole(msg: dict) -> bytes:
 
 
 def send(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
-    """Write ``pieces`` (from :func:`encode`) on a socket that a thread owns for writing, with
-    as few system calls as the kernel allows (``sendmsg`` of all of them at once)."""
+    """Write ``pieces`` (from :func:`encode`: bytes and byte views) on a socket that a thread owns
+    for writing, with as few system calls as the kernel allows: one ``sendmsg`` of all of them,
+    which a blocking socket completes unless a signal interrupts it."""
+    if len(pieces) <= _MAX_IOV:
+        sent = sock.sendmsg(pieces)
+        if sent == sum(map(len, pieces)):
+            return
+    else:
+        sent = 0
     views = [memoryview(piece) for piece in pieces]
     while views:
-        sent = sock.sendmsg(views[:_MAX_IOV])
         while sent and views:
             if sent >= views[0].nbytes:
                 sent -= views.pop(0).nbytes
@@ -114,6 +120,8 @@ def send(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
             views.pop(0)
         if views and views[0].nbytes >= SENDALL_BYTES:
             sock.sendall(views.pop(0))
+        if views:
+            sent = sock.sendmsg(views[:_MAX_IOV])
 
 
 async def read(stream) -> dict:
