@@ -765,7 +765,7 @@ def test_queue_close_waits_for_a_slow_receiver_to_take_the_last_message(owned):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("owned", [False, True], ids=["stream", "owned-socket"])
-@pytest.mark.parametrize("nbytes", [KIB, 256 * KIB], ids=["small", "large"])
+@pytest.mark.parametrize("nbytes", [KIB, 256 * KIB, 768 * KIB], ids=["small", "large", "half-a-batch"])
 def test_an_item_that_does_not_pickle_fails_the_channel_naming_it_after_the_items_before_it(owned, nbytes):
     inbox = _SlowInbox(pause=0.0, owned=owned)
     with listening(inbox.handle) as (loop, address):

@@ -21,15 +21,16 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
                                                               max_batch_items: a run of items under
                                                               SMALL_ITEM_BYTES in one pickle, or of
                                                               larger ones, their arrays out of band;
-                                                              one larger item when push encoded it)
+                                                              one item of half a batch or more when
+                                                              push encoded it)
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
 With "owned", the sender too takes its end of the socket from tornado once the cue came
 (``owned_socket``): a thread of its own writes the items (``sendmsg``, what is ready up to
 ``max_batch_bytes`` a call) and the "bye", another reads the credit, and the event loop only
-starts them and awaits their end. ``push`` encodes a larger item for that thread when nothing
-waits before it, so that the writer's Python a message is next to nothing. Without it
+starts them and awaits their end. ``push`` encodes an item of half a batch or more for that
+thread when nothing waits before it, so that the writer's Python a message is next to nothing. Without it
 (tls://), everything goes through the event loop.
 
 Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on that
@@ -199,15 +200,17 @@ class QueueSender:
         return True
 
     def _hand_to_writer(self, nbytes: int, payload: dict) -> bool:
-        """Encode a large item as a message of its own and queue it for the writer thread, when
-        nothing is pending before it and it fits the window; False otherwise (it waits in the
-        pending queue for the writer to take it). The caller holds ``_cond``.
+        """Encode an item of half a batch or more as a message of its own and queue it for the
+        writer thread, when nothing is pending before it and it fits the window; False otherwise
+        (it waits in the pending queue for the writer to take it). The caller holds ``_cond``.
 
         Each microsecond of Python the writer spends a message adds to the connection's time a
         message, its system call doing the rest of the work, while the pushing thread's Python
-        runs beside that call (docs/benchmarks.md): so the pushing thread encodes."""
-        if nbytes < SMALL_ITEM_BYTES or self._pending or self._error is not None:
-            return False  # small items: the writer pickles a run of them together
+        runs beside that call (docs/benchmarks.md): so the pushing thread encodes. Smaller items
+        go several to a message, as the writer takes them: each message costs the receiver a
+        parse of its own."""
+        if nbytes < max(SMALL_ITEM_BYTES, self.max_batch_bytes / 2) or self._pending or self._error is not None:
+            return False
         if self._inflight_bytes and self._inflight_bytes + nbytes > min(self._window, self.capacity_bytes):
             return False
         try:
