@@ -820,6 +820,24 @@ def test_a_close_that_times_out_says_so_not_that_the_connection_was_lost():
 
 
 @pytest.mark.timeout(60)
+def test_drop_oldest_keeps_the_newest_large_items_droppable_while_the_receiver_takes_nothing():
+    """Once the sockets are full, items of half a batch or more wait here: each new push drops
+    the oldest of them, not itself."""
+    inbox = _DeafInbox()
+    with listening(inbox.handle) as (loop, address):
+        try:
+            sender = QueueSender(address, "deaf", "s2", 64 << 20, "drop_oldest", loop=loop, connection_args={})
+            assert sender.push(make_payload("s2", 0, 768 * KIB))
+            assert wait_until(lambda: sender.stats()["sent_items"] == 1, 10)  # its writer thread runs
+            kept = [sender.push(make_payload("s2", i, 768 * KIB)) for i in range(1, 200)]
+            assert all(kept), kept.index(False)
+            assert sender.stats()["dropped"] > 0, sender.stats()
+            sender.close(timeout=0.5)
+        finally:
+            inbox.release.set()
+
+
+@pytest.mark.timeout(60)
 def test_a_close_that_times_out_on_a_stopped_event_loop_returns_after_its_timeout():
     """A worker's loop that stopped runs no teardown: close must not wait for one."""
     inbox = _DeafInbox()
@@ -930,12 +948,14 @@ def test_credit_leaves_from_the_consumers_thread_once_a_quarter_is_due_while_the
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_queue_backpressure_drop_oldest(client, workers):
-    cap, n = 128 * KIB, 100
-    recv = actor(client, Receiver, workers[0], "q-drop", cap)
+@pytest.mark.parametrize("nbytes", [16 * KIB, 96 * KIB], ids=["small", "half-a-batch"])
+def test_queue_backpressure_drop_oldest(client, workers, nbytes):
+    cap, n = 8 * nbytes, 100
+    name = f"q-drop-{nbytes}"
+    recv = actor(client, Receiver, workers[0], name, cap)
     addr = recv.address().result()
     fut = client.submit(
-        send_items, addr, "q-drop", "d", n, 16 * KIB, cap, "drop_oldest", workers=[workers[1]], pure=False
+        send_items, addr, name, "d", n, nbytes, cap, "drop_oldest", batch=2 * nbytes, workers=[workers[1]], pure=False
     )
     out = recv.drain(delay=0.01, idle=3.0, timeout=40).result()
     accepted, sstats = fut.result(timeout=40)

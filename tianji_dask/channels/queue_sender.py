@@ -29,8 +29,9 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
 With "owned", the sender too takes its end of the socket from tornado once the cue came
 (``owned_socket``): a thread of its own writes the items (``sendmsg``, what is ready up to
 ``max_batch_bytes`` a call) and the "bye", another reads the credit, and the event loop only
-starts them and awaits their end. ``push`` encodes an item of half a batch or more for that
-thread when nothing waits before it, so that the writer's Python a message is next to nothing. Without it
+starts them and awaits their end. With ``full_policy="wait"``, ``push`` encodes an item of half
+a batch or more for that thread when nothing waits before it, so that the writer's Python a
+message is next to nothing. Without it
 (tls://), everything goes through the event loop.
 
 Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on that
@@ -208,8 +209,11 @@ class QueueSender:
         message, its system call doing the rest of the work, while the pushing thread's Python
         runs beside that call (docs/benchmarks.md): so the pushing thread encodes. Smaller items
         go several to a message, as the writer takes them: each message costs the receiver a
-        parse of its own."""
-        if nbytes < max(SMALL_ITEM_BYTES, self.max_batch_bytes / 2) or self._pending or self._error is not None:
+        parse of its own. With ``drop_oldest`` items stay pending, where a later push may drop
+        them, until the writer takes them."""
+        if nbytes < max(SMALL_ITEM_BYTES, self.max_batch_bytes / 2) or self.full_policy != "wait":
+            return False
+        if self._pending or self._error is not None:
             return False
         if self._inflight_bytes and self._inflight_bytes + nbytes > min(self._window, self.capacity_bytes):
             return False
