@@ -31,8 +31,7 @@ With "owned", the sender too takes its end of the socket from tornado once the c
 ``max_batch_bytes`` a call) and the "bye", another reads the credit, and the event loop only
 starts them and awaits their end. With ``full_policy="wait"``, ``push`` encodes an item of half
 a batch or more for that thread when nothing waits before it, so that the writer's Python a
-message is next to nothing. Without it
-(tls://), everything goes through the event loop.
+message is next to nothing. Without "owned" (tls://), everything goes through the event loop.
 
 Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on that
 thread or the event loop, so the caller must not mutate them after the call.
@@ -129,8 +128,8 @@ class QueueSender:
         self._cond = threading.Condition()
         self._pending: deque[tuple[int, int, dict]] = deque()  # (seq, nbytes, payload), unwritten
         self._pending_bytes = 0
-        # Large items push encoded for the writer thread, each a message (pieces, bytes), in order
-        # before everything pending; only that thread pops them.
+        # Items push encoded for the writer thread (``_hand_to_writer``), each a message (pieces,
+        # bytes), in order and before everything pending; only that thread pops them.
         self._ready: deque[tuple[list, int]] = deque()
         self._inflight_bytes = 0  # ready, or written with credit not yet returned
         self._window = self.capacity_bytes
