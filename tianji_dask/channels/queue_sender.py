@@ -143,7 +143,8 @@ class QueueSender:
         self._run_ended = threading.Event()  # _run's teardown is done: socket closed, threads joined
         self._wake: asyncio.Event | None = None  # of the event loop's writer (tls://)
         self._writer_thread = False  # items go from a thread of this sender (an owned connection)
-        # The sent counts: under _cond, but only ever written by the one writer of the connection.
+        # The sent counts: stats() reads them under _cond; the connection's one writer (its thread
+        # or the event loop) writes them without it.
         self._sent_items = 0
         self._sent_bytes = 0
         self._messages = 0
@@ -407,8 +408,7 @@ class QueueSender:
                     batch, batch_bytes = self._take_batch()
                 if batch:
                     await _write(stream, self._encode_batch(batch))
-                    with self._cond:
-                        self._count_written(len(batch), batch_bytes)
+                    self._count_written(len(batch), batch_bytes)
                     continue
                 with self._cond:
                     if self._error is not None:
