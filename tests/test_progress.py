@@ -32,3 +32,18 @@ def test_the_summary_says_the_return_it_gives_is_the_one_at_the_runs_end():
     )
     stopped = RunResult("max_env_steps", Path("run"), 60.0, 500_000, 120.0, math.nan)
     assert "time to target not reached, return(100) at the end 120.0" in summary_line(stopped)
+
+
+def test_stop_progress_takes_the_budget_met_first():
+    from tianji_dask.progress import stop_progress
+
+    row = {"time": 10.0, "env_steps": 1000}
+    assert stop_progress(row, None, None) is None
+    by_time = stop_progress(row, 100_000, 40.0)  # steps: 990 s left at 100/s; time: 30 s left
+    assert by_time is not None and by_time.rule == "max_seconds" and by_time.eta_s == 30.0
+    assert by_time.fraction == 0.25
+    by_steps = stop_progress(row, 2000, 600.0)
+    assert by_steps is not None and by_steps.rule == "max_env_steps" and by_steps.eta_s == 10.0
+    assert by_steps.fraction == 0.5
+    start = stop_progress({"time": 0.0, "env_steps": 0}, 2000, None)
+    assert start is not None and start.eta_s is None and start.fraction == 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.live import Live
@@ -14,6 +15,36 @@ from rich.text import Text
 
 def _fmt(x: float | None, spec: str = ".0f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+@dataclass(frozen=True)
+class StopProgress:
+    """How far a run is toward the stop budget it will meet first: ``fraction`` in [0, 1],
+    ``eta_s`` the seconds left at the rate so far (None until a rate is known), ``rule`` the
+    budget's name (``max_env_steps`` or ``max_seconds``)."""
+
+    fraction: float
+    eta_s: float | None
+    rule: str
+
+
+def stop_progress(row: dict, max_env_steps: int | None, max_seconds: float | None) -> StopProgress | None:
+    """The nearest of the run's budgets (``stop.max_env_steps``, ``stop.max_seconds``) from a
+    metrics row (``time``, ``env_steps``); None when the run has neither. A return target has no
+    ETA: returns do not grow at a rate."""
+    t = float(row.get("time", 0.0) or 0.0)
+    steps = float(row.get("env_steps", 0) or 0)
+    candidates: list[StopProgress] = []
+    if max_seconds is not None:
+        candidates.append(StopProgress(min(1.0, t / max_seconds), max(0.0, max_seconds - t), "max_seconds"))
+    if max_env_steps is not None:
+        rate = steps / t if t > 0 and steps > 0 else None
+        eta = max(0.0, (max_env_steps - steps) / rate) if rate else None
+        candidates.append(StopProgress(min(1.0, steps / max_env_steps), eta, "max_env_steps"))
+    if not candidates:
+        return None
+    known = [c for c in candidates if c.eta_s is not None]
+    return min(known, key=lambda c: c.eta_s or 0.0) if known else max(candidates, key=lambda c: c.fraction)
 
 
 def progress_line(row: dict, target: float | None) -> str:
