@@ -3,18 +3,23 @@
 :func:`check_resumable` reads everything a continuation needs before anything starts: the run's
 ``config.yaml`` (with ``--set`` overrides of ``stop.*`` and ``run.*`` only: a new target or a
 longer budget, never another experiment), its learner checkpoint, and its ``metrics.nc`` and
-``episodes.nc``. Any problem is a :class:`~tianji_dask.config.ConfigError` naming the fix, and
-nothing in the directory has been touched. The driver then builds the hosts with the learner
+``episodes.nc``. A run that already met one of its stop rules (as ``--set`` leaves them) would stop
+at once, and is refused too: continuing it needs a rule it has not reached. Any problem is a
+:class:`~tianji_dask.config.ConfigError` naming the fix, and nothing in the directory has been
+touched. The driver then builds the hosts with the learner
 restored and the actors' env-step counts carried over, and its recorder extends the two files
 (:meth:`~tianji_dask.results.recorder.MetricsRecorder.continue_from`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tianji_dask.config import ConfigError, load_config
 from tianji_dask.config.loading import parse_override
@@ -34,6 +39,11 @@ class ResumePoint:
     meta: dict  # the checkpoint's metadata
     metrics: Any  # xarray.Dataset of metrics.nc, loaded
     episodes: Any  # xarray.Dataset of episodes.nc, loaded
+
+    @property
+    def run_name(self) -> str:
+        """The run's name, as its files give it (the directory may have been given another)."""
+        return str(self.metrics.attrs.get("run_name") or self.run_dir.name)
 
     def actor_env_steps(self) -> dict[int, int]:
         """Env steps each actor had made when the run stopped (its last metrics row)."""
@@ -104,6 +114,13 @@ def check_resumable(
             f"the run was in mode {files['metrics.nc'].attrs.get('mode')!r}; --resume continues distributed runs "
             "(the serial reference is a measuring stick, run it again instead)",
         )
+    reached = stop_rules_reached(cfg, files["metrics.nc"], files["episodes.nc"])
+    if reached:
+        raise _refuse(
+            run_dir,
+            f"the run already reached {_listed([what for what, _ in reached])}; "
+            f"to continue it: {'; '.join(fix for _, fix in reached)}",
+        )
     from tianji_dask.results.checkpoint import (  # torch: after the cheap checks
         CheckpointError,
         load_run_checkpoint,
@@ -115,6 +132,83 @@ def check_resumable(
     except CheckpointError as exc:
         raise _refuse(run_dir, f"{exc}; a run continues from its learner checkpoint (run.checkpoint: true)") from None
     return ResumePoint(run_dir, cfg, pack_state(state), meta, files["metrics.nc"], files["episodes.nc"])
+
+
+def stop_rules_reached(cfg: ExperimentConfig, metrics: Any, episodes: Any) -> list[tuple[str, str]]:
+    """The stop rules of ``cfg`` that the run of these files (``metrics.nc`` and ``episodes.nc``,
+    loaded) already met, each as the run's own stop check judges it once the run continues: as
+    (what it reached, the ``--set`` that continues past it)."""
+    stop, out = cfg.stop, []
+    if stop.target_return is not None and (hit := _target_return_reached(episodes, stop.target_return)):
+        mean, at, best = hit
+        out.append(
+            (
+                f"stop.target_return={stop.target_return:g} (return(100) {mean:.1f} at {at:,} env steps)",
+                f"--set stop.target_return=R with R above {best:.1f}, its best return(100), "
+                "or --set stop.target_return=null with another stop rule",
+            )
+        )
+    if stop.target_eval_return is not None and (hit := _target_eval_reached(metrics, stop.target_eval_return)):
+        mean, at, best = hit
+        out.append(
+            (
+                f"stop.target_eval_return={stop.target_eval_return:g} "
+                f"(an evaluation's mean return {mean:.1f} at {at:,} env steps)",
+                f"--set stop.target_eval_return=R with R above {best:.1f}, its best evaluation, "
+                "or --set stop.target_eval_return=null with another stop rule",
+            )
+        )
+    rows = metrics.sizes["time"]
+    steps = int(metrics["env_steps"].values[-1]) if rows else 0
+    if stop.max_env_steps is not None and steps >= stop.max_env_steps:
+        out.append(
+            (
+                f"stop.max_env_steps={stop.max_env_steps} ({steps:,} env steps)",
+                f"--set stop.max_env_steps={2 * steps} (any value above {steps:,})",
+            )
+        )
+    # a continued run's clock starts where its last row left it: the budget counts the time before
+    ran = float(metrics["time"].values[-1]) if rows else 0.0
+    if stop.max_seconds is not None and ran >= stop.max_seconds:
+        out.append(
+            (
+                f"stop.max_seconds={stop.max_seconds:g} ({ran:.1f} s, which a continued run counts on from)",
+                f"--set stop.max_seconds={math.ceil(ran + stop.max_seconds)} "
+                f"(another {stop.max_seconds:g} s; any value above {ran:.1f})",
+            )
+        )
+    return out
+
+
+def _target_return_reached(episodes: Any, target: float) -> tuple[float, int, float] | None:
+    """The first mean of 100 consecutive episodes (in the order they arrived) at or above
+    ``target``, the env steps when it was, and the highest such mean; None if none was."""
+    returns = np.asarray(episodes["return"].values, dtype=float)
+    if len(returns) < 100:
+        return None
+    means = np.lib.stride_tricks.sliding_window_view(returns, 100).mean(axis=1)
+    hits = np.flatnonzero(means >= target)
+    if not len(hits):
+        return None
+    first = int(hits[0])
+    return float(means[first]), int(episodes["env_steps"].values[first + 99]), float(means.max())
+
+
+def _target_eval_reached(metrics: Any, target: float) -> tuple[float, int, float] | None:
+    """The first evaluation's mean return at or above ``target``, the env steps of the policy it
+    played, and the best evaluation; None if none was."""
+    if "eval_return_mean" not in metrics or not metrics.sizes.get("evaluation"):
+        return None
+    means = np.asarray(metrics["eval_return_mean"].values, dtype=float)
+    hits = np.flatnonzero(means >= target)
+    if not len(hits):
+        return None
+    first = int(hits[0])
+    return float(means[first]), int(metrics["eval_env_steps"].values[first]), float(np.nanmax(means))
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _first_difference(saved: dict, given: dict, prefix: str = "") -> str | None:

@@ -63,6 +63,7 @@ class LearnerBase(ABC):
         params = list(self.learner_core.module.parameters())
         self.grad_hook = (lambda: average_gradients(params)) if average_gradients is not None else None
         self.counters = self.counters_class()
+        self._samples_before = 0  # trained on by the learner whose state this one was restored from
         self._setup()
 
     @abstractmethod
@@ -95,14 +96,24 @@ class LearnerBase(ABC):
         self.counters.group_distance = distance
 
     def state(self) -> State:
-        return self.learner_core.state()
+        """The learner core's state, and the samples trained on so far (the ``counters`` component)."""
+        return {**self.learner_core.state(), "counters": {"samples": torch.tensor(self.samples, dtype=torch.int64)}}
 
     def restore(self, state: State) -> None:
-        """Continue from a saved :meth:`state` (networks, optimiser, update count, schedules)."""
+        """Continue from a saved :meth:`state` (networks, optimiser, update count, schedules,
+        samples trained on). The heartbeat's counters still count from 0: they are this role's,
+        and the recorder carries on the earlier ones itself."""
         self.learner_core.restore(state)
+        # a checkpoint written before the component existed: its samples are not known
+        self._samples_before = int(state["counters"]["samples"]) if "counters" in state else 0
+
+    @property
+    def samples(self) -> int:
+        """Samples trained on since the run began: those of the state restored, then this role's."""
+        return self._samples_before + self.counters.samples
 
     def checkpoint_meta(self) -> dict[str, int]:
-        return {"updates": self.learner_core.updates, "samples": self.counters.samples}
+        return {"updates": self.learner_core.updates, "samples": self.samples}
 
     def close(self) -> None:  # noqa: B027 - part of LoopRole; a learner owns nothing to close
         """The host closes the publisher and the data-parallel group; nothing of the role's own."""

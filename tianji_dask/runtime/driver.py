@@ -147,7 +147,7 @@ class Run:
             self.name = run_name(cfg.env.id, cfg.algo.name, cfg.seed)
             self.run_dir = prepare_run_dir(out, root=runs_root, name=self.name)
         else:
-            self.name, self.run_dir = resume.run_dir.name, resume.run_dir
+            self.name, self.run_dir = resume.run_name, resume.run_dir
         write_config(self.run_dir, cfg.model_dump_yaml())
         self.id = uuid.uuid4().hex[:10]
         on_event = on_event or (lambda text: None)
