@@ -257,6 +257,8 @@ def test_the_notebook_api_resumes_a_run_on_a_cluster_of_the_users(h, finished_ru
     ):
         with pytest.raises(ConfigError, match="changes the experiment"):
             tianji_dask.resume(run_dir, client, overrides={"algo.lr": 0.1}, display=False)
+        with pytest.raises(ConfigError, match=r"already reached stop.max_env_steps=1500 \("):
+            tianji_dask.resume(run_dir, client, display=False)  # nothing new to run for
         run = tianji_dask.resume(run_dir, client, overrides={"stop.max_env_steps": target}, display=False)
         result = run.wait(timeout=150)
         assert result is not None and result.status == "max_env_steps", result
@@ -265,3 +267,180 @@ def test_the_notebook_api_resumes_a_run_on_a_cluster_of_the_users(h, finished_ru
     assert int(metrics.env_steps[-1]) >= target and meta["updates"] > meta0["updates"]
     assert episodes.sizes["episode"] > episodes0.sizes["episode"]
     assert np.all(np.diff(metrics.time.values) > 0)
+
+
+def _run_files(returns: list[float], evaluations: list[float]):
+    """metrics.nc and episodes.nc of a hand-made run of 20 rows, one a second: ``returns`` in 20
+    equal parts, one part a row, each episode 10 env steps; an evaluation a second."""
+    rec = _recorder(T0)
+    part = len(returns) // 20
+    for i in range(20):
+        rec.add(_actor(T0, i + 0.5, 10 * part * (i + 1), episodes=returns[i * part : (i + 1) * part]))
+        rec.add(_learner(T0, i + 0.5, 10 * i))
+        rec.row(i + 1.0)
+    for i, mean in enumerate(evaluations):
+        rec.record_evaluation(mean=mean, std=0.0, env_steps=100 * (i + 1), t_rel=float(i + 1))
+    return rec.dataset(), rec.episodes_dataset()
+
+
+@pytest.mark.parametrize(
+    "overrides, reached",
+    [
+        # 100 episodes of 20 then 100 of 0: the mean of 100 met 15 at the 100th episode (1000 env
+        # steps) and fell under it after; the run reached it all the same
+        (["stop.target_return=15"], ["stop.target_return=15 (return(100) 20.0 at 1,000 env steps)"]),
+        (["stop.target_return=20.5"], []),
+        (["stop.max_env_steps=2000"], ["stop.max_env_steps=2000 (2,000 env steps)"]),
+        (["stop.max_env_steps=2001"], []),
+        (["stop.max_seconds=20"], ["stop.max_seconds=20 (20.0 s"]),  # the last row's time
+        (["stop.max_seconds=20.5"], []),
+        (
+            ["stop.target_eval_return=40", "run.eval_every_env_steps=100"],
+            ["stop.target_eval_return=40 (an evaluation's mean return 45.0 at 200 env steps)"],
+        ),
+        (["stop.target_eval_return=60", "run.eval_every_env_steps=100"], []),
+        (
+            ["stop.target_return=15", "stop.max_env_steps=2000"],
+            ["stop.target_return=15 (return(100) 20.0", "stop.max_env_steps=2000 (2,000"],
+        ),
+    ],
+)
+def test_the_stop_rules_a_run_already_met_are_found_in_its_files(h, overrides, reached):
+    from tianji_dask.config import load_config
+    from tianji_dask.results.resumable import stop_rules_reached
+
+    metrics, episodes = _run_files([20.0] * 100 + [0.0] * 100, [10.0, 45.0, 50.0, 5.0])
+    nulls = ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=null"]
+    cfg = load_config(h.CONFIG, [*nulls, *overrides])
+    found = stop_rules_reached(cfg, metrics, episodes)
+    assert len(found) == len(reached), found
+    for (what, fix), expected in zip(found, reached, strict=True):
+        assert what.startswith(expected), (what, expected)
+        assert fix.startswith("--set " + expected.split("=")[0] + "="), fix
+
+
+@pytest.fixture(scope="module")
+def finished_ppo_run(tmp_path_factory, h) -> Path:
+    """A short CartPole PPO run that ended by itself (max_env_steps), with its checkpoint."""
+    out = tmp_path_factory.mktemp("finished-ppo") / "run"
+    config = h.ROOT / "configs" / "cartpole_ppo.yaml"
+    p = h.cli_here("train", config, *_sets("stop.target_return=null", "stop.max_env_steps=2000"), "--out", out)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def _resumed_twice(h, out: Path, config: Path, *overrides: str) -> Path:
+    """A run of ``config`` that ended by max_env_steps, then went on twice to a larger budget."""
+    p = h.cli_here("train", config, *_sets(*overrides, "stop.max_env_steps=1500"), "--out", out, cwd=out.parent)
+    assert p.returncode == 0, p.stderr
+    for more in (3000, 3000):
+        steps = int(_files(out)[0].env_steps[-1])
+        p = h.cli_here("train", "--resume", out, *_sets(f"stop.max_env_steps={steps + more}"), cwd=out.parent)
+        assert p.returncode == 0 and "continuing" in p.stderr, p.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def dqn_resumed_twice(tmp_path_factory, h) -> Path:
+    return _resumed_twice(h, tmp_path_factory.mktemp("dqn-twice") / "run", h.CONFIG, *h.SHORT)
+
+
+@pytest.fixture(scope="module")
+def ppo_resumed_twice(tmp_path_factory, h) -> Path:
+    config = h.ROOT / "configs" / "cartpole_ppo.yaml"
+    return _resumed_twice(h, tmp_path_factory.mktemp("ppo-twice") / "run", config, "stop.target_return=null")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "run, overrides, message",
+    [
+        ("dqn", [], "the run already reached stop.max_env_steps=1500 ("),
+        (
+            "dqn resumed twice",
+            ["stop.max_env_steps=null", "stop.target_return=10"],
+            "the run already reached stop.target_return=10 (return(100) ",
+        ),
+        (
+            "dqn",
+            ["stop.max_env_steps=null", "stop.max_seconds=1"],
+            "the run already reached stop.max_seconds=1 (",
+        ),
+        ("ppo", [], "the run already reached stop.max_env_steps=2000 ("),
+        ("dqn resumed twice", [], "the run already reached stop.max_env_steps="),
+        ("ppo resumed twice", [], "the run already reached stop.max_env_steps="),
+    ],
+)
+def test_resume_of_a_run_that_met_its_stop_rule_exits_2_and_changes_nothing(h, request, run, overrides, message):
+    fixture = {
+        "dqn": "finished_run",
+        "ppo": "finished_ppo_run",
+        "dqn resumed twice": "dqn_resumed_twice",
+        "ppo resumed twice": "ppo_resumed_twice",
+    }[run]
+    run_dir = request.getfixturevalue(fixture)
+    before = _snapshot(run_dir)
+    p = h.cli_here("train", "--resume", run_dir, *_sets(*overrides))
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert message in p.stderr and "to continue it: --set stop." in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "continuing" not in p.stderr, p.stderr
+    assert _snapshot(run_dir) == before
+
+
+def _samples_per_update(cfg) -> float:
+    """Samples trained on per update: DQN's batch; PPO's batch of rollouts over its epochs x minibatches."""
+    a = cfg.algo
+    if a.name == "dqn":
+        return a.batch_size
+    return a.rollouts_per_update * a.rollout_steps * cfg.env.num_envs / (a.epochs * a.minibatches)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fixture", ["dqn_resumed_twice", "ppo_resumed_twice"])
+def test_a_run_resumed_twice_keeps_the_whole_runs_counts_in_its_checkpoint(h, request, fixture):
+    from tianji_dask.config import load_config
+
+    run_dir = request.getfixturevalue(fixture)
+    metrics, _, meta = _files(run_dir)
+    cfg = load_config(run_dir / "config.yaml")
+    assert len(json.loads(metrics.attrs["continued_at_s"])) == 2
+    assert meta["updates"] == int(metrics.updates[-1]) > 0
+    assert meta["samples"] == int(metrics.samples[-1]) == meta["updates"] * _samples_per_update(cfg)
+    assert meta["env_steps"] == int(metrics.env_steps[-1])
+    assert meta["wall_s"] >= float(metrics.time[-1])
+    # the run keeps the name it was given when it began (its directory is called otherwise)
+    assert meta["run_name"] == metrics.attrs["run_name"] != run_dir.name
+    assert meta["run_name"].startswith(f"CartPole-v1__{cfg.algo.name}__")
+
+
+def _trained_serially(cfg, updates: int, restore=None):
+    """The learner role of a serial run of ``cfg`` (restored from ``restore`` first, if given)
+    after it made ``updates`` updates of its own."""
+    from tianji_dask.runtime.serial import SerialRun
+
+    run = SerialRun(cfg)
+    if restore is not None:
+        run.learner.restore(restore)
+    run.run(lambda heartbeat: None, lambda: run.learner.counters.updates >= updates)
+    return run.learner
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("config", ["cartpole_dqn.yaml", "cartpole_ppo.yaml"])
+def test_a_restored_learner_counts_the_samples_of_the_state_it_came_from(h, config):
+    from tianji_dask.config import load_config
+
+    cfg = load_config(h.ROOT / "configs" / config, ["algo.learning_starts=200"] if "dqn" in config else [])
+    first = _trained_serially(cfg, 20)
+    second = _trained_serially(cfg, 20, restore=first.state())
+    made = second.counters.samples  # the heartbeat's count: this role's own, which the recorder adds up
+    assert made > 0 and second.heartbeat()["counters"]["samples"] == made
+    meta = second.checkpoint_meta()
+    assert meta["samples"] == first.samples + made == meta["updates"] * _samples_per_update(cfg)
+    assert second.state()["counters"]["samples"].item() == meta["samples"]
+    # a checkpoint written before the state held the count: the samples since the restore
+    older = {k: v for k, v in first.state().items() if k != "counters"}
+    third = _trained_serially(cfg, 20, restore=older)
+    assert third.checkpoint_meta()["samples"] == third.counters.samples > 0

@@ -103,8 +103,8 @@ def resume(
     ``overrides``: ``--set`` strings or a dict of ``stop.*`` and ``run.*`` keys only (a new
     target, a longer budget: ``{"stop.max_seconds": 600}``). The learner continues from the
     run's checkpoint; ``metrics.nc`` and ``episodes.nc`` are extended. A directory that no run
-    wrote, a missing checkpoint or an override of the experiment raises
-    :class:`~tianji_dask.config.ConfigError` with nothing changed."""
+    wrote, a missing checkpoint, an override of the experiment or a stop rule the run already met
+    raises :class:`~tianji_dask.config.ConfigError` with nothing changed."""
     from tianji_dask.results.resumable import check_resumable
     from tianji_dask.runtime.driver import Run
 

@@ -114,13 +114,6 @@ def check_resumable(
             f"the run was in mode {files['metrics.nc'].attrs.get('mode')!r}; --resume continues distributed runs "
             "(the serial reference is a measuring stick, run it again instead)",
         )
-    reached = stop_rules_reached(cfg, files["metrics.nc"], files["episodes.nc"])
-    if reached:
-        raise _refuse(
-            run_dir,
-            f"the run already reached {_listed([what for what, _ in reached])}; "
-            f"to continue it: {'; '.join(fix for _, fix in reached)}",
-        )
     from tianji_dask.results.checkpoint import (  # torch: after the cheap checks
         CheckpointError,
         load_run_checkpoint,
@@ -131,6 +124,14 @@ def check_resumable(
         state, meta = load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id)
     except CheckpointError as exc:
         raise _refuse(run_dir, f"{exc}; a run continues from its learner checkpoint (run.checkpoint: true)") from None
+    # last: a run that could go on but has nothing left to run for
+    reached = stop_rules_reached(cfg, files["metrics.nc"], files["episodes.nc"])
+    if reached:
+        raise _refuse(
+            run_dir,
+            f"the run already reached {_listed([what for what, _ in reached])}; "
+            f"to continue it: {'; '.join(fix for _, fix in reached)}",
+        )
     return ResumePoint(run_dir, cfg, pack_state(state), meta, files["metrics.nc"], files["episodes.nc"])
 
 

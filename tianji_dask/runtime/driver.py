@@ -348,7 +348,8 @@ def resume(
     curve from its ``metrics.nc`` and ``episodes.nc`` (extended, never shortened).
     ``overrides``: ``--set`` texts of ``stop.*`` and ``run.*`` keys (a new target, a longer
     budget). Raises ConfigError, with nothing in ``run_dir`` changed, for a directory that no run
-    wrote, a missing checkpoint or results, or an override of the experiment itself."""
+    wrote, a missing checkpoint or results, an override of the experiment itself, or a stop rule
+    the run already met."""
     point = check_resumable(run_dir, overrides)
     return Run(point.cfg, client=client, on_row=on_row, on_event=on_event, tls=tls, resume=point)
 
