@@ -3,11 +3,11 @@
 :func:`check_resumable` reads everything a continuation needs before anything starts: the run's
 ``config.yaml`` (with ``--set`` overrides of ``stop.*`` and ``run.*`` only: a new target or a
 longer budget, never another experiment), its learner checkpoint, and its ``metrics.nc`` and
-``episodes.nc``. A run that already met one of its stop rules (as ``--set`` leaves them) would stop
-at once, and is refused too: continuing it needs a rule it has not reached. Any problem is a
-:class:`~tianji_dask.config.ConfigError` naming the fix, and nothing in the directory has been
-touched. The driver then builds the hosts with the learner
-restored and the actors' env-step counts carried over, and its recorder extends the two files
+``episodes.nc``. A run that already met one of its stop rules (as ``--set`` leaves them) has
+nothing left to run for and is refused too: continuing it needs a rule it has not reached. Any
+problem is a :class:`~tianji_dask.config.ConfigError` naming the fix, and nothing in the
+directory has been touched. The driver then builds the hosts with the learner restored and the
+actors' env-step counts carried over, and its recorder extends the two files
 (:meth:`~tianji_dask.results.recorder.MetricsRecorder.continue_from`).
 """
 
@@ -137,8 +137,9 @@ def check_resumable(
 
 def stop_rules_reached(cfg: ExperimentConfig, metrics: Any, episodes: Any) -> list[tuple[str, str]]:
     """The stop rules of ``cfg`` that the run of these files (``metrics.nc`` and ``episodes.nc``,
-    loaded) already met, each as the run's own stop check judges it once the run continues: as
-    (what it reached, the ``--set`` that continues past it)."""
+    loaded) already met, on the figures the run's own stop check reads (the mean of 100 episodes
+    in the order they arrived, the env steps of all actors, the time axis), each as (what it
+    reached, the ``--set`` that continues past it)."""
     stop, out = cfg.stop, []
     if stop.target_return is not None and (hit := _target_return_reached(episodes, stop.target_return)):
         mean, at, best = hit
