@@ -348,6 +348,50 @@ def test_unknown_nested_key_in_file(tmp_path):
     assert "valid keys at algo: name, gamma, n_step, lr," in message
 
 
+PPO = SHIPPED.parent / "cartpole_ppo.yaml"
+
+
+ALIAS_CASES = [  # config, override, what the message says
+    (SHIPPED, "algo.learning_rate=3e-4", "'learning_rate' is called 'lr' here: --set algo.lr=0.0003"),
+    (SHIPPED, "learning_rate=3e-4", "'learning_rate' is called 'algo.lr' here: --set algo.lr=0.0003"),
+    (SHIPPED, "total_timesteps=100000", "is called 'stop.max_env_steps' here: --set stop.max_env_steps=100000"),
+    (SHIPPED, "algo.target_network_frequency=500", "--set algo.target_update_interval=500"),
+    (SHIPPED, "net_arch=[64, 64]", "--set 'algo.hidden_sizes=[64, 64]'"),
+    (SHIPPED, "gamma=0.9", "'gamma' goes under algo here: --set algo.gamma=0.9"),
+    (SHIPPED, "num_envs=4", "'num_envs' goes under env here: --set env.num_envs=4"),
+    (PPO, "algo.n_steps=64", "'n_steps' is called 'rollout_steps' here: --set algo.rollout_steps=64"),
+    (PPO, "algo.clip_range=0.1", "'clip_range' is called 'clip_coef' here: --set algo.clip_coef=0.1"),
+    # DQN has no rollouts: SB3's PPO name gets no alias there, only the closest key
+    (SHIPPED, "algo.n_steps=5", "(did you mean 'n_step'?)"),
+]
+
+
+@pytest.mark.parametrize("path, override, expected", ALIAS_CASES, ids=[f"{p.stem}:{o}" for p, o, _ in ALIAS_CASES])
+def test_another_librarys_name_for_a_key_is_refused_with_the_name_here(path, override, expected):
+    message = error_text([override], path=path)
+    assert expected in message and "unknown key" in message, message
+    assert "learning_starts" not in message.split("valid keys")[0], message
+
+
+def test_an_alias_in_a_file_is_refused_with_the_name_here(tmp_path):
+    text = SHIPPED.read_text().replace("  lr: 0.001", "  learning_rate: 0.1")
+    message = error_text(path=write(tmp_path, text))
+    assert "algo.learning_rate=0.1: unknown key ('learning_rate' is called 'lr' here: --set algo.lr=0.1)" in message
+
+
+def test_every_alias_names_a_key_of_some_algorithm_and_is_no_key_itself():
+    from tianji_dask.config.errors import ALIASES
+    from tianji_dask.config.schema import ALGO_CONFIGS, section_model
+
+    def keys(data):
+        sections = [s for s, f in ExperimentConfig.model_fields.items() if section_model([s], data) is not None]
+        return {f"{s}.{k}" for s in sections for k in section_model([s], data).model_fields}
+
+    every = set().union(*(keys({"algo": {"name": name}}) for name in ALGO_CONFIGS))
+    assert set(ALIASES.values()) <= every, sorted(set(ALIASES.values()) - every)
+    assert not {k.rpartition(".")[2] for k in every} & set(ALIASES), "an alias is a key's own name somewhere"
+
+
 def test_wrong_type_in_file(tmp_path):
     text = SHIPPED.read_text().replace("batch_size: 64", "batch_size: sixty-four")
     message = error_text(path=write(tmp_path, text))
@@ -411,6 +455,32 @@ def test_duplicate_yaml_key_names_both_lines(tmp_path):
 def test_missing_file(tmp_path):
     message = error_text(path=tmp_path / "nope.yaml")
     assert "config file not found" in message and "nope.yaml" in message
+
+
+def test_a_config_path_without_its_suffix_names_the_config_meant(tmp_path):
+    (tmp_path / "configs").mkdir()
+    for name in ("cartpole_dqn.yaml", "cartpole_ppo.yaml", "pong_dqn.yaml"):
+        (tmp_path / "configs" / name).write_text(SHIPPED.read_text())
+    message = error_text(path=tmp_path / "configs" / "cartpole")
+    assert f"{tmp_path / 'configs' / 'cartpole'} is not a config file (no such file)" in message
+    assert f"did you mean {tmp_path / 'configs' / 'cartpole_dqn.yaml'}?" in message
+    assert str(tmp_path / "configs" / "pong_dqn.yaml") in message  # the list of configs there
+    message = error_text(path=tmp_path / "configs" / "zzz.yaml")
+    assert "did you mean" not in message and "give one of the configs:" in message, message
+
+
+def test_a_directory_is_refused_with_its_configs_or_as_a_run_to_resume(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "a.yaml").write_text(SHIPPED.read_text())
+    message = error_text(path=tmp_path / "configs")
+    assert "is a directory, not a config file; give one of its configs:" in message, message
+    assert str(tmp_path / "configs" / "a.yaml") in message
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(SHIPPED.read_text())
+    (run / "metrics.nc").write_bytes(b"")
+    message = error_text(path=run)
+    assert f"is a run directory, not a config file; to continue the run: tianji-dask train --resume {run}" in message
 
 
 @pytest.mark.parametrize(

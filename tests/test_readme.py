@@ -9,6 +9,7 @@ that one trains CartPole to its target.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import re
@@ -43,12 +44,40 @@ def readme_commands() -> list[list[str]]:
 
 
 def dev_subcommands() -> set[str]:
-    """The case labels of ./dev's command dispatch, e.g. {'train', 'test', 'setup', ...}."""
+    """The case labels of ./dev's command dispatch, e.g. {'train', 'test', 'setup', ...}, and the
+    tianji-dask commands it passes through (``TIANJI_COMMANDS``)."""
     text = DEV.read_text(encoding="utf-8")
     dispatch = text[text.index('case "$cmd" in') :]
     return {
         name.strip() for label in re.findall(r"^\s{4}([\w| -]+)\)\s*$", dispatch, re.M) for name in label.split("|")
-    }
+    } | set(dev_passed_through())
+
+
+def dev_passed_through() -> list[str]:
+    """./dev's ``TIANJI_COMMANDS=(...)``: the tianji-dask commands it runs as they are."""
+    found = re.search(r"^TIANJI_COMMANDS=\(([^)]*)\)$", DEV.read_text(encoding="utf-8"), re.M)
+    assert found, "./dev lost its TIANJI_COMMANDS=(...) list"
+    return found.group(1).split()
+
+
+def dev_env() -> dict[str, str]:
+    """The environment for running ./dev here: where the checkout's own .venv is not the venv
+    running the tests, ``TIANJI_VENV`` points ./dev at the latter instead of setting up another."""
+    env = dict(os.environ)
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        env["TIANJI_VENV"] = sys.prefix
+    return env
+
+
+def dev(*args, timeout: float = 110) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(DEV), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env=dev_env(),
+    )
 
 
 def ci_command_lines() -> list[list[str]]:
@@ -69,6 +98,39 @@ def test_readme_shows_exactly_two_dev_commands():
     assert all(len(c) == 2 for c in commands), f"the quick-start commands take no arguments: {commands}"
 
 
+def test_dev_passes_every_other_tianji_dask_command_through():
+    from tianji_dask.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert sorted({"train", *dev_passed_through()}) == sorted(commands), "./dev's TIANJI_COMMANDS drifted from cli.py"
+
+
+@pytest.mark.slow
+def test_dev_runs_a_passed_through_command_and_refuses_an_unknown_one():
+    r = dev("plot", "--help")
+    assert r.returncode == 0 and "usage: tianji-dask plot" in r.stdout, r.stderr
+    r = dev("evaluate", "runs/x")
+    assert r.returncode == 2, r.stderr
+    assert "unknown command 'evaluate'" in r.stderr and "eval sweep summary plot" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (
+            "configs/cartpole",
+            "configs/cartpole is not a config file (no such file); did you mean configs/cartpole_dqn.yaml?",
+        ),
+        ("configs", "configs is a directory, not a config file; give one of its configs: configs/cartpole_dqn.yaml"),
+    ],
+)
+def test_dev_train_with_a_path_that_is_no_config_names_the_config_meant(given, says):
+    r = dev("train", given, "--check")
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert "unrecognized arguments" not in r.stderr
+
+
 def test_readme_commands_exist_in_dev():
     assert DEV.is_file(), "./dev is missing"
     assert DEV.read_text(encoding="utf-8").startswith("#!/usr/bin/env bash\n")
@@ -84,13 +146,7 @@ def test_dev_train_trains_the_reference_config(tmp_path):
     """``./dev train`` with no config trains configs/cartpole_dqn.yaml (set-up is already done
     here, so ./dev takes its fast path) and passes its arguments on to ``tianji-dask train``."""
     out = tmp_path / "run"
-    res = subprocess.run(
-        [str(DEV), "train", "--set", "stop.max_seconds=3", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        stdin=subprocess.DEVNULL,
-    )
+    res = dev("train", "--set", "stop.max_seconds=3", "--out", out)
     assert res.returncode == 0, res.stderr[-3000:]
     from tianji_dask.config import load_config
 
@@ -107,13 +163,7 @@ def test_dev_train_resume_brings_no_config_of_its_own(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(ROOT / "configs" / "cartpole_ppo.yaml", run / "config.yaml")
-    res = subprocess.run(
-        [str(DEV), "train", "--resume", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        stdin=subprocess.DEVNULL,
-    )
+    res = dev("train", "--resume", run)
     assert res.returncode == 2, res.stderr[-3000:]
     assert "metrics.nc is missing" in res.stderr and "cartpole_dqn" not in res.stderr, res.stderr
 
@@ -212,10 +262,10 @@ def test_readme_python_api_block_runs_as_a_script(tmp_path):
 
 
 def _readme_command(program: str) -> list[str]:
-    """The README's fenced command line that starts with ``tianji-dask PROGRAM``, split."""
+    """The README's one-line shell block that runs ``./dev PROGRAM`` on a LocalCluster, split."""
     text = README.read_text(encoding="utf-8")
-    found = re.findall(rf"```\n(tianji-dask {program} [^\n]*)\n```", text)
-    assert len(found) == 1, f"README.md shows {len(found)} `tianji-dask {program}` blocks, one expected"
+    found = [c for c in re.findall(rf"```bash\n(\./dev {program} [^\n]*)\n```", text) if "--slurm" not in c]
+    assert len(found) == 1, f"README.md shows {len(found)} `./dev {program}` blocks, one expected"
     return shlex.split(found[0])
 
 

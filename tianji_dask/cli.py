@@ -211,6 +211,31 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     js.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml")
     js.add_argument("--walltime", default=None)
+
+    runs_help = "run directories, globs of them ('runs/CartPole-v1__dqn__*') or a sweep's directory"
+    su = sub.add_parser(
+        "summary",
+        help="the summary table of runs: time to target per setting, over seeds",
+        description="Open the runs (open_runs) and print ds.tianji.summary(): per group of settings "
+        "(the config fields that differ, seeds pooled) the runs, those that reached the target, and "
+        "the median, quartiles, min and max of their time to target. A table on a terminal, aligned "
+        "text in a pipe.",
+    )
+    su.add_argument("runs", nargs="+", metavar="RUN", help=runs_help)
+    su.add_argument("--target", type=float, default=None, help="time to this return (default: each run's target)")
+    su.add_argument("--csv", action="store_true", help="print comma-separated values instead of a table")
+
+    pt = sub.add_parser(
+        "plot",
+        help="draw a metrics variable of runs against env steps or time into a PNG",
+        description="One curve per run of a metrics.nc variable (ds.tianji.plot_variable), labelled by "
+        "the settings that tell the runs apart; the axes carry the variables' names and units. Writes "
+        "-o (never over an existing file) and prints its path.",
+    )
+    pt.add_argument("runs", nargs="+", metavar="RUN", help=runs_help)
+    pt.add_argument("--y", default="return_mean_100", help="the variable drawn (default return_mean_100)")
+    pt.add_argument("--x", default="env_steps", help="env_steps (default), time, or another metrics variable")
+    pt.add_argument("-o", "--out", type=Path, required=True, help="the image to write, e.g. curve.png (must not exist)")
     return p
 
 
@@ -779,7 +804,22 @@ def _main(argv: list[str] | None) -> int:
         return cmd_eval(args)
     if args.command == "sweep":
         return cmd_sweep(args)
+    if args.command in ("summary", "plot"):
+        return _results_command(args)
     return EXIT_BAD_INPUT
+
+
+def _results_command(args) -> int:
+    from tianji_dask.results import shell
+
+    try:
+        if args.command == "summary":
+            shell.print_summary(args.runs, target=args.target, as_csv=args.csv)
+        else:
+            print(shell.write_plot(args.runs, y=args.y, x=args.x, out=args.out))
+    except shell.ResultsInputError as exc:
+        return _bad_input(str(exc))
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Every failure is a :class:`~tianji_dask.config.errors.ConfigError`: pydantic's
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -129,7 +130,8 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str | tuple[Seq
             parent, here = path[:depth], ".".join(path[: depth + 1])
             model = section_model(parent, result)
             if model is not None and key not in model.model_fields:
-                raise ConfigError(f"{shown}: unknown key {here!r}{unknown_key_text(parent, key, result)}")
+                given = (value,) if depth == len(path) - 1 else ()  # the value of a key, not of a section
+                raise ConfigError(f"{shown}: unknown key {here!r}{unknown_key_text(parent, key, result, *given)}")
             if depth == len(path) - 1:
                 node[key] = copy.deepcopy(value)
                 break
@@ -176,16 +178,45 @@ def default_config_path() -> Path:
     return Path(__file__).parents[1] / "defaults" / "cartpole_dqn.yaml"
 
 
+def _not_a_config_file(path: Path) -> str:
+    """Why ``path`` (a directory, or nothing) is not a config, and the configs it may have meant."""
+    if path.is_dir():
+        if (path / "config.yaml").is_file() and (path / "metrics.nc").is_file():
+            return (
+                f"{path} is a run directory, not a config file; to continue the run: "
+                f"tianji-dask train --resume {path}; to start a new one from its config: {path / 'config.yaml'}"
+            )
+        near = _configs_in(path)
+        listed = f"give one of its configs: {', '.join(map(str, near))}" if near else "give a CONFIG.yaml file"
+        return f"{path} is a directory, not a config file; {listed}"
+    where = path.parent if path.parent.is_dir() else Path("configs")
+    near = _configs_in(where)
+    if not near:
+        return (
+            f"config file not found: {path} (resolved to {path.absolute()}); the packaged default is "
+            f"{default_config_path()}"
+        )
+    stems = [p.stem for p in near]
+    meant = [p for p in near if p.stem.startswith(path.stem)] or [
+        near[stems.index(s)] for s in difflib.get_close_matches(path.stem, stems, n=1, cutoff=0.5)
+    ]
+    listed = ", ".join(map(str, near))
+    if meant:
+        return f"{path} is not a config file (no such file); did you mean {meant[0]}? (configs: {listed})"
+    return f"{path} is not a config file (no such file); give one of the configs: {listed}"
+
+
+def _configs_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.y*ml") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a dict; every failure is a :class:`ConfigError`."""
     path = Path(path)
+    if not path.is_file():
+        raise ConfigError(_not_a_config_file(path))
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"config file not found: {path} (resolved to {path.absolute()}); the packaged "
-            f"default is {default_config_path()}"
-        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     try:

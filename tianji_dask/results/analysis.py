@@ -385,12 +385,30 @@ class TianjiAccessor:
         """Mean return of the last 100 episodes against ``time`` or ``env_steps``; returns the Axes."""
         if x not in ("time", "env_steps"):
             raise ValueError(f"plot_return(x={x!r}): x must be 'time' or 'env_steps'")
+        return self._plot("return_mean_100", x, ax, "return")
+
+    @property
+    def row_variables(self) -> list[str]:
+        """The metrics.nc variables with one value per metrics row (``return_mean_100``,
+        ``env_steps``, ``loss``...): what :meth:`plot_variable` draws."""
+        rows = {"time", "row", "run"}
+        return [str(v) for v, da in self._ds.data_vars.items() if set(da.dims) <= rows]
+
+    def plot_variable(self, y: str, x: str = "time", ax=None):
+        """Any of :attr:`row_variables` against ``time`` or another of them (``env_steps``,
+        ``updates``): one line per run; returns the Axes."""
+        for axis, name in (("y", y), ("x", x)):
+            if name not in self.row_variables and not (axis == "x" and name == "time"):
+                raise ValueError(
+                    f"plot_variable({axis}={name!r}): not a metrics variable with one value per row; "
+                    f"give one of {', '.join(self.row_variables)}" + (" or 'time'" if axis == "x" else "")
+                )
+        return self._plot(y, x, ax, y)
+
+    def _plot(self, y: str, x: str, ax, title: str):
         ds = self._ds
-        da = ds["return_mean_100"]
-        if x == "env_steps":
-            da = da.assign_coords(env_steps=ds["env_steps"])
-        ax = self._lines(da, x, _axes(ax))
-        return _finish(ax, self, "return")
+        da = ds[y] if x == "time" else ds[y].assign_coords({x: ds[x]})
+        return _finish(self._lines(da, x, _axes(ax)), self, title)
 
     def plot_throughput(self, ax=None):
         """Sample, receive and training throughput (env steps, transitions, samples per second)."""
