@@ -31,14 +31,38 @@ def run_dir(tmp_path):
     return d
 
 
-def test_a_run_dir_plays_and_its_file_is_never_overwritten(run_dir):
-    first = cli_here("eval", run_dir, "--episodes", "3", "--envs", "2")
+def test_outputs_go_into_the_run_dir_and_are_never_overwritten(run_dir, tmp_path):
+    """Run from elsewhere, eval writes nothing where it was called: eval.nc, then eval-2.nc; a
+    relative --out is relative to the run directory and numbered the same; an absolute one is
+    taken as given."""
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    first = cli_here("eval", run_dir, "--episodes", "3", "--envs", "2", cwd=here)
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("episode ") == 3 and "3 episodes: return" in first.stdout
+    assert f"wrote {run_dir / 'eval.nc'}" in first.stdout
     before = (run_dir / "eval.nc").read_bytes()
-    again = cli_here("eval", run_dir, "--episodes", "3")
-    assert again.returncode == 2 and "eval.nc exists and is kept" in again.stderr
+    again = cli_here("eval", run_dir, "--episodes", "2", cwd=here)
+    assert again.returncode == 0, again.stderr
+    assert f"wrote {run_dir / 'eval-2.nc'}" in again.stdout
     assert (run_dir / "eval.nc").read_bytes() == before
+    for expected in ("best.nc", "best-2.nc"):
+        named = cli_here("eval", run_dir, "--episodes", "2", "--out", "best.nc", cwd=here)
+        assert named.returncode == 0 and f"wrote {run_dir / expected}" in named.stdout, named.stderr
+    outside = tmp_path / "results" / "cartpole.nc"
+    absolute = cli_here("eval", run_dir, "--episodes", "2", "--out", outside, cwd=here)
+    assert absolute.returncode == 0 and outside.is_file(), absolute.stderr
+    assert list(here.iterdir()) == []
+    import xarray as xr
+
+    assert [xr.load_dataset(run_dir / f).sizes["episode"] for f in ("eval.nc", "eval-2.nc", "best-2.nc")] == [3, 2, 2]
+
+
+def test_two_claims_of_one_name_get_two_files(tmp_path):
+    """The name is claimed as it is written: a second writer of the same default takes the next."""
+    from tianji_dask.results.evaluation import _claim
+
+    assert [_claim(tmp_path / "eval.nc").name for _ in range(3)] == ["eval.nc", "eval-2.nc", "eval-3.nc"]
 
 
 def test_the_best_checkpoint_is_played_where_the_run_kept_one_and_latest_picks_the_other(run_dir):
@@ -81,6 +105,8 @@ def test_a_best_checkpoint_asked_for_and_missing_names_the_setting(run_dir):
         ("nothing", ["--episodes", "0"], "episodes=0: play at least one"),
         ("nothing", ["--epsilon", "1.5"], "epsilon=1.5: a probability"),
         ("no_dir", [], "no such directory"),
+        ("a_file", [], "a file, not a run directory; give the directory a run wrote (runs/"),
+        ("a_file_of_the_run", [], "a file, not a directory; give the run directory it is in, "),
         ("no_config", [], "not a run directory (no config.yaml)"),
         ("no_checkpoint", [], "no checkpoint directory at"),
         ("other_run", [], "its checkpoint is of dqn on CartPole-v1, the config of ppo on CartPole-v1"),
@@ -90,6 +116,12 @@ def test_bad_input_is_refused_naming_the_fix(run_dir, change, args, said):
     target = run_dir
     if change == "no_dir":
         target = run_dir / "missing"
+    elif change == "a_file":
+        target = run_dir.parent / "README.md"
+        target.write_text("# not a run\n")
+    elif change == "a_file_of_the_run":
+        target = run_dir / "config.yaml"
+        said += str(run_dir)
     elif change == "no_config":
         (run_dir / "config.yaml").unlink()
     elif change == "no_checkpoint":
