@@ -148,6 +148,12 @@ class MetricsRecorder:
         with self._lock:
             return max((e["eval_return_mean"] for e in self._evaluations), default=-math.inf)
 
+    def time_to_eval_return(self, target: float) -> float:
+        """``eval_time`` of this run's first evaluation whose mean reached ``target``: when the
+        policy that played it was taken. NaN if none did."""
+        with self._lock:
+            return next((e["eval_time"] for e in self._evaluations if e["eval_return_mean"] >= target), math.nan)
+
     # ---------------------------------------------------------------- datasets
     def set_outcome(self, status: str, error: str | None = None) -> None:
         """How the run ended, for the ``status`` and ``error`` attrs of every later dataset and
