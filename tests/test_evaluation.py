@@ -4,6 +4,7 @@ trained: test_learning (CartPole, DQN and PPO) and test_atari (a tiny Pong run, 
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -340,3 +341,17 @@ def test_load_policy_refuses_what_is_not_a_run_naming_the_fix(run_dir, tmp_path)
         load_policy(run_dir, which="best")
     with pytest.raises(ValueError, match=r"obs of shape \(3,\): one observation of shape \(4,\)"):
         load_policy(run_dir).act(np.zeros(3))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_analysis_doc_plays_a_loaded_policy_as_pasted(trained, tmp_path, monkeypatch, capsys):
+    """docs/analysis.md's load_policy block, where the run it names is the trained DQN run."""
+    from conftest import ROOT, doc_python_block
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "CartPole-v1__dqn__0__20260102-030405").symlink_to(trained["dqn"], target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    exec(doc_python_block(ROOT / "docs" / "analysis.md", "## Using a trained policy from Python"), {})
+    said = capsys.readouterr().out
+    assert re.fullmatch(r"return \d+ from checkpoint at [\d,]+ env steps\n", said), said
