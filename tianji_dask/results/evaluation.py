@@ -39,7 +39,6 @@ from tianji_dask.config import ConfigError, ExperimentConfig, load_config
 from tianji_dask.results.rundir import run_dir_problem
 
 EVAL_FILE = "eval.nc"
-VIDEO_FILE = "eval.mp4"
 VIDEO_FPS = 30
 # Rendering an env's screen into an array needs no window or sound: SDL's dummy drivers, so that
 # pygame neither looks for a display (a warning without one) nor opens an audio device.
