@@ -87,6 +87,19 @@ RUN_BY: dict[tuple[str, str], tuple[str, ...]] = {
     ("docs/metrics.md", "import json"): (
         "test_analysis.py::test_the_metrics_doc_block_runs_on_a_run_and_draws_each_plot_apart",
     ),
+    ("docs/analysis.md", "import gymnasium as gym"): (
+        "test_evaluation.py::test_the_analysis_doc_plays_a_loaded_policy_as_pasted",
+    ),
+    ("docs/environments.md", "import gymnasium as gym"): (
+        "test_custom_env.py::test_the_documented_custom_env_trains_and_plays_through_its_module_id",
+    ),
+    (
+        "docs/environments.md",
+        "PYTHONPATH=$PWD ./dev train configs/cartpole_ppo.yaml --set env.id=corridor:Corridor-v0 "
+        "--set stop.target_return=0.9",
+    ): (
+        "test_custom_env.py::test_the_documented_custom_env_trains_and_plays_through_its_module_id",
+    ),
 }  # fmt: skip
 
 

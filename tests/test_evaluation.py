@@ -4,12 +4,13 @@ trained: test_learning (CartPole, DQN and PPO) and test_atari (a tiny Pong run, 
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
 import pytest
 import torch
-from conftest import cli_here
+from conftest import cli, cli_here
 
 from tianji_dask.algos.ppo.core import PPOPolicy
 from tianji_dask.algos.ppo.gaussian import GaussianPolicy
@@ -31,14 +32,38 @@ def run_dir(tmp_path):
     return d
 
 
-def test_a_run_dir_plays_and_its_file_is_never_overwritten(run_dir):
-    first = cli_here("eval", run_dir, "--episodes", "3", "--envs", "2")
+def test_outputs_go_into_the_run_dir_and_are_never_overwritten(run_dir, tmp_path):
+    """Run from elsewhere, eval writes nothing where it was called: eval.nc, then eval-2.nc; a
+    relative --out is relative to the run directory and numbered the same; an absolute one is
+    taken as given."""
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    first = cli_here("eval", run_dir, "--episodes", "3", "--envs", "2", cwd=here)
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("episode ") == 3 and "3 episodes: return" in first.stdout
+    assert f"wrote {run_dir / 'eval.nc'}" in first.stdout
     before = (run_dir / "eval.nc").read_bytes()
-    again = cli_here("eval", run_dir, "--episodes", "3")
-    assert again.returncode == 2 and "eval.nc exists and is kept" in again.stderr
+    again = cli_here("eval", run_dir, "--episodes", "2", cwd=here)
+    assert again.returncode == 0, again.stderr
+    assert f"wrote {run_dir / 'eval-2.nc'}" in again.stdout
     assert (run_dir / "eval.nc").read_bytes() == before
+    for expected in ("best.nc", "best-2.nc"):
+        named = cli_here("eval", run_dir, "--episodes", "2", "--out", "best.nc", cwd=here)
+        assert named.returncode == 0 and f"wrote {run_dir / expected}" in named.stdout, named.stderr
+    outside = tmp_path / "results" / "cartpole.nc"
+    absolute = cli_here("eval", run_dir, "--episodes", "2", "--out", outside, cwd=here)
+    assert absolute.returncode == 0 and outside.is_file(), absolute.stderr
+    assert list(here.iterdir()) == []
+    import xarray as xr
+
+    assert [xr.load_dataset(run_dir / f).sizes["episode"] for f in ("eval.nc", "eval-2.nc", "best-2.nc")] == [3, 2, 2]
+
+
+def test_two_claims_of_one_name_get_two_files(tmp_path):
+    """The name is claimed as it is written: a second writer of the same default takes the next."""
+    from tianji_dask.results.evaluation import _claim
+
+    assert [_claim(tmp_path / "eval.nc").name for _ in range(3)] == ["eval.nc", "eval-2.nc", "eval-3.nc"]
 
 
 def test_the_best_checkpoint_is_played_where_the_run_kept_one_and_latest_picks_the_other(run_dir):
@@ -81,6 +106,8 @@ def test_a_best_checkpoint_asked_for_and_missing_names_the_setting(run_dir):
         ("nothing", ["--episodes", "0"], "episodes=0: play at least one"),
         ("nothing", ["--epsilon", "1.5"], "epsilon=1.5: a probability"),
         ("no_dir", [], "no such directory"),
+        ("a_file", [], "a file, not a run directory; give the directory a run wrote (runs/"),
+        ("a_file_of_the_run", [], "a file, not a directory; give the run directory it is in, "),
         ("no_config", [], "not a run directory (no config.yaml)"),
         ("no_checkpoint", [], "no checkpoint directory at"),
         ("other_run", [], "its checkpoint is of dqn on CartPole-v1, the config of ppo on CartPole-v1"),
@@ -90,6 +117,12 @@ def test_bad_input_is_refused_naming_the_fix(run_dir, change, args, said):
     target = run_dir
     if change == "no_dir":
         target = run_dir / "missing"
+    elif change == "a_file":
+        target = run_dir.parent / "README.md"
+        target.write_text("# not a run\n")
+    elif change == "a_file_of_the_run":
+        target = run_dir / "config.yaml"
+        said += str(run_dir)
     elif change == "no_config":
         (run_dir / "config.yaml").unlink()
     elif change == "no_checkpoint":
@@ -165,3 +198,160 @@ def test_a_video_that_cannot_be_made_is_refused_before_anything_plays(
     r = cli_here("eval", run_dir, "--video", tmp_path / video)
     assert r.returncode == 2 and said in r.stderr, r.stderr
     assert not (run_dir / "eval.nc").exists() and not (tmp_path / video).exists()
+
+
+# ---------------------------------------------------------------- trained runs
+def _trained(root, config: str, *overrides: str):
+    from tianji_dask.config import load_config
+    from tianji_dask.runtime.driver import train
+
+    cfg = load_config(config, ["stop.target_return=null", "run.metrics_interval=0.2", *overrides])
+    result = train(cfg, serial=True, out=root / cfg.algo.name / cfg.env.id).wait(timeout=240)
+    assert result.ok, result.error
+    return result.run_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Short serial runs, trained: CartPole DQN and PPO, Pendulum PPO (a Gaussian policy with gSDE)."""
+    root = tmp_path_factory.mktemp("trained")
+    return {
+        "dqn": _trained(root, "configs/cartpole_dqn.yaml", "stop.max_env_steps=4000"),
+        "ppo": _trained(root, "configs/cartpole_ppo.yaml", "stop.max_env_steps=4096"),
+        "gaussian": _trained(root, "configs/pendulum_ppo.yaml", "stop.max_env_steps=4096", "algo.epochs=2"),
+    }
+
+
+@pytest.fixture
+def dqn_run(trained, tmp_path):
+    """A copy of the trained DQN run, for a test that writes into it."""
+    d = tmp_path / "run"
+    shutil.copytree(trained["dqn"], d)
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_readme_sequence_eval_then_video_writes_both_into_the_run_without_warnings(dqn_run, tmp_path):
+    """The README's eval, then eval --video (no path): eval.nc, then eval-2.nc with eval.mp4, all
+    in the run directory, nothing where the commands ran, and nothing on stderr (no SDL display
+    error, no imageio resize warning for CartPole's 600 x 400 screen: a process of its own, whose
+    stderr is where logging's warnings go)."""
+    import imageio.v2 as imageio
+    import xarray as xr
+
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    first = cli_here("eval", dqn_run, "--episodes", "4", cwd=here)
+    assert first.returncode == 0, first.stderr
+    video = cli("eval", str(dqn_run), "--episodes", "4", "--video", cwd=here, timeout=120)
+    assert video.returncode == 0, video.stderr
+    assert video.stderr == "", video.stderr
+    assert f"in {dqn_run / 'eval.mp4'}" in video.stdout and f"wrote {dqn_run / 'eval-2.nc'}" in video.stdout
+    attrs = xr.load_dataset(dqn_run / "eval-2.nc").attrs
+    assert attrs["video"] == str(dqn_run / "eval.mp4")
+    with imageio.get_reader(dqn_run / "eval.mp4") as reader:
+        assert reader.count_frames() == attrs["video_frames"] > 0
+        assert reader.get_data(0).shape == (400, 600, 3)  # not resized
+    again = cli_here("eval", dqn_run, "--episodes", "1", "--video", "clip.mp4", cwd=here)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert (dqn_run / "clip.mp4").is_file() and (dqn_run / "eval-3.nc").is_file()
+    assert list(here.iterdir()) == []
+
+
+def _episodes(policy, env_id: str, seed: int, n: int) -> list[float]:
+    """``n`` episodes of one gymnasium env seeded once, as an eval with one env plays them."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    returns = []
+    obs, _ = env.reset(seed=seed)
+    for _ in range(n):
+        total, ended = 0.0, False
+        while not ended:
+            obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
+            total, ended = total + float(reward), terminated or truncated
+        returns.append(total)
+        obs, _ = env.reset()
+    env.close()
+    return returns
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_a_loaded_policy_plays_what_eval_plays(trained, tmp_path, algo):
+    import tianji_dask
+    from tianji_dask.results.evaluation import evaluate
+
+    policy = tianji_dask.load_policy(trained[algo])
+    assert policy.checkpoint == "checkpoint" and policy.env_steps > 0
+    played = evaluate(trained[algo], episodes=3, envs=1, epsilon=0.0, seed=11, out=tmp_path / "eval.nc")
+    assert _episodes(policy, "CartPole-v1", 11, 3) == list(played.returns)
+    obs = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)
+    actions = policy.act(obs)
+    assert actions.shape == (256,) and set(np.unique(actions)) <= {0, 1}
+    assert isinstance(policy.act(obs[0]), int) and policy.act(obs[0]) == actions[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_act_not_deterministic_draws_its_actions(trained):
+    from tianji_dask.results.policy import load_policy
+
+    obs = np.random.default_rng(0).normal(size=(512, 4)).astype(np.float32)
+    always_random = load_policy(trained["dqn"], epsilon=1.0)
+    greedy = always_random.act(obs)
+    drawn = always_random.act(obs, deterministic=False)
+    assert 0.3 < np.mean(drawn != greedy) < 0.7  # half of the random actions are the greedy one
+    assert np.array_equal(load_policy(trained["dqn"], epsilon=0.0).act(obs, deterministic=False), greedy)
+    ppo = load_policy(trained["ppo"], seed=3)
+    most_likely, sampled = ppo.act(obs), ppo.act(obs, deterministic=False)
+    assert np.array_equal(ppo.act(obs), most_likely) and not np.array_equal(sampled, most_likely)
+    assert np.array_equal(load_policy(trained["ppo"], seed=3).act(obs, deterministic=False), sampled)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_gaussian_policy_acts_in_its_bounds(trained):
+    from tianji_dask.results.policy import load_policy
+
+    policy = load_policy(trained["gaussian"])
+    obs = np.random.default_rng(0).uniform(-8, 8, size=(64, 3)).astype(np.float32)
+    one = policy.act(obs[0])
+    assert isinstance(one, np.ndarray) and one.dtype == np.float32 and one.shape == (1,)
+    for deterministic in (True, False):
+        actions = policy.act(obs, deterministic=deterministic)
+        assert actions.shape == (64, 1) and actions.dtype == np.float32
+        assert np.all(actions >= -2.0) and np.all(actions <= 2.0)
+    assert np.array_equal(policy.act(obs), policy.act(obs))
+    assert not np.array_equal(policy.act(obs, deterministic=False), policy.act(obs, deterministic=False))
+    np.testing.assert_allclose(policy.act(obs[0]), policy.act(obs)[0], rtol=1e-6)  # batched float sums differ
+
+
+def test_load_policy_refuses_what_is_not_a_run_naming_the_fix(run_dir, tmp_path):
+    from tianji_dask.config import ConfigError
+    from tianji_dask.results.policy import load_policy
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# not a run\n")
+    with pytest.raises(ConfigError, match="a file, not a run directory; give the directory a run wrote"):
+        load_policy(readme)
+    with pytest.raises(ConfigError, match="no checkpoint directory at .*checkpoint_best"):
+        load_policy(run_dir, which="best")
+    with pytest.raises(ValueError, match=r"obs of shape \(3,\): one observation of shape \(4,\)"):
+        load_policy(run_dir).act(np.zeros(3))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_analysis_doc_plays_a_loaded_policy_as_pasted(trained, tmp_path, monkeypatch, capsys):
+    """docs/analysis.md's load_policy block, where the run it names is the trained DQN run."""
+    from conftest import ROOT, doc_python_block
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "CartPole-v1__dqn__0__20260102-030405").symlink_to(trained["dqn"], target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    exec(doc_python_block(ROOT / "docs" / "analysis.md", "## Using a trained policy from Python"), {})
+    said = capsys.readouterr().out
+    assert re.fullmatch(r"return \d+ from checkpoint at [\d,]+ env steps\n", said), said

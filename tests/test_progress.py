@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from tianji_dask.progress import Progress, summary_line
 from tianji_dask.runtime.driver import RunResult
 
@@ -47,3 +49,37 @@ def test_stop_progress_takes_the_budget_met_first():
     assert by_steps.fraction == 0.5
     start = stop_progress({"time": 0.0, "env_steps": 0}, 2000, None)
     assert start is not None and start.eta_s is None and start.fraction == 0.0
+
+
+def test_a_run_stopped_by_an_evaluation_gives_its_time_to_the_eval_target():
+    """``eval_target_reached`` says when the evaluated policy that reached stop.target_eval_return
+    was taken, not the training return's time to target (its stop.target_return may be null)."""
+    by_eval = RunResult("eval_target_reached", Path("run"), 40.0, 30_000, 180.0, math.nan, time_to_eval_target_s=31.25)
+    assert summary_line(by_eval) == (
+        "eval_target_reached: 30,000 env steps in 40.0 s, time to eval target 31.2 s, return(100) at the end 180.0"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_eval_target_run_records_when_its_first_evaluation_reached_the_target(tmp_path):
+    """A real serial CartPole run stopped on its evaluations (a target any policy reaches): its
+    time to the eval target is the first evaluation's eval_time in metrics.nc."""
+    import xarray as xr
+
+    from tianji_dask.config import load_config
+    from tianji_dask.runtime.driver import train
+
+    overrides = [
+        "stop.target_return=null",
+        "stop.target_eval_return=5",
+        "run.eval_every_env_steps=500",
+        "run.eval_episodes=2",
+        "stop.max_seconds=120",
+    ]
+    result = train(load_config("configs/cartpole_dqn.yaml", overrides), serial=True, out=tmp_path / "run").wait()
+    assert result.status == "eval_target_reached", (result.status, result.error)
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
+        first = float(ds["eval_time"].values[0])
+    assert result.time_to_eval_target_s == first
+    assert f"time to eval target {first:.1f} s" in summary_line(result)

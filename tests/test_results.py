@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import math
 import re
+import subprocess
 import threading
 from pathlib import Path
 
@@ -461,6 +462,25 @@ def test_git_commit_format_and_missing_git(monkeypatch, tmp_path):
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", git_commit())
     monkeypatch.setenv("PATH", str(tmp_path))  # no git executable anywhere
     assert git_commit() == "unknown"
+
+
+def test_git_commit_is_dirty_for_a_changed_tracked_file_not_an_untracked_one(tmp_path):
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "pkg/__init__.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one file")
+    sha = git("rev-parse", "HEAD").strip()
+    assert git_commit(pkg) == sha
+    (tmp_path / "eval.nc").write_bytes(b"a run's output left in the checkout")
+    (pkg / "episode.mp4").write_bytes(b"")
+    assert git_commit(pkg) == sha
+    (pkg / "__init__.py").write_text("x = 2\n")
+    assert git_commit(pkg) == sha + "-dirty"
 
 
 # ---------------------------------------------------------------- checkpoints

@@ -11,6 +11,8 @@ The public API, loaded on first use so that importing this package stays light:
   (:mod:`tianji_dask.results.analysis`); ``tianji_dask.load_checkpoint(directory)``;
 - ``tianji_dask.evaluate(run_dir, episodes=20)``: the trained policy played without exploration,
   into ``eval.nc`` (:mod:`tianji_dask.results.evaluation`);
+- ``tianji_dask.load_policy(run_dir)``: that policy in Python, ``policy.act(obs)`` for an env of
+  your own (:mod:`tianji_dask.results.policy`);
 - ``tianji_dask.sweep(config, ["seed=0,1,2"], parallel=2)``: a grid of runs, K at a time
   (:mod:`tianji_dask.runtime.sweep`).
 
@@ -30,6 +32,7 @@ _PUBLIC = {
     "open_runs": "tianji_dask.results.analysis",
     "load_checkpoint": "tianji_dask.results.checkpoint",
     "evaluate": "tianji_dask.results.evaluation",
+    "load_policy": "tianji_dask.results.policy",
     "sweep": "tianji_dask.runtime.sweep",
 }
 __all__ = sorted(_PUBLIC)

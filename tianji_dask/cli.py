@@ -184,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         "greedy (DQN) or most likely (PPO) actions on the env's own rewards, write RUN_DIR/eval.nc "
         "(or --out) and print the returns' mean, std, min and max. The checkpoint is the best one "
         "the run evaluated while it trained (checkpoint_best, run.eval_every_env_steps) where it has "
-        "one, else its latest; --latest takes the latest.",
+        "one, else its latest; --latest takes the latest. Relative --out and --video paths are "
+        "relative to RUN_DIR, absolute ones as given; a file that exists is never overwritten: the "
+        "next free name is written (eval-2.nc, eval-3.nc...) and printed.",
     )
     ev.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the directory a run wrote")
     ev.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")
@@ -192,7 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--epsilon", type=float, default=0.001, help="DQN: random actions kept (default 0.001)")
     ev.add_argument("--seed", type=int, default=1_000_003, help="the envs' seed (default 1000003)")
     ev.add_argument("--device", default="cpu", help="where the policy runs: cpu, cuda or cuda:N (default cpu)")
-    ev.add_argument("--out", type=Path, default=None, help="the NetCDF file to write (default RUN_DIR/eval.nc)")
+    ev.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the NetCDF file to write, relative to RUN_DIR (default eval.nc; eval-2.nc if taken, ...)",
+    )
     ev.add_argument(
         "--latest",
         action="store_true",
@@ -201,9 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--video",
         type=Path,
+        nargs="?",
+        const=Path("eval.mp4"),
         default=None,
         metavar="PATH",
-        help="also play one episode rendering its screen into PATH (.mp4; pip install 'tianji-dask[video]')",
+        help="also play one episode rendering its screen into PATH, relative to RUN_DIR (.mp4; default "
+        "eval.mp4, eval-2.mp4 if taken, ...; pip install 'tianji-dask[video]')",
     )
 
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
@@ -742,8 +752,8 @@ def cmd_eval(args) -> int:
     print(result.summary())
     which = "the best evaluated while it trained" if result.checkpoint != "checkpoint" else "the latest"
     print(f"played {args.run_dir / result.checkpoint}, {which}")
-    if args.video is not None:
-        print(f"video: {result.video_frames} frames, one per step of its episode, in {args.video}")
+    if result.video is not None:
+        print(f"video: {result.video_frames} frames, one per step of its episode, in {result.video}")
     print(f"wrote {result.path}")
     return EXIT_OK
 

@@ -61,12 +61,16 @@ def progress_line(row: dict, target: float | None) -> str:
 def summary_line(result) -> str:
     """How a run ended, in one line: its status, env steps, wall time, time to target and the
     mean return of the last 100 episodes at its end (which may have dipped under the target
-    again once the run crossed it)."""
-    ttt = result.time_to_target_s
+    again once the run crossed it). A run stopped by an evaluation (``eval_target_reached``) gives
+    its time to the eval target instead: when the policy that reached it was taken."""
+    if result.status == "eval_target_reached":
+        target, ttt = "eval target", result.time_to_eval_target_s
+    else:
+        target, ttt = "target", result.time_to_target_s
     ttt_text = "not reached" if math.isnan(ttt) else f"{ttt:.1f} s"
     return (
         f"{result.status}: {result.env_steps:,} env steps in {result.wall_s:.1f} s, "
-        f"time to target {ttt_text}, return(100) at the end {result.return_mean_100:.1f}"
+        f"time to {target} {ttt_text}, return(100) at the end {result.return_mean_100:.1f}"
     )
 
 

@@ -52,12 +52,21 @@ class AlgorithmSpec(Protocol):
         ...
 
     def evaluation_policy(
-        self, cfg: ExperimentConfig, state: dict, action_space, obs_dim: int, *, epsilon: float, seed: int
+        self,
+        cfg: ExperimentConfig,
+        state: dict,
+        action_space,
+        obs_dim: int,
+        *,
+        epsilon: float,
+        seed: int,
+        sample: bool = False,
     ) -> Callable[[np.ndarray], np.ndarray]:
         """The trained policy of a learner's checkpoint ``state`` acting on ``cfg.actor.device``
         without its exploration: observations as the env gives them -> the env's actions (a
         value-based policy keeps ``epsilon`` of random actions; a policy-gradient one takes its
-        most likely action, or its mean)."""
+        most likely action, or its mean). ``sample``: a policy-gradient one's actions drawn from
+        its distribution instead (a value-based policy's randomness is its ``epsilon``)."""
         ...
 
     # --- rules ------------------------------------------------------------------------------

@@ -148,6 +148,12 @@ class MetricsRecorder:
         with self._lock:
             return max((e["eval_return_mean"] for e in self._evaluations), default=-math.inf)
 
+    def time_to_eval_return(self, target: float) -> float:
+        """``eval_time`` of this run's first evaluation whose mean reached ``target``: when the
+        policy that played it was taken. NaN if none did."""
+        with self._lock:
+            return next((e["eval_time"] for e in self._evaluations if e["eval_return_mean"] >= target), math.nan)
+
     # ---------------------------------------------------------------- datasets
     def set_outcome(self, status: str, error: str | None = None) -> None:
         """How the run ended, for the ``status`` and ``error`` attrs of every later dataset and
@@ -295,13 +301,15 @@ def portable_path(path: str | os.PathLike) -> str:
         return str(path)
 
 
-def git_commit() -> str:
-    """``git rev-parse HEAD`` of the tianji_dask source tree, ``-dirty`` if the tree has changes.
+def git_commit(pkg_dir: Path | None = None) -> str:
+    """``git rev-parse HEAD`` of the tianji_dask source tree (``pkg_dir``, default the installed
+    package's), ``-dirty`` if a tracked file has changes. Untracked files do not count: a run's
+    outputs (``runs/``, an ``eval.nc``, a video) left in the checkout are not code.
 
     ``"unknown"`` when the package is not a tracked file of a git checkout (e.g. installed from
     a wheel) or git is missing or fails.
     """
-    pkg_dir = Path(__file__).resolve().parents[1]  # the tianji_dask package
+    pkg_dir = pkg_dir or Path(__file__).resolve().parents[1]  # the tianji_dask package
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -312,7 +320,7 @@ def git_commit() -> str:
         # A site-packages copy inside some unrelated repository must not report that repository.
         git("ls-files", "--error-unmatch", "__init__.py")
         sha = git("rev-parse", "HEAD").strip()
-        dirty = bool(git("status", "--porcelain").strip())
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return sha + ("-dirty" if dirty else "") if sha else "unknown"

@@ -75,10 +75,15 @@ def prepare_run_dir(out: Path | None, *, root: Path | None = None, name: str) ->
 
 def run_dir_problem(run_dir: Path) -> str | None:
     """What keeps ``run_dir`` from being a directory a run wrote (None: it is one), said with the fix."""
+    fix = "give the directory a run wrote (runs/<env>__<algo>__<seed>__<time>, it holds config.yaml)"
+    if run_dir.is_file():
+        if (run_dir.parent / "config.yaml").is_file():
+            return f"a file, not a directory; give the run directory it is in, {run_dir.parent}"
+        return f"a file, not a run directory; {fix}"
     if not run_dir.is_dir():
-        return "no such directory; give the directory a run wrote (it holds config.yaml)"
+        return f"no such directory; {fix}"
     if not (run_dir / "config.yaml").is_file():
-        return "not a run directory (no config.yaml); give the directory a run wrote"
+        return f"not a run directory (no config.yaml); {fix}"
     return None
 
 

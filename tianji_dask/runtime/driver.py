@@ -18,6 +18,7 @@ both share a ``run_loop.RunLoop`` (the stop check and the periodic duties), whic
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -53,7 +54,9 @@ FINISHED = ("target_reached", "eval_target_reached", "max_env_steps", "max_secon
 class RunResult:
     """How a run ended. ``status`` is one of ``target_reached``, ``eval_target_reached``, ``max_env_steps``,
     ``max_seconds``, ``stopped`` (``Run.stop``/Ctrl-C) or ``failed`` (``error`` says why).
-    metrics.nc and episodes.nc carry both as their ``status`` and ``error`` attrs."""
+    metrics.nc and episodes.nc carry both as their ``status`` and ``error`` attrs.
+    ``time_to_target_s`` is the training return's (``stop.target_return``), ``time_to_eval_target_s``
+    the ``eval_time`` of the first evaluation that reached ``stop.target_eval_return`` (NaN: none)."""
 
     status: str
     run_dir: Path
@@ -62,6 +65,7 @@ class RunResult:
     return_mean_100: float
     time_to_target_s: float
     error: str | None = None
+    time_to_eval_target_s: float = math.nan
     final_row: dict = field(default_factory=dict)
 
     @property
@@ -287,6 +291,7 @@ class Run:
         status = "failed" if error else (self._stopping.reason or "stopped")
         status, error = self._loop.results.write_outcome(status, error)
         tally = self.recorder.tally
+        eval_target = self.cfg.stop.target_eval_return
         self.result = RunResult(
             status=status,
             run_dir=self.run_dir,
@@ -296,6 +301,7 @@ class Run:
             time_to_target_s=tally.time_to_target_s,
             error=error,
             final_row=row,
+            time_to_eval_target_s=math.nan if eval_target is None else self.recorder.time_to_eval_return(eval_target),
         )
         if self._tensorboard is not None:
             self._tensorboard(row)

@@ -55,7 +55,15 @@ class DQNSpec:
         return DQNLearnerRole
 
     def evaluation_policy(
-        self, cfg: ExperimentConfig, state: dict, action_space, obs_dim: int, *, epsilon: float, seed: int
+        self,
+        cfg: ExperimentConfig,
+        state: dict,
+        action_space,
+        obs_dim: int,
+        *,
+        epsilon: float,
+        seed: int,
+        sample: bool = False,
     ) -> Callable[[np.ndarray], np.ndarray]:
         from tianji_dask.algos.dqn.core import DQNPolicy
         from tianji_dask.algos.networks import network_kind

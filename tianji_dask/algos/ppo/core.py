@@ -159,6 +159,10 @@ class PPOPolicy:
             logits, _ = self.net.heads(torch.from_numpy(obs).to(self.device))
             return logits.argmax(dim=-1).cpu().numpy()
 
+    def sample(self, obs: np.ndarray) -> np.ndarray:
+        """Actions drawn from the policy for each observation (a trained policy used with its randomness)."""
+        return self.act(obs)[0]
+
     def act_async(self, obs: np.ndarray, envs: slice | np.ndarray = slice(None)):
         """:meth:`act` in two halves: the inference is launched now, and the returned call gives
         its results. On a GPU the host is free in between (the copy back is queued behind the

@@ -145,9 +145,12 @@ class GaussianPolicy:
         freq = self.sde_sample_freq
         if freq is None or not (t == 0 or (freq > 0 and t % freq == 0)):
             return
+        self._exploration = self._exploration_matrices(self.num_envs)
+
+    def _exploration_matrices(self, n: int) -> torch.Tensor:
         std = self.net.actor_logstd.detach().exp().cpu()
-        draws = torch.randn((self.num_envs, *std.shape), generator=self.generator)
-        self._exploration = (draws * std).to(self.device)
+        draws = torch.randn((n, *std.shape), generator=self.generator)
+        return (draws * std).to(self.device)
 
     def act(self, obs: np.ndarray, envs: slice = slice(None)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(actions, log-probs, values) for the observations of the envs ``envs``."""
@@ -170,6 +173,14 @@ class GaussianPolicy:
         with torch.inference_mode():
             mean, _, _ = self.net.policy(torch.from_numpy(self.normalize(obs)).to(self.device))
             return self.env_actions(mean.cpu().numpy())
+
+    def sample(self, obs: np.ndarray) -> np.ndarray:
+        """Actions drawn from the policy for raw observations (normalised as :meth:`most_likely`
+        does), clipped to the bounds: a trained policy used with its randomness, not an actor's
+        (gSDE draws each row's exploration matrix afresh)."""
+        if self.net.sde:
+            self._exploration = self._exploration_matrices(len(obs))
+        return self.env_actions(self.act(self.normalize(obs))[0])
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():

@@ -37,13 +37,21 @@ class PPOSpec:
         return PPOLearnerRole
 
     def evaluation_policy(
-        self, cfg: ExperimentConfig, state: dict, action_space, obs_dim: int, *, epsilon: float, seed: int
+        self,
+        cfg: ExperimentConfig,
+        state: dict,
+        action_space,
+        obs_dim: int,
+        *,
+        epsilon: float,
+        seed: int,
+        sample: bool = False,
     ) -> Callable[[np.ndarray], np.ndarray]:
         from tianji_dask.algos.ppo.core import acting_policy
 
         policy = acting_policy(cfg, action_space, obs_dim, seed)
         policy.load(0, state["net"])
-        return policy.most_likely
+        return policy.sample if sample else policy.most_likely
 
     def samples_per_update(self, cfg: ExperimentConfig) -> int:
         """The one PPO batch rule: every rollout of an iteration, each ``rollout_steps`` x ``num_envs``."""
