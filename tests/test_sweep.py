@@ -4,6 +4,8 @@ their target; ``open_runs`` stacks them."""
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import signal
 import threading
@@ -90,3 +92,27 @@ def test_four_seeds_two_at_a_time_one_killed_the_others_reach_their_target(tmp_p
     ds = planned.open()
     assert ds.sizes["run"] == 4 and sorted(ds["status"].values.tolist()).count("failed") == 1
     assert sorted(ds["seed"].values.tolist()) == [0, 1, 2, 3]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_dask_stays_quiet_until_the_last_of_two_clusters_has_closed():
+    """B1: two runs' LocalClusters in one process; the first to close must not turn Dask's INFO
+    log back on for the other, whose shutdown would print some thirty INFO lines."""
+    from tianji_dask.runtime.cluster import local_cluster
+
+    handlers = [h for h in logging.getLogger("distributed").handlers if isinstance(h, logging.StreamHandler)]
+    assert handlers, "Dask's logging config installs a stream handler on 'distributed'"
+    levels = [h.level for h in handlers]
+    printed = io.StringIO()
+    streams = [h.setStream(printed) for h in handlers]
+    try:
+        first = local_cluster(1, dashboard=False, preload_roles=False)
+        second = local_cluster(1, dashboard=False, preload_roles=False)
+        first.close()
+        second.close()
+    finally:
+        for h, stream in zip(handlers, streams):
+            h.setStream(stream)
+    assert " - INFO - " not in printed.getvalue(), printed.getvalue()
+    assert [h.level for h in handlers] == levels  # the last to close put back what the first found
