@@ -43,8 +43,11 @@ def _return_text(r: SweepRun) -> str:
 
 
 def run_line(label: str, r: SweepRun) -> str:
-    """``[2/4] seed=1: 12,345 env steps, return(100) 45.2/475, 41% of max_env_steps, ETA 0:23``."""
-    row = r.row or {}
+    """``[2/4] seed=1: 12,345 env steps, return(100) 45.2/475, 41% of max_env_steps, ETA 0:23``
+    (``starting`` before its first metrics row)."""
+    if r.row is None:
+        return f"{label}: starting"
+    row = r.row
     text = f"{label}: {int(row.get('env_steps', 0) or 0):,} env steps, return(100) {_return_text(r)}"
     p = stop_progress(row, r.cfg.stop.max_env_steps, r.cfg.stop.max_seconds)
     if p is not None:
@@ -85,7 +88,10 @@ class SweepProgress:
         table.add_column("", width=20)
         table.add_column("ETA", justify="right")
         for r in running:
-            row = r.row or {}
+            if r.row is None:
+                table.add_row(labels[id(r)], "-", "-", "starting")
+                continue
+            row = r.row
             p = stop_progress(row, r.cfg.stop.max_env_steps, r.cfg.stop.max_seconds)
             table.add_row(
                 labels[id(r)],

@@ -104,14 +104,16 @@ class Sweep:
             raise ConfigError(f"parallel={parallel}: at least one run at a time")
         if clients is not None and (client is not None or len(clients) != parallel):
             raise ConfigError(f"clients: give one per slot ({parallel}, as parallel), and no client beside them")
-        self.out.mkdir(parents=True, exist_ok=True)
-        write_manifest(
-            self.out,
-            Manifest(self.config, self.config_path, self.axes, self.overrides, parallel, [r.name for r in self.runs]),
-        )
+        self.write_manifest(parallel)
         slots = list(clients) if clients is not None else [client] * parallel
         _Runner(self, slots, on_line, on_runs or (lambda runs: None)).run()
         return self
+
+    def write_manifest(self, parallel: int) -> None:
+        """Create the sweep's directory and its ``sweep.yaml`` (a resumed sweep keeps its own)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        names = [r.name for r in self.runs]
+        write_manifest(self.out, Manifest(self.config, self.config_path, self.axes, self.overrides, parallel, names))
 
     def open(self):
         """The runs that wrote results, stacked (:func:`~tianji_dask.results.analysis.open_runs`)."""
@@ -129,15 +131,24 @@ def _run_config(data: dict, sets: list[str], source: str) -> ExperimentConfig:
 
 
 def _runs(out: Path, data: dict, source: str, axes: Axes, overrides: Sequence[str]) -> list[SweepRun]:
+    combinations = [
+        [(key, v) for (key, _), v in zip(axes, values)] for values in itertools.product(*(vals for _, vals in axes))
+    ]
+    named: dict[str, list[tuple[str, str]]] = {}
+    for combination in combinations:
+        name = run_name(combination)
+        twin = named.get(name.lower())
+        if twin is not None:
+            shown = [", ".join(f"{k}={v}" for k, v in c) for c in (twin, combination)]
+            raise ConfigError(
+                f"--grid: the runs {shown[0]} and {shown[1]} would share the directory {name}; "
+                "give values that differ in more than brackets, quotes and punctuation"
+            )
+        named[name.lower()] = combination
     runs: list[SweepRun] = []
-    for values in itertools.product(*(vals for _, vals in axes)):
-        combination = [(key, v) for (key, _), v in zip(axes, values)]
+    for combination in combinations:
         sets = [*overrides, *(f"{k}={v}" for k, v in combination)]
         name = run_name(combination)
-        twin = next((r.name for r in runs if r.name.lower() == name.lower()), None)
-        if twin is not None:
-            shown = ", ".join(f"{k}={v}" for k, v in combination)
-            raise ConfigError(f"sweep run {shown}: its directory name {name} is also {twin}'s; give distinct values")
         try:
             cfg = _run_config(data, sets, source)
         except ConfigError as exc:

@@ -52,6 +52,22 @@ def split_values(text: str, values: str) -> list[str]:
     return items
 
 
+def _check_key(key: str, where: str, form: str) -> None:
+    try:
+        parse_override(f"{key}=0")  # the key's form, as --set checks it
+    except ConfigError:
+        raise ConfigError(
+            f"{where}: {key!r} is not a config key (key.path: letters, digits, _); expected {form}"
+        ) from None
+
+
+def _check_value(key: str, value: str, where: str, form: str) -> None:
+    try:
+        parse_override(f"{key}={value}")  # the value read as YAML, as --set reads it
+    except ConfigError:
+        raise ConfigError(f"{where}: the value {value!r} of {key} is not valid YAML; expected {form}") from None
+
+
 def parse_grid(texts: Sequence[str], grid_file: str | Path | None = None) -> Axes:
     """The axes of ``--grid`` texts and a grid file together; a :class:`ConfigError` naming the
     form for a malformed entry, a key given twice, or no key at all."""
@@ -67,12 +83,12 @@ def parse_grid(texts: Sequence[str], grid_file: str | Path | None = None) -> Axe
     for text in texts:
         key, sep, given = text.partition("=")
         key = key.strip()
-        parse_override(f"{key}=0")  # the key's form, as --set checks it
+        _check_key(key, f"--grid {text!r}", GRID_FORM)
         items = split_values(text, given) if sep else []
         if not sep or not items or not all(items):
             raise ConfigError(f"--grid {text!r}: expected {GRID_FORM}")
         for item in items:
-            parse_override(f"{key}={item}")  # each value's YAML
+            _check_value(key, item, f"--grid {text!r}", GRID_FORM)
         add(key, items, f"--grid {text!r}")
     if grid_file is not None:
         for key, values in read_grid_file(grid_file):
@@ -99,9 +115,10 @@ def read_grid_file(path: str | Path) -> Axes:
             raise ConfigError(
                 f"--grid-file {path}: {key} is {values!r}, not a list of values; expected {GRID_FILE_FORM}"
             )
+        _check_key(key, f"--grid-file {path}", GRID_FILE_FORM)
         texts = [value_text(v) for v in values]
         for text in texts:
-            parse_override(f"{key}={text}")
+            _check_value(key, text, f"--grid-file {path}", GRID_FILE_FORM)
         axes.append((key, texts))
     return axes
 
