@@ -20,7 +20,7 @@ from rich.console import Console
 from tianji_dask.results.analysis import open_runs
 from tianji_dask.runtime.driver import FINISHED
 from tianji_dask.runtime.sweep import plan_sweep
-from tianji_dask.sweep_progress import SweepProgress, summary_table
+from tianji_dask.runtime.sweep_progress import SweepProgress, summary_table
 
 CONFIG = "configs/cartpole_dqn.yaml"
 

@@ -706,7 +706,7 @@ def _resume_plan(planned) -> None:
 def _run_sweep(args, planned, parallel: int) -> int:
     from tianji_dask.config import ConfigError
     from tianji_dask.deploy.planner import PlanError, load_plan
-    from tianji_dask.sweep_progress import SweepProgress
+    from tianji_dask.runtime.sweep_progress import SweepProgress
 
     view = SweepProgress()
     client = None
@@ -747,7 +747,7 @@ def _run_sweep(args, planned, parallel: int) -> int:
 
 def _sweep_outcome(done, interrupted: int | None = None) -> int:
     from tianji_dask.progress import plain_console
-    from tianji_dask.sweep_progress import summary_table
+    from tianji_dask.runtime.sweep_progress import summary_table
 
     console = plain_console(stderr=False)
     if any((r.run_dir / "metrics.nc").exists() for r in done.runs):

@@ -10,7 +10,7 @@ train`` does; with one, the runs share that cluster's workers; with one client p
 (``clients``, K of them: e.g. K planned Slurm allocations, ``deploy/slurm_sweep.py``), each run
 goes to a slot no other run holds. A run that fails is recorded ``failed`` in its files and the
 others go on. ``on_line`` gets a line as each run starts and ends, ``on_runs`` the runs with their
-latest metrics rows every poll (a live view: ``tianji_dask.sweep_progress``).
+latest metrics rows every poll (a live view: ``tianji_dask.runtime.sweep_progress``).
 
 As it starts, a sweep writes its manifest (``sweep.yaml``, :mod:`~tianji_dask.runtime.sweep_manifest`).
 Ctrl-C stops the runs in progress (they end ``stopped``, results and checkpoint written) and
