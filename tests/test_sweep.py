@@ -220,6 +220,16 @@ def test_a_bad_resume_is_refused_with_the_fix(tmp_path, given, said):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
+def test_a_sweep_still_running_elsewhere_is_not_resumed(tmp_path):
+    from tianji_dask.runtime.sweep_manifest import held
+
+    plan_sweep(CONFIG, ["seed=0,1"], out=tmp_path / "sweep").write_manifest(parallel=2)
+    with held(tmp_path / "sweep"):  # as a sweep's process holds it while its runs go
+        r = cli_here("sweep", "--resume", tmp_path / "sweep")
+    assert r.returncode == 2 and "is still running in another process" in r.stderr, r.stderr
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["sweep.yaml"]
+
+
 def _files(run_dir):
     return {p.relative_to(run_dir): (p.stat().st_mtime_ns, p.stat().st_size) for p in run_dir.rglob("*") if p.is_file()}
 

@@ -36,7 +36,7 @@ from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.config.loading import read_config_file
 from tianji_dask.runtime.driver import FINISHED
 from tianji_dask.runtime.sweep_grid import Axes, parse_grid, run_name
-from tianji_dask.runtime.sweep_manifest import MANIFEST, Manifest, read_manifest, write_manifest
+from tianji_dask.runtime.sweep_manifest import MANIFEST, Manifest, held, read_manifest, write_manifest
 
 if TYPE_CHECKING:
     from tianji_dask.runtime.driver import Run
@@ -106,7 +106,8 @@ class Sweep:
             raise ConfigError(f"clients: give one per slot ({parallel}, as parallel), and no client beside them")
         self.write_manifest(parallel)
         slots = list(clients) if clients is not None else [client] * parallel
-        _Runner(self, slots, on_line, on_runs or (lambda runs: None)).run()
+        with held(self.out):
+            _Runner(self, slots, on_line, on_runs or (lambda runs: None)).run()
         return self
 
     def write_manifest(self, parallel: int) -> None:
@@ -191,6 +192,8 @@ def resume_sweep(out: str | Path) -> Sweep:
 
     out = Path(out)
     manifest = read_manifest(out)
+    with held(out):  # not while another process runs it
+        pass
     runs = _runs(out, manifest.config, manifest.config_path, manifest.axes, manifest.overrides)
     if [r.name for r in runs] != manifest.runs:
         raise ConfigError(

@@ -9,8 +9,11 @@ run names in grid order.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,3 +88,22 @@ def _typed(value: Any, kind: type) -> Any:
     if not isinstance(value, kind):
         raise TypeError(f"{value!r} is not a {kind.__name__}")
     return value
+
+
+@contextlib.contextmanager
+def held(out: Path) -> Iterator[None]:
+    """The sweep in ``out`` held by this process while its runs go (an exclusive ``flock`` on its
+    manifest): a second sweep process on the same directory (``--resume`` while the first still
+    stops its runs) is refused with a :class:`ConfigError` instead of running a run twice."""
+    with open(out / MANIFEST, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"the sweep in {out} is still running in another process; wait for it to end "
+                "(Ctrl-C there stops it) before --resume"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
