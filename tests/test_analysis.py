@@ -19,13 +19,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from conftest import ROOT, doc_python_block
+from conftest import CONFIG, ROOT, doc_python_block
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tianji_dask.config import load_config
 from tianji_dask.results.analysis import RENAMED, RunNotFound, open_run, open_runs
 from tianji_dask.results.recorder import MetricsRecorder
-from tianji_dask.roles.heartbeats import BufferCounters, Heartbeat, LearnerCounters
+from tianji_dask.results.rundir import write_config
+from tianji_dask.roles.heartbeats import ActorCounters, BufferCounters, Heartbeat, LearnerCounters
 from tianji_dask.runtime.driver import train
 
 matplotlib.use("Agg")
@@ -289,7 +290,17 @@ def test_summary_groups_runs_by_their_non_seed_settings(runs):
     table = ds.tianji.summary()
     assert isinstance(table, pd.DataFrame)
     assert list(table.index.names) == ["topology.actors", "mode"]
-    assert list(table.columns) == ["runs", "reached", "median_s", "q25_s", "q75_s", "min_s", "max_s"]
+    assert list(table.columns) == [
+        "runs",
+        "reached",
+        "median_s",
+        "q25_s",
+        "q75_s",
+        "min_s",
+        "max_s",
+        "final_return",
+        "status",
+    ]
     serial = table.loc[(1, "serial")]
     assert serial["runs"] == 2 and table["runs"].sum() == 3
     ttt = ds.tianji.time_to_target().sel(run=["serial-seed0", "serial-seed1"]).values
@@ -505,3 +516,85 @@ def test_replay_ratio_windows_hold_when_a_hosts_heartbeats_drift_past_the_rows()
     edges = np.searchsorted(times, first + 10.0 * np.arange(len(windows) + 1))
     differenced = np.diff(ds["samples"].values[edges]) / np.diff(ds["received"].values[edges])
     assert np.abs(differenced / ratio - 1).max() > 0.05
+
+
+# ------------------------------------------------------------------------------ recorded runs
+def recorded_run(path, sets, returns, status="max_env_steps"):
+    """A run directory as a run writes it (config.yaml, metrics.nc, episodes.nc), from a
+    recorder fed one actor's heartbeats: one episode of each return in ``returns``, 0.1 s apart,
+    a metrics row after each; no cluster."""
+    cfg = load_config(CONFIG, list(sets))
+    t0 = 1_700_000_000.0
+    m = MetricsRecorder(
+        run_name=path.name,
+        target_return=cfg.stop.target_return,
+        config_json=cfg.to_json(),
+        t0=t0,
+        attrs={"mode": "distributed", "env_id": cfg.env.id, "seed": cfg.seed},
+    )
+    for k, ret in enumerate(returns, start=1):
+        t = t0 + 0.1 * k
+        m.add(Heartbeat("actor", 0, ActorCounters(env_steps=10 * k), episodes=[(float(ret), 10, t)], t=t).message())
+        m.row(0.1 * k)
+    m.set_outcome(status)
+    path.mkdir(parents=True)
+    write_config(path, cfg.model_dump_yaml())
+    m.write(path)
+    return path
+
+
+def test_seeds_that_differ_in_run_keys_or_stop_budgets_are_one_group(tmp_path):
+    """run.* (TensorBoard, checkpoints, restarts) and the stop budgets say how a run is kept and
+    when it stops, not what it tries: seeds that differ in them are replicates of one setting.
+    The target and the experiment's own keys still split groups."""
+    climbing = [10.0 * k for k in range(1, 131)]  # the 100-episode mean reaches 60 at episode 100
+    recorded_run(tmp_path / "a", ["seed=0", "stop.target_return=60"], climbing, "target_reached")
+    recorded_run(
+        tmp_path / "b",
+        ["seed=1", "stop.target_return=60", "run.tensorboard=true", "stop.max_seconds=99"],
+        [5.0] * 120,
+        "stopped",
+    )
+    ds = open_runs(tmp_path / "*")
+    assert {"seed", "run.tensorboard", "stop.max_seconds"} <= set(ds.coords)  # still there to select by
+    assert ds.tianji.settings == ["seed"]
+    table = ds.tianji.summary()
+    assert len(table) == 1 and table["runs"].iloc[0] == 2 and table["reached"].iloc[0] == 1
+    assert table["status"].iloc[0] == "1 stopped, 1 target_reached"
+    np.testing.assert_allclose(table["final_return"].iloc[0], np.median([np.mean(climbing[-100:]), 5.0]))
+
+    recorded_run(tmp_path / "c", ["seed=0", "stop.target_return=60", "algo.lr=0.01"], climbing, "target_reached")
+    recorded_run(tmp_path / "d", ["seed=0", "stop.target_return=50"], climbing, "target_reached")
+    groups = open_runs(tmp_path / "*").tianji.summary()
+    assert list(groups.index.names) == ["algo.lr", "stop.target_return"] and groups["runs"].sum() == 4
+
+
+def test_a_glob_leaves_out_what_is_not_a_run(tmp_path):
+    """A sweep's directory holds its sweep.yaml beside the runs, and runs/ holds sweeps/ and
+    plans/: a glob takes the run directories among its matches."""
+    recorded_run(tmp_path / "seed=0", ["seed=0"], [1.0, 2.0])
+    (tmp_path / "sweep.yaml").write_text("grid: {}\n")
+    (tmp_path / "sweeps").mkdir()
+    ds = open_runs(tmp_path / "*")
+    assert ds["run"].values.tolist() == ["seed=0"]
+    with pytest.raises(RunNotFound, match="matches 2 paths but no run directory"):
+        open_runs(tmp_path / "sw*")
+
+
+def test_replay_ratio_says_why_a_run_has_no_window():
+    """A run shorter than one window from its first update (or with no update) gets no replay
+    ratio; the warning names the run, how long it trained and the window."""
+    ds = _counters(updates_from=5.5, ratio=8.0)  # rows to 30 s, updates from 6 s
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"replay_ratio\(window_s=30\): no value for .*trained 24.0 s from its first update, less than one 30-s",
+    ):
+        r = ds.tianji.replay_ratio(window_s=30.0)
+    assert not np.isfinite(r.values).any()
+    never = ds.assign(updates=ds["updates"] * 0)
+    with pytest.warns(RuntimeWarning, match="its learner made no update"):
+        never.tianji.replay_ratio(window_s=5.0)
+    two = xr.concat([ds, never], dim=pd.Index(["long", "idle"], name="run"))
+    with pytest.warns(RuntimeWarning, match=r"no value for idle \(its learner made no update\); give a smaller"):
+        both = two.tianji.replay_ratio(window_s=5.0)
+    assert np.isfinite(both.sel(run="long").values).all()

@@ -154,19 +154,40 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep",
         help="train every combination of a grid of config values, K runs at a time",
         description="One run per combination of the --grid values (each its own hosts and directory "
-        "under the sweep's), --parallel at a time; a failed run is recorded and the others go on.",
+        "under the sweep's), --parallel at a time; a failed run is recorded and the others go on. "
+        "Ctrl-C stops the running runs (results written) and starts no more; --resume DIR finishes "
+        "what is left. At the end, a table of the runs per setting (seeds together).",
     )
-    sw.add_argument("config", help="experiment YAML file")
+    sw.add_argument("config", nargs="?", default=None, help="experiment YAML file (not with --resume)")
     sw.add_argument(
         "--grid",
         action="append",
         default=[],
         metavar="KEY.PATH=V1,V2",
-        help="values of one config key (repeatable; the runs are every combination), e.g. --grid seed=0,1,2",
+        help="values of one config key (repeatable; the runs are every combination), e.g. --grid seed=0,1,2; "
+        "values that hold commas are separated by semicolons: --grid 'algo.hidden_sizes=[64,64];[32]'",
+    )
+    sw.add_argument(
+        "--grid-file",
+        type=Path,
+        default=None,
+        metavar="GRID.yaml",
+        help="a YAML mapping of config keys to lists of values, e.g. "
+        "{seed: [0, 1], algo.hidden_sizes: [[64, 64], [32]]}",
     )
     sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    sw.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
+    sw.add_argument(
+        "--parallel", type=int, default=None, help="runs at a time (default 1; with --resume, the sweep's own)"
+    )
     sw.add_argument("--out", type=Path, default=None, help="the sweep's directory (new or empty)")
+    sw.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="SWEEP_DIR",
+        help="finish an interrupted sweep as its sweep.yaml describes: runs never started start, stopped or failed "
+        "ones continue from their checkpoints, finished ones are left as they are",
+    )
     sw.add_argument("--scheduler", default=None, metavar="ADDRESS", help="run on this Dask cluster's workers")
     sw.add_argument(
         "--slurm",
@@ -660,7 +681,7 @@ def cmd_plan(args) -> int:
 
 def cmd_sweep(args) -> int:
     from tianji_dask.config import ConfigError
-    from tianji_dask.runtime.sweep import sweep
+    from tianji_dask.runtime.sweep import plan_sweep, resume_sweep
 
     if args.slurm and args.scheduler:
         return _bad_input(
@@ -668,63 +689,115 @@ def cmd_sweep(args) -> int:
         )
     if (args.plan or args.walltime) and not args.slurm:
         return _bad_input("--plan and --walltime size the Slurm jobs of a sweep: add --slurm")
-    if args.slurm:
-        return _slurm_sweep(args)
-    client = None
+    if args.resume is not None:
+        given = [
+            name
+            for name, value in (
+                ("CONFIG", args.config),
+                ("--grid", args.grid),
+                ("--grid-file", args.grid_file),
+                ("--set", args.overrides),
+                ("--out", args.out),
+            )
+            if value
+        ]
+        if given:
+            return _bad_input(
+                f"--resume {args.resume} runs the sweep its sweep.yaml describes; drop {', '.join(given)} "
+                "(or start a new sweep without --resume)"
+            )
+    elif args.config is None:
+        return _bad_input("a sweep needs a config file: tianji-dask sweep CONFIG --grid key.path=V1,V2,...")
     try:
-        if args.scheduler:
-            from distributed import Client
-
-            client = Client(args.scheduler, timeout=10)
-        done = sweep(
-            args.config,
-            args.grid,
-            overrides=args.overrides,
-            parallel=args.parallel,
-            out=args.out,
-            client=client,
-            on_line=lambda line: print(line, flush=True),
-        )
+        if args.resume is not None:
+            planned = resume_sweep(args.resume)
+        else:
+            planned = plan_sweep(args.config, args.grid, args.overrides, args.out, grid_file=args.grid_file)
+        parallel = args.parallel if args.parallel is not None else planned.parallel if args.resume else 1
+        if parallel < 1:
+            raise ConfigError(f"--parallel: parallel={parallel}: at least one run at a time")
     except ConfigError as exc:
         return _bad_input(str(exc))
-    except OSError as exc:  # the scheduler could not be reached
-        return _bad_input(f"--scheduler {args.scheduler}: {exc}")
-    finally:
-        if client is not None:
-            client.close()
-    return _sweep_outcome(done)
+    if args.resume is not None:
+        _resume_plan(planned)
+        if not planned.left:
+            return _sweep_outcome(planned)
+    return _run_sweep(args, planned, parallel)
 
 
-def _slurm_sweep(args) -> int:
+def _resume_plan(planned) -> None:
+    done = [r for r in planned.runs if r.finished]
+    going_on = [r.name for r in planned.runs if not r.finished and r.continues]
+    new = [r.name for r in planned.runs if not r.finished and not r.continues]
+    print(
+        f"sweep --resume {planned.out}: {len(done)} of {len(planned.runs)} runs finished, left as they are", flush=True
+    )
+    if going_on:
+        print(f"  continuing from their checkpoints: {', '.join(going_on)}", flush=True)
+    if new:
+        print(f"  starting: {', '.join(new)}", flush=True)
+
+
+def _run_sweep(args, planned, parallel: int) -> int:
     from tianji_dask.config import ConfigError
     from tianji_dask.deploy.planner import PlanError, load_plan
-    from tianji_dask.deploy.slurm_sweep import slurm_sweep
+    from tianji_dask.runtime.sweep_progress import SweepProgress
 
+    view = SweepProgress()
+    client = None
+    interrupted = None
     try:
-        done = slurm_sweep(
-            args.config,
-            args.grid,
-            parallel=args.parallel,
-            plan=load_plan(args.plan) if args.plan else None,
-            overrides=args.overrides,
-            out=args.out,
-            on_line=lambda line: print(line, flush=True),
-            **({"walltime": args.walltime} if args.walltime else {}),
-        )
+        if args.slurm:
+            from tianji_dask.deploy.slurm_sweep import run_on_slurm
+
+            site = {"walltime": args.walltime} if args.walltime else {}
+            plan = load_plan(args.plan) if args.plan else None
+            run_on_slurm(planned, parallel=parallel, plan=plan, on_line=view.line, on_runs=view.update, **site)
+        else:
+            if args.scheduler:
+                from distributed import Client
+
+                client = Client(args.scheduler, timeout=10)
+            planned.run(parallel, client, on_line=view.line, on_runs=view.update)
     except (ConfigError, PlanError) as exc:
+        view.close()
         return _bad_input(str(exc))
-    except Exception as exc:  # noqa: BLE001 - jobs that never started: say what Slurm said
+    except OSError as exc:  # the scheduler could not be reached
+        view.close()
+        return _bad_input(f"--scheduler {args.scheduler}: {exc}")
+    except KeyboardInterrupt as exc:
+        interrupted = exc.args[0] if exc.args else signal.SIGINT
+    except Exception as exc:
+        if not args.slurm:
+            raise
+        view.close()
         print(f"tianji-dask: error: the Slurm jobs did not start: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    return _sweep_outcome(done)
+    finally:
+        view.close()
+        if client is not None:
+            client.close()
+    return _sweep_outcome(planned, interrupted)
 
 
-def _sweep_outcome(done) -> int:
-    failed = [r.name for r in done.runs if r.status in ("failed", "stopped")]
-    print(f"sweep: {len(done.runs) - len(failed)} of {len(done.runs)} runs finished; results in {done.out}")
-    if failed:
-        print(f"sweep: failed or stopped: {', '.join(failed)}")
-    return EXIT_FAILED if failed else EXIT_OK
+def _sweep_outcome(done, interrupted: int | None = None) -> int:
+    from tianji_dask.progress import plain_console
+    from tianji_dask.runtime.sweep_progress import summary_table
+
+    console = plain_console(stderr=False)
+    if any((r.run_dir / "metrics.nc").exists() for r in done.runs):
+        console.print(summary_table(done.open().tianji.summary()))
+    left = done.left
+    finished = len(done.runs) - len(left)
+    print(f"sweep: {finished} of {len(done.runs)} runs finished; results in {done.out}", flush=True)
+    ended = [f"{r.name} ({r.status})" for r in left if r.status != "waiting"]
+    if ended:
+        print(f"sweep: stopped or failed: {', '.join(ended)}", flush=True)
+    if left:
+        print(f"sweep: to finish the {len(left)} left: tianji-dask sweep --resume {done.out}", flush=True)
+    if interrupted is not None:
+        return 128 + int(interrupted)
+    return EXIT_FAILED if left else EXIT_OK
 
 
 def cmd_eval(args) -> int:

@@ -20,7 +20,7 @@ from tianji_dask.config import ConfigError
 from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.deploy.planner import Plan
 from tianji_dask.deploy.slurm import plan_from_config, planned_processes
-from tianji_dask.runtime.sweep import Sweep, plan_sweep
+from tianji_dask.runtime.sweep import Sweep, SweepRun, plan_sweep
 
 
 def _jobs(plan: Plan) -> list[tuple]:
@@ -100,6 +100,8 @@ def slurm_sweep(
     overrides: Sequence[str] = (),
     out: str | Path | None = None,
     on_line: Callable[[str], None] = print,
+    on_runs: Callable[[list[SweepRun]], None] | None = None,
+    grid_file: str | Path | None = None,
     **site,
 ) -> Sweep:
     """:func:`~tianji_dask.runtime.sweep.sweep` on ``parallel`` Slurm allocations of ``plan``
@@ -107,7 +109,26 @@ def slurm_sweep(
     any job is submitted; the jobs are cancelled when the last run has ended."""
     if parallel < 1:
         raise ConfigError(f"parallel={parallel}: at least one run at a time")
-    planned = plan_sweep(config, grid, overrides, out)
-    plan = apply_plan(planned, [g.partition("=")[0].strip() for g in grid], plan)
+    planned = plan_sweep(config, grid, overrides, out, grid_file=grid_file)
+    return run_on_slurm(planned, parallel=parallel, plan=plan, on_line=on_line, on_runs=on_runs, **site)
+
+
+def run_on_slurm(
+    planned: Sweep,
+    *,
+    parallel: int,
+    plan: Plan | None = None,
+    on_line: Callable[[str], None] = print,
+    on_runs: Callable[[list[SweepRun]], None] | None = None,
+    **site,
+) -> Sweep:
+    """The waiting runs of ``planned`` (:func:`~tianji_dask.runtime.sweep.plan_sweep` or
+    :func:`~tianji_dask.runtime.sweep.resume_sweep`) on ``parallel`` Slurm allocations of ``plan``."""
+    if parallel < 1:
+        raise ConfigError(f"parallel={parallel}: at least one run at a time")
+    if not planned.left:
+        return planned
+    waiting = Sweep(planned.out, planned.left, axes=planned.axes)
+    plan = apply_plan(waiting, [key for key, _ in planned.axes], plan)
     with PlannedSlurmSlots(plan, parallel, on_line=on_line, **site) as clients:
-        return planned.run(parallel, on_line=on_line, clients=clients)
+        return planned.run(parallel, on_line=on_line, clients=clients, on_runs=on_runs)

@@ -23,6 +23,7 @@ import glob
 import json
 import math
 import numbers
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,11 @@ EPISODE_PREFIX = "episode_"
 WINDOW = 100  # episodes in the return window of time to target (docs/metrics.md)
 MAX_LABEL_SETTINGS = 4  # more differing settings than this: runs are labelled by their id
 _SETTING_ATTRS = ("mode",)  # file attrs that describe how a run was made, like config fields
+# config fields that say how a run is kept (run.*: its files, TensorBoard, checkpoints, restarts)
+# and when it stops (stop.*), not what it tries: runs that differ only in them are replicates.
+# The training target stays a setting: time to target is measured against it.
+NOT_SETTINGS = ("run.", "stop.")
+TARGET_SETTINGS = ("stop.target_return",)
 _CONFIG_ATTRS = ("config_json", "env_id", "seed")  # file attrs that config coordinates stand for
 # file attrs that are run coordinates even where all runs agree: runs are selected by them
 _OUTCOME_ATTRS = {
@@ -153,6 +159,10 @@ def flatten_config(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _is_setting(key: str) -> bool:
+    return key in TARGET_SETTINGS or not key.startswith(NOT_SETTINGS)
+
+
 def _check_run_dir(path: Path) -> Path:
     fix = "pass a directory written by `tianji-dask train` (it holds config.yaml, metrics.nc, episodes.nc)"
     if not path.exists():
@@ -178,12 +188,15 @@ def _expand(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     for item in items:
         if glob.has_magic(str(item)):
             matches = sorted(Path(m) for m in glob.glob(str(item)))
-            if not matches:
+            # what else a glob meets (a sweep's sweep.yaml, runs/sweeps/) is not a run: left out
+            found = [m for m in matches if (m / "metrics.nc").is_file()]
+            if not found:
+                what = f"matches {len(matches)} paths but no run directory" if matches else "matches nothing"
                 raise RunNotFound(
-                    f"the glob {str(item)!r} matches nothing (relative to {Path.cwd()}); "
+                    f"the glob {str(item)!r} {what} (relative to {Path.cwd()}); "
                     "check the pattern, e.g. 'runs/CartPole-v1__dqn__*'"
                 )
-            dirs.extend(matches)
+            dirs.extend(found)
         else:
             dirs.append(Path(item))
     return [_check_run_dir(d) for d in dirs]
@@ -259,13 +272,15 @@ class TianjiAccessor:
     @property
     def settings(self) -> list[str]:
         """Run coordinates that tell the runs apart: config fields (and ``mode``) whose values
-        differ between the runs of this Dataset (a selection of runs may make some equal)."""
+        differ between the runs of this Dataset (a selection of runs may make some equal), but
+        for ``run.*`` and the stop budgets (``stop.*`` but ``stop.target_return``), which say how
+        a run is kept and when it stops rather than what it tries (:data:`NOT_SETTINGS`)."""
         ds = self._ds
         return [
             str(c)
             for c, v in ds.coords.items()
             if v.dims == ("run",)
-            and (v.attrs.get("source") == "config" or c in _SETTING_ATTRS)
+            and ((v.attrs.get("source") == "config" and _is_setting(str(c))) or c in _SETTING_ATTRS)
             and len({_key(x) for x in v.values}) > 1
         ]
 
@@ -321,14 +336,42 @@ class TianjiAccessor:
         }
         return result
 
+    def final_return(self) -> xr.DataArray:
+        """The mean return of the last 100 episodes at each run's end (its last metrics row
+        that has one): one value per run (dim ``run``) or a scalar; NaN for a run that finished
+        no episode."""
+        da = self._ds["return_mean_100"]
+        da = da.transpose(..., "row" if "row" in da.dims else "time")
+        values = np.asarray(da.values, dtype=float)
+        rows = values.reshape(-1, values.shape[-1])
+        last = [r[np.isfinite(r)][-1] if np.isfinite(r).any() else math.nan for r in rows]
+        result = xr.DataArray(np.array(last).reshape(values.shape[:-1]), dims=da.dims[:-1])
+        if "run" in result.dims:
+            result = result.assign_coords(run=self._ds["run"].values)
+        result.name = "final_return"
+        result.attrs = {"long_name": f"mean return of the last {WINDOW} episodes at the run's end", "units": "1"}
+        return result
+
     def summary(self, target: float | None = None) -> pd.DataFrame:
-        """Time to target per settings group (all settings but ``seed``): ``runs``, ``reached``
-        and, over the runs that reached it, ``median_s``, ``q25_s``, ``q75_s``, ``min_s``, ``max_s``."""
+        """One row per settings group (all :attr:`settings` but ``seed``, which tells replicates
+        apart): ``runs``, ``reached`` (the target) and, over the runs that reached it, the time
+        to target's ``median_s``, ``q25_s``, ``q75_s``, ``min_s``, ``max_s``; then
+        ``final_return``, the median over the group's runs of :meth:`final_return`, and
+        ``status``, how its runs ended (``"2 target_reached, 1 stopped"``)."""
         ttt = self.time_to_target(target)
+        final = self.final_return()
         if "run" not in ttt.dims:
-            ttt = ttt.expand_dims("run")
+            ttt, final = ttt.expand_dims("run"), final.expand_dims("run")
+        status = self._ds["status"].values if "status" in self._ds.coords else [self._ds.attrs.get("status")]
         groups = [s for s in self.settings if s != "seed"]
-        df = pd.DataFrame({"time_to_target_s": ttt.values, **{g: self._ds[g].values for g in groups}})
+        df = pd.DataFrame(
+            {
+                "time_to_target_s": ttt.values,
+                "final_return": final.values,
+                "status": np.asarray(status, dtype=str),
+                **{g: self._ds[g].values for g in groups},
+            }
+        )
         by = groups or np.zeros(len(df), dtype=int)
         s = "time_to_target_s"
         table = df.groupby(by, dropna=False).agg(
@@ -339,6 +382,8 @@ class TianjiAccessor:
             q75_s=(s, lambda x: x.quantile(0.75)),
             min_s=(s, "min"),
             max_s=(s, "max"),
+            final_return=("final_return", "median"),
+            status=("status", _status_counts),
         )
         return table if groups else table.reset_index(drop=True)
 
@@ -362,11 +407,21 @@ class TianjiAccessor:
         if missing:
             raise ValueError(f"replay_ratio needs metrics.nc's {', '.join(missing)}")
         several = "run" in ds.dims
-        per_run = (
-            [_windowed_ratio(ds.isel(run=i), window_s) for i in range(ds.sizes["run"])]
-            if several
-            else [_windowed_ratio(ds, window_s)]
-        )
+        one_by_one = [ds.isel(run=i) for i in range(ds.sizes["run"])] if several else [ds]
+        per_run = [_windowed_ratio(one, window_s) for one in one_by_one]
+        names = self.labels()
+        empty = [
+            f"{names[i]} ({_why_no_window(one, window_s)})"
+            for i, (one, ratios) in enumerate(zip(one_by_one, per_run))
+            if not np.isfinite(ratios).any()
+        ]
+        if empty:
+            warnings.warn(
+                f"replay_ratio(window_s={window_s:g}): no value for {'; '.join(empty)}; "
+                "give a smaller window_s (or train longer)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         values = np.full((len(per_run), max((len(r) for r in per_run), default=0)), np.nan)
         for i, ratios in enumerate(per_run):
             values[i, : len(ratios)] = ratios
@@ -463,6 +518,25 @@ class TianjiAccessor:
             if np.isnan(np.asarray(line.get_ydata(), dtype=float)).all():
                 line.set_label("_" + line.get_label())  # nothing drawn: keep it out of the legend
         return ax
+
+
+def _status_counts(statuses: pd.Series) -> str:
+    return ", ".join(f"{n} {status}" for status, n in sorted(statuses.value_counts().items()))
+
+
+def _why_no_window(ds: xr.Dataset, window_s: float) -> str:
+    """Why one run has no replay ratio in ``window_s`` windows: no update, too short, or its
+    buffers received nothing."""
+    t, updates = ds["time"].values.astype(float), ds["updates"].values.astype(float)
+    keep = np.isfinite(t) & np.isfinite(updates)
+    t, updates = t[keep], updates[keep]
+    started = np.flatnonzero(updates > 0)
+    if not len(started):
+        return "its learner made no update"
+    span = t[-1] - t[started[0]]
+    if span < window_s:
+        return f"it trained {span:.1f} s from its first update, less than one {window_s:g}-s window"
+    return "its buffers received no transition in any window"
 
 
 def _windowed_ratio(ds: xr.Dataset, window_s: float) -> np.ndarray:

@@ -24,6 +24,7 @@ from distributed.deploy.spec import SpecCluster
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.config.deployment import deployment_settings
+from tianji_dask.runtime import dask_logs
 from tianji_dask.runtime.client_context import current_client
 from tianji_dask.runtime.cuda_mps import PrivateMps, cuda_processes, mps_control
 from tianji_dask.runtime.forked_workers import ForkedNanny, start_fork_server
@@ -51,7 +52,22 @@ class LearnerLost(RuntimeError):
 class TianjiLocalCluster(LocalCluster):
     """A LocalCluster whose ``close()`` (and ``with`` exit) also ends any worker process still
     alive: its workers ignore SIGTERM, so one left running would also hang multiprocessing's exit
-    handler; and whose nannies are never closed for a worker that left."""
+    handler; whose nannies are never closed for a worker that left; and which keeps Dask's INFO
+    log quiet until the last of the process's clusters has closed (:mod:`~tianji_dask.runtime.dask_logs`)."""
+
+    def __init__(self, *args, **kwargs):
+        dask_logs.acquire()
+        self._holds_logs = True
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._release_logs()
+            raise
+
+    def _release_logs(self) -> None:
+        if getattr(self, "_holds_logs", False):
+            self._holds_logs = False
+            dask_logs.release()
 
     def _update_worker_status(self, op, msg):
         # SpecCluster closes a worker's nanny when, distributed.deploy.lost-worker-timeout (15 s)
@@ -68,6 +84,7 @@ class TianjiLocalCluster(LocalCluster):
         finally:
             for proc in processes:
                 kill_and_reap(proc)
+            self._release_logs()
 
 
 def local_cluster(
