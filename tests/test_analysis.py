@@ -543,20 +543,20 @@ def recorded_run(path, sets, returns, status="max_env_steps"):
     return path
 
 
-def test_seeds_that_differ_in_run_keys_or_stop_budgets_are_one_group(tmp_path):
-    """run.* (TensorBoard, checkpoints, restarts) and the stop budgets say how a run is kept and
-    when it stops, not what it tries: seeds that differ in them are replicates of one setting.
-    The target and the experiment's own keys still split groups."""
+def test_seeds_that_differ_in_run_keys_are_one_group(tmp_path):
+    """run.* (TensorBoard, checkpoints, restarts) says how a run is kept, not what it tries:
+    seeds that differ in it are replicates of one setting. The stop rules (a sweep over budgets)
+    and the experiment's own keys still split groups."""
     climbing = [10.0 * k for k in range(1, 131)]  # the 100-episode mean reaches 60 at episode 100
     recorded_run(tmp_path / "a", ["seed=0", "stop.target_return=60"], climbing, "target_reached")
     recorded_run(
         tmp_path / "b",
-        ["seed=1", "stop.target_return=60", "run.tensorboard=true", "stop.max_seconds=99"],
+        ["seed=1", "stop.target_return=60", "run.tensorboard=true", "run.metrics_interval=0.25"],
         [5.0] * 120,
         "stopped",
     )
     ds = open_runs(tmp_path / "*")
-    assert {"seed", "run.tensorboard", "stop.max_seconds"} <= set(ds.coords)  # still there to select by
+    assert {"seed", "run.tensorboard", "run.metrics_interval"} <= set(ds.coords)  # still there to select by
     assert ds.tianji.settings == ["seed"]
     table = ds.tianji.summary()
     assert len(table) == 1 and table["runs"].iloc[0] == 2 and table["reached"].iloc[0] == 1
@@ -565,8 +565,10 @@ def test_seeds_that_differ_in_run_keys_or_stop_budgets_are_one_group(tmp_path):
 
     recorded_run(tmp_path / "c", ["seed=0", "stop.target_return=60", "algo.lr=0.01"], climbing, "target_reached")
     recorded_run(tmp_path / "d", ["seed=0", "stop.target_return=50"], climbing, "target_reached")
+    recorded_run(tmp_path / "e", ["seed=0", "stop.target_return=60", "stop.max_seconds=99"], climbing, "target_reached")
     groups = open_runs(tmp_path / "*").tianji.summary()
-    assert list(groups.index.names) == ["algo.lr", "stop.target_return"] and groups["runs"].sum() == 4
+    assert sorted(groups.index.names) == ["algo.lr", "stop.max_seconds", "stop.target_return"]
+    assert groups["runs"].sum() == 5 and len(groups) == 4
 
 
 def test_a_glob_leaves_out_what_is_not_a_run(tmp_path):

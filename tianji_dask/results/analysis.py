@@ -38,11 +38,10 @@ EPISODE_PREFIX = "episode_"
 WINDOW = 100  # episodes in the return window of time to target (docs/metrics.md)
 MAX_LABEL_SETTINGS = 4  # more differing settings than this: runs are labelled by their id
 _SETTING_ATTRS = ("mode",)  # file attrs that describe how a run was made, like config fields
-# config fields that say how a run is kept (run.*: its files, TensorBoard, checkpoints, restarts)
-# and when it stops (stop.*), not what it tries: runs that differ only in them are replicates.
-# The training target stays a setting: time to target is measured against it.
-NOT_SETTINGS = ("run.", "stop.")
-TARGET_SETTINGS = ("stop.target_return",)
+# config fields that say how a run is kept (run.*: its files, TensorBoard, checkpoints, restarts),
+# not what it tries: runs that differ only in them are replicates. A stop rule stays a setting: a
+# sweep over budgets or targets compares them.
+NOT_SETTINGS = ("run.",)
 _CONFIG_ATTRS = ("config_json", "env_id", "seed")  # file attrs that config coordinates stand for
 # file attrs that are run coordinates even where all runs agree: runs are selected by them
 _OUTCOME_ATTRS = {
@@ -160,7 +159,7 @@ def flatten_config(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _is_setting(key: str) -> bool:
-    return key in TARGET_SETTINGS or not key.startswith(NOT_SETTINGS)
+    return not key.startswith(NOT_SETTINGS)
 
 
 def _check_run_dir(path: Path) -> Path:
@@ -273,8 +272,7 @@ class TianjiAccessor:
     def settings(self) -> list[str]:
         """Run coordinates that tell the runs apart: config fields (and ``mode``) whose values
         differ between the runs of this Dataset (a selection of runs may make some equal), but
-        for ``run.*`` and the stop budgets (``stop.*`` but ``stop.target_return``), which say how
-        a run is kept and when it stops rather than what it tries (:data:`NOT_SETTINGS`)."""
+        for ``run.*``, which says how a run is kept rather than what it tries (:data:`NOT_SETTINGS`)."""
         ds = self._ds
         return [
             str(c)
