@@ -18,9 +18,10 @@ from conftest import ROOT, cli_here, wait_until
 from rich.console import Console
 
 from tianji_dask.results.analysis import open_runs
+from tianji_dask.results.shell import print_table
 from tianji_dask.runtime.driver import FINISHED
 from tianji_dask.runtime.sweep import plan_sweep
-from tianji_dask.runtime.sweep_progress import SweepProgress, summary_table
+from tianji_dask.runtime.sweep_progress import SweepProgress
 
 CONFIG = "configs/cartpole_dqn.yaml"
 
@@ -306,9 +307,7 @@ def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
     assert re.search(progress, said_first + said_second), said_first + said_second
 
     table = io.StringIO()
-    console = Console(file=table, width=160)
-    console.soft_wrap = True
-    console.print(summary_table(open_runs(out / "*").tianji.summary()))
+    print_table(open_runs(out / "*").tianji.summary(), file=table)
     assert table.getvalue() in second.stdout, (table.getvalue(), second.stdout)
     assert f"sweep: {4 - len(left)} of 4 runs finished" in said_first and "sweep: 4 of 4 runs finished" in second.stdout
     print(said_first, said_second, sep="\n---- sweep --resume\n")

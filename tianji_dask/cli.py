@@ -781,12 +781,11 @@ def _run_sweep(args, planned, parallel: int) -> int:
 
 
 def _sweep_outcome(done, interrupted: int | None = None) -> int:
-    from tianji_dask.progress import plain_console
-    from tianji_dask.runtime.sweep_progress import summary_table
+    from tianji_dask.results.shell import print_table
 
-    console = plain_console(stderr=False)
     if any((r.run_dir / "metrics.nc").exists() for r in done.runs):
-        console.print(summary_table(done.open().tianji.summary()))
+        print_table(done.open().tianji.summary())
+        sys.stdout.flush()
     left = done.left
     finished = len(done.runs) - len(left)
     print(f"sweep: {finished} of {len(done.runs)} runs finished; results in {done.out}", flush=True)

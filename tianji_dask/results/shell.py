@@ -76,21 +76,39 @@ def summary_table(paths: Sequence[str | Path], target: float | None = None) -> p
 def print_summary(
     paths: Sequence[str | Path], target: float | None = None, as_csv: bool = False, file: TextIO | None = None
 ) -> None:
-    """The summary table on ``file`` (stdout): a rich table on a terminal, aligned plain text
-    elsewhere (a pipe, a log), or comma-separated values with ``as_csv``."""
+    """The runs' summary table on ``file`` (stdout), as :func:`print_table` writes it."""
+    print_table(summary_table(paths, target), as_csv=as_csv, file=file)
+
+
+CSV_ONLY = ("min_s", "max_s")  # the spread the quartiles give already; an 80-column terminal has no room
+
+
+def print_table(table: pd.DataFrame, as_csv: bool = False, file: TextIO | None = None) -> None:
+    """A summary table (``ds.tianji.summary()``, its settings as leading columns or still the
+    index) on ``file`` (stdout): a rich table on a terminal, aligned plain text elsewhere (a
+    pipe, a log), or comma-separated values with ``as_csv``, the only form with :data:`CSV_ONLY`."""
     file = file if file is not None else sys.stdout
-    table = summary_table(paths, target)
+    if any(name is not None for name in table.index.names):
+        table = table.reset_index()
     if as_csv:
         table.to_csv(file, index=False, quoting=csv.QUOTE_MINIMAL)
         return
+    table = table.drop(columns=[c for c in CSV_ONLY if c in table.columns])
     header = [str(c) for c in table.columns]
     rows = [[_cell(v) for v in row] for row in table.itertuples(index=False)]
     numeric = [pd.api.types.is_numeric_dtype(table[c]) for c in table.columns]
     if file.isatty():
+        from rich import box
         from rich.console import Console
         from rich.table import Table
 
-        shown = Table(title=f"{int(table['runs'].sum())} runs", title_justify="left")
+        shown = Table(
+            title=f"{int(table['runs'].sum())} runs",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            collapse_padding=True,
+            pad_edge=False,
+        )
         for name, right in zip(header, numeric, strict=True):
             shown.add_column(name, justify="right" if right else "left")
         for row in rows:

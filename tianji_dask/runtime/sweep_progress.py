@@ -2,8 +2,8 @@
 terminal, a table of the running runs updated in place; elsewhere (a log file, a pipe), one line
 per running run every few seconds, prefixed by its name. Each says the run's env steps, its
 return(100) and how far it is toward its nearest stop budget, with the ETA at its rate so far
-(:func:`tianji_dask.progress.stop_progress`). At the end, :func:`summary_table` renders the
-sweep's ``open_runs(SWEEP_DIR/'*').tianji.summary()``.
+(:func:`tianji_dask.progress.stop_progress`). The end table is ``tianji-dask summary``'s
+(:func:`tianji_dask.results.shell.print_table`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -109,31 +108,3 @@ class SweepProgress:
         if self._live is not None:
             self._live.stop()
             self._live = None
-
-
-def summary_table(summary: pd.DataFrame) -> Table:
-    """The rows of ``ds.tianji.summary()`` (one per group of settings, seeds together): runs
-    and how they ended, the time to target (median, quartiles, over the runs that reached it)
-    and the return(100) at the runs' ends (median)."""
-    table = Table(title="per setting, median over seeds: open_runs(SWEEP_DIR/'*').tianji.summary()")
-    settings = [str(n) for n in summary.index.names if n is not None]
-    rows = summary.reset_index() if settings else summary
-    for name in settings:
-        table.add_column(name)
-    for name in ("runs", "status", "reached", "time to target", "q25-q75", "return(100) at end"):
-        table.add_column(name, justify="left" if name == "status" else "right")
-    for _, row in rows.iterrows():
-        table.add_row(
-            *(_setting(row[name]) for name in settings),
-            str(int(row["runs"])),
-            str(row["status"]),
-            str(int(row["reached"])),
-            _fmt(row["median_s"]) + (" s" if row["reached"] else ""),
-            f"{_fmt(row['q25_s'])}-{_fmt(row['q75_s'])}" if row["reached"] else "-",
-            _fmt(row["final_return"]),
-        )
-    return table
-
-
-def _setting(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
