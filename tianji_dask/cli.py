@@ -355,7 +355,7 @@ def cmd_train(args) -> int:
                 client.close()
             return _bad_input(refusal)
 
-    progress = Progress(cfg.stop.target_return)
+    progress = Progress.of(cfg)
     try:
         if resume_point is not None:
             run = Run(
