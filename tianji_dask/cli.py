@@ -392,6 +392,9 @@ def cmd_train(args) -> int:
             client.close()
         if cluster is not None:
             cluster.close()  # cancels the jobs
+        from tianji_dask.runtime.forked_workers import end_fork_server
+
+        end_fork_server()  # one still importing (a run stopped as it started) would outlive this process
     _report(result)
     if interrupted is not None:
         return 128 + int(interrupted)
