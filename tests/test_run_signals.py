@@ -65,10 +65,12 @@ class CliRun:
         self._master = None
         if terminal:
             self._master, tty = pty.openpty()
-            # 160 columns: the progress line shows all its figures (updates: TRAINING) there
+            # 160 columns (rich reads COLUMNS before the terminal's size, and takes a dumb TERM
+            # for 80): the progress line shows all its figures (updates: TRAINING) there
             fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))
             self.proc = subprocess.Popen(
                 cmd,
+                env={**os.environ, "COLUMNS": "160"},
                 cwd=tmp_path,
                 stdin=tty,
                 stdout=tty,
