@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import math
+import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from tianji_dask.progress import Progress, summary_line
+from tianji_dask.config import load_config
+from tianji_dask.config.schema import StopConfig
+from tianji_dask.progress import Progress, eta_text, log_line, progress_line, summary_line
 from tianji_dask.runtime.driver import RunResult
 
 
@@ -15,13 +20,69 @@ def test_a_message_off_a_terminal_stays_on_its_line(capsys):
     ready = "hosts ready (the slowest of each role): " + ", ".join(
         f"actor {i} in 7.2 s (built in 7.2 s, its envs 6.5 s)" for i in range(3)
     )
-    progress = Progress(target=18.0)
+    progress = Progress(StopConfig(target_return=18.0, max_seconds=20.0), off_policy=True)
     progress.event(ready)
     progress.update({"time": 5.0, "env_steps": 1000, "env_fps": 200.0})
     progress.close()
     lines = capsys.readouterr().err.splitlines()
     assert ready in lines, lines
-    assert any(line.startswith("   5.0s  steps     1,000  200 steps/s") for line in lines), lines
+    assert any(line.startswith("[ 25%] ETA 0:15    5.0s  steps     1,000  200 steps/s") for line in lines), lines
+
+
+ROW = {
+    "time": 12.3,
+    "env_steps": 120_000,
+    "env_fps": 9_800.0,
+    "train_fps": 78_000.0,
+    "return_mean_100": 212.4,
+    "replay_ratio": 8.0,
+    "updates": 1234,
+}
+
+
+def _on_terminal(cfg, width: int, row: dict) -> list[str]:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=width, color_system=None)
+    progress = Progress.of(cfg, console=console)
+    progress.update(row)
+    progress.close()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # Live's cursor moves
+    return [line for line in re.split(r"[\r\n]+", text) if line.strip()]
+
+
+@pytest.mark.parametrize("width", [160, 80, 60])
+def test_on_a_terminal_the_line_has_a_bar_and_eta_and_fits_its_width(width):
+    """The bar and ETA toward the budget met first (here 100 s: 12.3 s in, 88 s left); figures
+    that do not fit a narrow terminal are left out, never wrapped onto a second line."""
+    cfg = load_config("configs/cartpole_dqn.yaml", ["stop.max_seconds=100", "stop.max_env_steps=null"])
+    lines = _on_terminal(cfg, width, ROW)
+    assert len(lines) == 1 and len(lines[0]) <= width, lines
+    line = lines[0]
+    assert "12% ETA 1:28" in line and "steps 120,000" in line and "return(100) 212.4/300" in line, line
+    assert ("━" in line) == (width >= 70), line
+    assert ("replay ratio 8.0" in line and "updates 1,234" in line) == (width >= 120), line
+
+
+def test_a_run_with_no_budget_has_no_bar_and_no_eta():
+    cfg = load_config("configs/cartpole_dqn.yaml", ["stop.max_seconds=null", "stop.max_env_steps=null"])
+    (line,) = _on_terminal(cfg, 160, ROW)
+    assert "ETA" not in line and "%" not in line and "━" not in line, line
+    assert log_line(ROW, cfg.stop) == progress_line(ROW, 300.0)
+
+
+@pytest.mark.parametrize("config,shown", [("cartpole_dqn", True), ("cartpole_ppo", False)])
+def test_the_replay_ratio_is_shown_for_off_policy_algorithms_only(config, shown):
+    """An on-policy algorithm learns each rollout once: its ratio of samples to transitions is
+    no setting and says nothing, on a terminal or off one."""
+    cfg = load_config(f"configs/{config}.yaml", ["stop.max_seconds=100"])
+    assert ("replay ratio" in _on_terminal(cfg, 200, ROW)[0]) == shown
+    off_terminal = Progress.of(cfg, console=Console(file=io.StringIO(), force_terminal=False))
+    assert off_terminal.console.is_terminal is False
+    assert ("replay ratio" in log_line(ROW, cfg.stop, off_policy=off_terminal.off_policy)) == shown
+
+
+def test_eta_text_counts_minutes_and_hours():
+    assert [eta_text(s) for s in (None, 0.2, 83.0, 3723.0)] == ["ETA -:--", "ETA 0:01", "ETA 1:23", "ETA 1:02:03"]
 
 
 def test_the_summary_says_the_return_it_gives_is_the_one_at_the_runs_end():

@@ -15,6 +15,7 @@ import os
 import pty
 import re
 import signal
+import struct
 import subprocess
 import sys
 import termios
@@ -64,8 +65,12 @@ class CliRun:
         self._master = None
         if terminal:
             self._master, tty = pty.openpty()
+            # 160 columns (rich reads COLUMNS before the terminal's size, and takes a dumb TERM
+            # for 80): the progress line shows all its figures (updates: TRAINING) there
+            fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))
             self.proc = subprocess.Popen(
                 cmd,
+                env={**os.environ, "COLUMNS": "160"},
                 cwd=tmp_path,
                 stdin=tty,
                 stdout=tty,
@@ -231,9 +236,7 @@ def started(cli_run, algo: str, actors: int, *, terminal: bool) -> tuple[CliRun,
     return run, psutil.Process(run.proc.pid).children(recursive=True)
 
 
-def assert_stopped_cleanly(
-    h, run: CliRun, family: list[psutil.Process], code: int | None, expected: int, *, learner_built: bool = True
-) -> dict:
+def assert_stopped_cleanly(h, run: CliRun, family: list[psutil.Process], code: int | None, expected: int) -> dict:
     assert code == expected, f"exit {code}, expected {expected}:\n{run.timeline()}"
     for crash in ("Traceback", "terminate called", "Worker holding"):
         assert crash not in run.stderr, run.stderr
@@ -242,11 +245,8 @@ def assert_stopped_cleanly(
     assert sizes["metrics.nc"]["time"] >= 1 and sizes["error"] == ""
     assert not [p.name for p in run.out.rglob("*") if ".tmp" in p.name], "half-written files left"
     saved = run.out / "checkpoint" / "checkpoint.json"
-    if learner_built or saved.exists():
-        assert saved.is_file(), f"no checkpoint:\n{run.timeline()}"
-        assert json.loads(saved.read_text())["final"] is True
-    else:
-        assert "no final checkpoint: the run stopped before its learner was built" in run.stderr, run.stderr
+    assert saved.is_file(), f"no checkpoint:\n{run.timeline()}"
+    assert json.loads(saved.read_text())["final"] is True
     assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), [p.pid for p in family if alive(p)]
     assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
     return sizes
@@ -291,17 +291,49 @@ def test_sigterm_to_the_cli_alone_stops_the_run(h, cli_run):
     assert_stopped_cleanly(h, run, family, run.finish(timeout=30), 128 + signal.SIGTERM)
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("moment", ["worker starting", "cluster up"])
-def test_ctrl_c_while_the_run_starts_stops_it(h, cli_run, moment):
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("moment", ["cluster starting", "worker starting", "cluster up"])
+def test_ctrl_c_while_the_run_starts_stops_it_at_once_with_no_checkpoint(h, cli_run, moment):
+    """Ctrl-C while the run's LocalCluster starts (its fork server importing), while its first
+    worker process starts, or once it is up and the hosts are being created: the start is given
+    up within seconds (not after the cluster and hosts have started), every process of the run
+    ends, the results say ``stopped``, and no checkpoint is written (its learner never trained);
+    ``--resume`` of it says why there is nothing to continue, and changes nothing."""
     run = cli_run("topology.actors=2", terminal=True)
-    if moment == "worker starting":  # the first worker process exists; Dask is not loaded in any yet
+    if moment == "cluster starting":  # the CLI says where its results go, then starts the cluster
+        run.wait_for_line(re.compile(r"run directory: "), timeout=60)
+    elif moment == "worker starting":  # the first worker process exists; Dask is not loaded in any yet
         assert h.wait_until(run.workers, timeout=60, interval=0.005), run.timeline()
     else:  # the workers are up, the hosts are being created
         run.wait_for_line(re.compile(r"dashboard: "), timeout=60)
     family = psutil.Process(run.proc.pid).children(recursive=True)
+    t_sig = time.monotonic()
     run.type_ctrl_c()
-    assert_stopped_cleanly(h, run, family, run.finish(timeout=60), 128 + signal.SIGINT, learner_built=False)
+    code = run.finish(timeout=60)
+    exit_s = time.monotonic() - t_sig
+    assert code == 128 + signal.SIGINT, f"exit {code}:\n{run.timeline()}"
+    assert "Traceback" not in run.stderr, run.stderr
+    assert not (run.out / "checkpoint").exists(), sorted(p.name for p in run.out.rglob("*"))
+    assert re.search(r"^stopped: 0 env steps", run.stderr, re.M), run.stderr
+    assert "no checkpoint written" in run.stderr, run.stderr
+    assert_results_open(run.out, "stopped")
+    assert h.wait_until(lambda: not any(alive(p) for p in family), timeout=5), [p.pid for p in family if alive(p)]
+    assert h.wait_until(lambda: not run.session(), timeout=5), [p.cmdline() for p in run.session()]
+    # the cluster's start (seconds of imports) and the hosts' are not waited out
+    assert exit_s < 5.0, f"exit {exit_s:.1f} s after Ctrl-C:\n{run.timeline()}"
+    print(f"\nCtrl-C while {moment}: exit {code} after {exit_s:.1f} s")
+
+    before = {p: p.stat().st_mtime_ns for p in run.out.rglob("*")}
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tianji_dask.cli", "train", "--resume", str(run.out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 2, resumed.stderr
+    assert "stopped before its learner made an update" in resumed.stderr, resumed.stderr
+    assert f"tianji-dask train {run.out / 'config.yaml'}" in " ".join(resumed.stderr.split()), resumed.stderr
+    assert {p: p.stat().st_mtime_ns for p in run.out.rglob("*")} == before
 
 
 @pytest.mark.timeout(150)

@@ -5,6 +5,7 @@ learning side (a best checkpoint that plays 450) is test_learning's."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -77,4 +78,36 @@ def test_a_run_whose_evaluator_dies_goes_on_without_evaluations(tmp_path):
     deadline = time.monotonic() + 10
     while evaluators() and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert evaluators() == []
+
+
+EVAL_LINE = re.compile(r"^eval at ([\d,]+) env steps: return -?[\d.]+ ± [\d.]+ over 40 episodes( \(best so far\))?")
+SKIPPED = re.compile(r"; (\d+) skipped: an evaluation was still running$")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_each_evaluation_is_a_line_and_those_skipped_while_one_played_are_counted(tmp_path):
+    """A distributed run whose evaluations (40 episodes each) take longer than the run needs for
+    the next 1,000 env steps: each evaluation made is a line of the run's events, with the
+    evaluations that fell due while it played and were skipped; their count is metrics.nc's
+    ``eval_skipped``. The run's internal notes (the first learner snapshot kept: run.snapshot_interval)
+    are no line of its events."""
+    cfg = load_config(
+        "configs/cartpole_dqn.yaml",
+        [*EVALUATED[:1], "stop.max_env_steps=null", "stop.max_seconds=20", "algo.learning_starts=500"]
+        + ["run.eval_every_env_steps=1000", "run.eval_episodes=40", "run.snapshot_interval=1"],
+    )
+    events: list[str] = []
+    result = train(cfg, out=tmp_path / "run", on_event=events.append).wait()
+    assert result.ok, result.error
+    with xr.open_dataset(result.run_dir / "metrics.nc", engine="netcdf4") as ds:
+        steps = [int(s) for s in ds["eval_env_steps"].values]
+        skipped = ds.attrs["eval_skipped"]
+    lines = [e for e in events if e.startswith("eval at ")]
+    assert [int(EVAL_LINE.match(e).group(1).replace(",", "")) for e in lines] == steps, lines  # type: ignore[union-attr]
+    assert "(best so far)" in lines[0], lines
+    said = [int(m.group(1)) for e in lines if (m := SKIPPED.search(e))]
+    assert skipped > 0 and sum(said) == skipped, (skipped, lines)
+    assert not [e for e in events if "snapshot" in e or "can now be restored" in e], events
     assert evaluators() == []

@@ -411,7 +411,7 @@ def cmd_train(args) -> int:
                 client.close()
             return _bad_input(refusal)
 
-    progress = Progress(cfg.stop.target_return)
+    progress = Progress.of(cfg)
     try:
         if resume_point is not None:
             run = Run(
@@ -448,6 +448,9 @@ def cmd_train(args) -> int:
             client.close()
         if cluster is not None:
             cluster.close()  # cancels the jobs
+        from tianji_dask.runtime.forked_workers import end_fork_server
+
+        end_fork_server()  # one still importing (a run stopped as it started) would outlive this process
     _report(result)
     if interrupted is not None:
         return 128 + int(interrupted)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ExperimentConfig, apply_overrides, load_config, validate_config
 from tianji_dask.progress import progress_line
 from tianji_dask.runtime.driver import Run, RunResult, train
@@ -239,7 +240,7 @@ def _in_kernel() -> bool:
 
 
 def _view(cfg: ExperimentConfig, client, refresh_s: float) -> _View:
-    return _KernelView(client, refresh_s) if _in_kernel() else _ConsoleView(cfg.stop.target_return)
+    return _KernelView(client, refresh_s) if _in_kernel() else _ConsoleView(cfg)
 
 
 class _View:
@@ -273,11 +274,11 @@ class _View:
 class _ConsoleView(_View):
     """Outside Jupyter: the CLI's progress (a line updated in place on a terminal)."""
 
-    def __init__(self, target):
+    def __init__(self, cfg: ExperimentConfig):
         from tianji_dask.progress import Progress
 
         super().__init__()
-        self._progress = Progress(target)
+        self._progress = Progress.of(cfg)
         self._closed = False
 
     def attach(self, run: Run) -> None:
@@ -391,11 +392,12 @@ def _render(run: Run, last_row: dict, dashboard: str | None, events: list[str]) 
     state = result.status if result is not None else "running"
     head = f"tianji-dask {run.name}: {state}"
     bar = "#" * round(frac * 30) + "-" * (30 - round(frac * 30))
+    figures = progress_line(row, run.cfg.stop.target_return, off_policy=spec_for(run.cfg).off_policy)
     lines = [
         head,
         f"dashboard: {dashboard or '-'}",
         f"[{bar}] {frac:4.0%}  {label}",
-        progress_line(row, run.cfg.stop.target_return),
+        figures,
     ]
     if result is not None:
         lines.append(_summary(result))
@@ -410,7 +412,7 @@ def _render(run: Run, last_row: dict, dashboard: str | None, events: list[str]) 
         f'<b>tianji-dask</b> <code>{esc(run.name)}</code>: <b style="color:{colour}">{esc(state)}</b>',
         f"dashboard: {link}",
         f'<progress value="{frac:.3f}" max="1" style="width:20em"></progress> {frac:.0%} <small>{esc(label)}</small>',
-        f"<code>{esc(progress_line(row, run.cfg.stop.target_return))}</code>",
+        f"<code>{esc(figures)}</code>",
     ]
     if result is not None:
         rows.append(f"<code>{esc(_summary(result))}</code>".replace("\n", "<br>"))

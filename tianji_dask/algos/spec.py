@@ -37,6 +37,9 @@ class AlgorithmSpec(Protocol):
     tunable_batch: bool
     #: Its buffers hold a replay that a lost learner's snapshot keeps (SnapshotKeeper.take).
     keeps_replay: bool
+    #: It learns from a replay of past experience, so that its replay ratio (samples consumed per
+    #: transition received) is a setting worth showing; an on-policy one learns each rollout once.
+    off_policy: bool
 
     # --- roles ------------------------------------------------------------------------------
     def actor_role(self) -> Callable[..., ActorLoopRole]:

@@ -123,6 +123,13 @@ def check_resumable(
     try:
         state, meta = load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id)
     except CheckpointError as exc:
+        metrics = files["metrics.nc"]
+        if cfg.run.checkpoint and metrics.attrs.get("status") == "stopped" and not (run_dir / "checkpoint").exists():
+            raise _refuse(
+                run_dir,
+                "it was stopped before its learner made an update, so it saved no checkpoint and has "
+                f"nothing to continue; start it afresh: tianji-dask train {saved}",
+            ) from None
         raise _refuse(run_dir, f"{exc}; a run continues from its learner checkpoint (run.checkpoint: true)") from None
     # last: a run that could go on but has nothing left to run for
     reached = stop_rules_reached(cfg, files["metrics.nc"], files["episodes.nc"])

@@ -87,24 +87,28 @@ class CheckpointWriter:
         except Exception as exc:  # noqa: BLE001 - a full disk or a slow learner must not end the run
             self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; the run goes on")
 
-    def save_final(self, run_cluster: RunCluster, *, hurry: bool) -> None:
+    def save_final(self, run_cluster: RunCluster, *, hurry: bool, stopped: bool = False) -> None:
         """The learner's state at the end of a distributed run. ``hurry`` (told to stop at once):
-        a learner that answers within a few seconds still gets saved."""
+        a learner that answers within a few seconds still gets saved. ``stopped`` (``Run.stop``,
+        Ctrl-C): a learner that made no update yet is not saved, there is nothing to keep."""
         from tianji_dask.runtime.cluster import LearnerLost
 
         if not hurry:
             try:
-                self._save_learner_state(run_cluster.learner_checkpoint())
+                self._save_learner_state(run_cluster.learner_checkpoint(), stopped)
             except LearnerLost as exc:  # the run did finish: its status stays
                 self._on_event(f"no final checkpoint: {exc}; the latest periodic one, if any, stays")
             return
         try:
-            self._save_learner_state(run_cluster.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S))
+            self._save_learner_state(run_cluster.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S), stopped)
         except Exception as exc:  # noqa: BLE001 - the stop goes on; the latest periodic one stays
             self._on_event(f"final checkpoint skipped while stopping at once: {exc!r}")
 
-    def _save_learner_state(self, saved: tuple[bytes, dict] | None) -> None:
+    def _save_learner_state(self, saved: tuple[bytes, dict] | None, stopped: bool) -> None:
         if saved is None:
             self._on_event("no final checkpoint: the run stopped before its learner was built")
+            return
+        if stopped and not int(saved[1].get("updates", 0)):
+            self._on_event("no final checkpoint: the run was stopped before its learner made an update")
             return
         self.save(*saved, final=True)

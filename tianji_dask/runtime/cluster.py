@@ -27,13 +27,13 @@ from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.runtime import dask_logs
 from tianji_dask.runtime.client_context import current_client
 from tianji_dask.runtime.cuda_mps import PrivateMps, cuda_processes, mps_control
-from tianji_dask.runtime.forked_workers import ForkedNanny, start_fork_server
+from tianji_dask.runtime.forked_workers import ForkedNanny, end_fork_server, start_fork_server, wait_for_fork_server
 from tianji_dask.runtime.host_builder import HostBuilder
 from tianji_dask.runtime.host_stopping import stop_all
 from tianji_dask.runtime.hosts import stop_event_name
 from tianji_dask.runtime.recovery import Recovery
 from tianji_dask.runtime.restarts import HostLost, Key, first_line
-from tianji_dask.runtime.run_hosts import RunHosts
+from tianji_dask.runtime.run_hosts import RunHosts, StartAbandoned
 from tianji_dask.runtime.snapshot_keeper import SnapshotKeeper
 from tianji_dask.runtime.supervisor import Supervisor
 from tianji_dask.runtime.worker_deaths import death_reasons, watch_worker_deaths
@@ -183,9 +183,12 @@ class RunCluster:
         on_event=lambda text: None,
         *,
         hurry: threading.Event | None = None,
+        stop: threading.Event | None = None,
         security=None,
     ):
         self.cfg = cfg
+        # set: the run was asked to stop; a start under way is given up (StartAbandoned)
+        self._stop = stop or threading.Event()
         self._security = security  # with no client: the own LocalCluster's TLS certificates
         self._hurry = hurry or threading.Event()  # set: stop without waiting for the hosts
         self.run_id = run_id
@@ -207,6 +210,14 @@ class RunCluster:
             began = time.monotonic()
             self._start_mps()
             try:
+                # the fork server's imports are the seconds of a LocalCluster's start: waited
+                # for here, where a stop need not wait them out
+                start_fork_server()
+                if not wait_for_fork_server(give_up=self._stop):
+                    end_fork_server()  # its imports would take the CPU the results are written with
+                    raise StartAbandoned("the run was asked to stop before its LocalCluster started")
+                if self._stop.is_set():
+                    raise StartAbandoned("the run was asked to stop before its LocalCluster started")
                 self._own_cluster = self._start_local_cluster()
             except BaseException:
                 if self._mps is not None:
@@ -333,7 +344,11 @@ class RunCluster:
         def carried(key: Key, counter: str) -> float:
             return given(key, counter) + totals(key[0], key[1], counter)
 
-        self.recovery.build_all(restore, carried, add_heartbeat)
+        hosts.abandon = self._stop
+        try:
+            self.recovery.build_all(restore, carried, add_heartbeat)
+        finally:
+            hosts.abandon = None
         expected = hosts.current_plan().host_workers()
         self.worker_addresses = sorted(set(expected.values()))
         self.supervisor.hosts_started(expected)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from tianji_dask.results.resumable import ResumePoint
 from tianji_dask.runtime.restarts import HostLost
+from tianji_dask.runtime.run_hosts import StartAbandoned
 from tianji_dask.runtime.run_loop import RunLoop
 
 if TYPE_CHECKING:
@@ -41,17 +42,36 @@ class DistributedMode:
         self._on_cluster_up = on_cluster_up
 
     def run(self) -> None:
-        from tianji_dask.runtime.cluster import RunCluster
+        """The run, from its cluster's start to its end. Asked to stop while it starts (its
+        LocalCluster, its hosts), it gives the start up at once: what started is ended, no
+        checkpoint is written (no learner trained), the results say ``stopped``."""
         from tianji_dask.runtime.forked_workers import start_fork_server
 
-        loop, recorder = self.loop, self.loop.recorder
         if self._client is None:
             start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours
+        try:
+            self._run()
+        except StartAbandoned as exc:
+            self.loop.last_row()
+            self._on_event(f"stopped while the run started ({exc}): nothing trained, no checkpoint written")
 
+    def _run(self) -> None:
+        from tianji_dask.runtime.cluster import RunCluster
+
+        loop, recorder = self.loop, self.loop.recorder
+        requested = loop.stopping.requested
         with RunCluster(
-            loop.cfg, self._client, self._run_id, self._on_event, hurry=loop.stopping.hurry, security=self._security
+            loop.cfg,
+            self._client,
+            self._run_id,
+            self._on_event,
+            hurry=loop.stopping.hurry,
+            stop=requested,
+            security=self._security,
         ) as run_cluster:
             self._on_cluster_up(run_cluster)
+            if requested.is_set():
+                raise StartAbandoned("the run was asked to stop before its hosts were created")
             run_cluster.supervisor.subscribe(recorder.add)
             self._start_hosts(run_cluster)
             recorder.set_attrs(
@@ -67,7 +87,8 @@ class DistributedMode:
                     recorder.add(hb)
                 loop.last_row()
             if loop.cfg.run.checkpoint:
-                loop.checkpoints.save_final(run_cluster, hurry=loop.stopping.hurry.is_set())
+                stopped = loop.stopping.reason == "stopped"
+                loop.checkpoints.save_final(run_cluster, hurry=loop.stopping.hurry.is_set(), stopped=stopped)
         loop.last_evaluations(hurry=loop.stopping.hurry.is_set())  # the cluster closed: its cores free
 
     def _start_hosts(self, run_cluster: RunCluster) -> None:

@@ -189,6 +189,7 @@ class Run:
                 t0=self.t0,
                 on_event=on_event,
                 on_evaluation=self._tensorboard.evaluation if self._tensorboard is not None else lambda record: None,
+                skipped=int(resume.metrics.attrs.get("eval_skipped", 0)) if resume is not None else 0,
             )
             if cfg.run.eval_every_env_steps
             else None,

@@ -18,9 +18,12 @@ process, one nanny at a time, so that other LocalClusters of the process keep sp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
+import threading
 import weakref
 
 import dask
@@ -48,6 +51,38 @@ def start_fork_server() -> None:
         os.environ.update(pre_spawn_environ())
         multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
         multiprocessing.forkserver.ensure_running()
+
+
+def wait_for_fork_server(give_up: threading.Event, poll_s: float = 0.05) -> bool:
+    """Wait until the fork server has made its imports (a process forked from it, which exits
+    at once, has started); False as soon as ``give_up`` is set, leaving it to import on. A run's
+    LocalCluster starts once this returns True: its start then takes a fraction of a second,
+    where the imports take seconds that a stop would otherwise have to wait out."""
+    ready = threading.Event()
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):  # a server that failed: the LocalCluster's start says why
+            process = multiprocessing.get_context("forkserver").Process(target=int, name="tianji-fork-probe")
+            process.start()
+            process.join()
+        ready.set()
+
+    threading.Thread(target=probe, name="tianji-fork-server-probe", daemon=True).start()
+    while not ready.wait(poll_s):
+        if give_up.is_set():
+            return False
+    return True
+
+
+def end_fork_server() -> None:
+    """End this process's fork server, if one runs: one still importing takes the CPU a stopping
+    run writes its results with, and would end by itself only once its imports are done. Not
+    reaped: the next run's ``ensure_running`` reaps it and starts another (the pid of an unreaped
+    child is no other process's)."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def pre_spawn_environ() -> dict[str, str]:

@@ -30,6 +30,12 @@ WAIT_POLL_S = 0.5  # how often a wait for a host asks whether its worker is stil
 DONE_POLL_S = 0.005  # how often it looks whether the host answered
 
 
+class StartAbandoned(BaseException):
+    """The run was asked to stop while its cluster or hosts were starting: the start is given up.
+    Not an ``Exception``: no handler of a failed host creation (which waits to see whether a
+    worker was lost) may take it for one."""
+
+
 class RunHosts:
     """Handles of the run's hosts by key, their incarnations, and the placement they follow."""
 
@@ -51,6 +57,8 @@ class RunHosts:
         self.incarnations: dict[Key, int] = defaultdict(int)
         self.plan: Placement | None = None
         self.replacement = WorkerReplacement(client, on_event, hurry)
+        # set while the hosts are first created: the run was asked to stop, give the start up
+        self.abandon: threading.Event | None = None
         self._startup_s = deployment_settings().timeouts.host_startup
 
     # --- views ------------------------------------------------------------------------
@@ -118,6 +126,8 @@ class RunHosts:
         next_check = time.monotonic() + WAIT_POLL_S
         while not fut.done():
             time.sleep(DONE_POLL_S)
+            if self.abandon is not None and self.abandon.is_set():
+                raise StartAbandoned("the run was asked to stop while its hosts were created")
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + WAIT_POLL_S

@@ -4,6 +4,7 @@ state and each buffer's replay (up to ``run.replay_snapshot_mb``)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from tianji_dask.runtime.run_hosts import RunHosts
 
 SNAPSHOT_TIMEOUT_S = 30.0
+
+logger = logging.getLogger("tianji_dask.snapshots")
 
 
 class SnapshotKeeper:
@@ -83,10 +86,8 @@ class SnapshotKeeper:
                 first = int(self.learners.get(group, ({}, {}))[1].get("updates", 0)) == 0
                 self.learners[group] = got["learner"]
                 updates = int(got["learner"][1].get("updates", 0))
-                if first and updates > 0:
-                    self._on_event(
-                        f"group {group}: a lost learner can now be restored (first snapshot, at update {updates:,})"
-                    )
+                if first and updates > 0:  # the run's own bookkeeping, not news for its user
+                    logger.debug("group %d: first learner snapshot kept, at update %d", group, updates)
             self._keep_replay(lid, got["replay"], got["replay_bytes"], incarnation, max_bytes)
 
     def forget_pending(self, group: int) -> None:

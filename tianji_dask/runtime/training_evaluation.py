@@ -11,7 +11,9 @@ periodic checkpoint takes, between two updates) and hands it to an evaluator pro
 ``run.eval_episodes`` episodes with the policy ``tianji-dask eval`` plays
 (:func:`~tianji_dask.results.evaluation.play_state`: no exploration, the env's own rewards) and
 sends back their mean and std. One evaluation is under way at a time: one due while another
-plays waits for it. Each is a record of ``metrics.nc`` (``eval_return_mean`` ...); a mean above
+plays waits for it, and those that fell due meanwhile beyond it are skipped (counted in
+``metrics.nc``'s ``eval_skipped`` attribute, and said in the line of the evaluation that followed).
+Each is a line on ``on_event`` and a record of ``metrics.nc`` (``eval_return_mean`` ...); a mean above
 every earlier one (of this run and of the run it continues) makes that state ``checkpoint_best``,
 written as every checkpoint is (whole or not at all, ``results/checkpoint.py``). The final
 checkpoint is evaluated too, once the hosts have stopped. All evaluations of a run play the same
@@ -62,6 +64,7 @@ class _Taken:
     meta: dict
     env_steps: int
     t_rel: float
+    skipped: int  # evaluations that fell due while the one before played, and were not made
 
 
 class TrainingEvaluations:
@@ -74,6 +77,7 @@ class TrainingEvaluations:
         t0: float,
         on_event: Callable[[str], None],
         on_evaluation: Callable[[dict], None] = lambda record: None,
+        skipped: int = 0,
     ):
         self.cfg = cfg
         self.every = cfg.run.eval_every_env_steps
@@ -84,6 +88,9 @@ class TrainingEvaluations:
         self._on_evaluation = on_evaluation  # each record, as metrics.nc holds it (TensorBoard)
         self.best = best_evaluated(checkpoints.run_dir)  # a continued run's bar is its earlier best
         self._next_due = recorder.tally.env_steps + self.every
+        self._waited = False  # an evaluation fell due while another played
+        self.skipped = skipped  # of the whole run (a continued run's counted before it, too)
+        recorder.set_attrs({"eval_skipped": skipped})
         self._taken: _Taken | None = None
         self._last_steps = -1  # env steps of the latest state sent to the evaluator
         self._process: subprocess.Popen | None = None
@@ -99,14 +106,23 @@ class TrainingEvaluations:
             self._spawn()
         self._collect(wait=0.0)
         steps = self._recorder.tally.env_steps
-        if self._taken is None and snapshot is not None and steps >= self._next_due:
-            self._next_due = steps + self.every
-            try:
-                state, meta = snapshot()
-            except Exception as exc:  # noqa: BLE001 - a learner busy or lost: the next one is due later
-                self._on_event(f"evaluation skipped: the learner's state was not taken: {exc!r}")
-                return
-            self._start(state, meta, steps)
+        if steps < self._next_due or snapshot is None:
+            return
+        if self._taken is not None:
+            self._waited = True
+            return
+        # the due steps passed while the one before played, beyond the one made now
+        skipped = (steps - self._next_due) // self.every if self._waited else 0
+        self._next_due, self._waited = steps + self.every, False
+        if skipped:
+            self.skipped += skipped
+            self._recorder.set_attrs({"eval_skipped": self.skipped})
+        try:
+            state, meta = snapshot()
+        except Exception as exc:  # noqa: BLE001 - a learner busy or lost: the next one is due later
+            self._on_event(f"evaluation skipped: the learner's state was not taken: {exc!r}")
+            return
+        self._start(state, meta, steps, skipped=skipped)
 
     def finish(self, final: tuple[dict | bytes, dict] | None) -> None:
         """Once the hosts have stopped: the evaluation under way, then one of ``final`` (the final
@@ -136,14 +152,14 @@ class TrainingEvaluations:
         answers.close()
 
     # --- the driver's side of the evaluator process ----------------------------------------------
-    def _start(self, state: dict | bytes, meta: dict, env_steps: int) -> None:
+    def _start(self, state: dict | bytes, meta: dict, env_steps: int, *, skipped: int = 0) -> None:
         from tianji_dask.results.checkpoint import pack_state
 
         packed = state if isinstance(state, bytes) else pack_state(state)
         if self._conn is None:  # finish() of a run stopped before its first tick
             self._spawn()
         assert self._conn is not None
-        self._taken = _Taken(packed, meta, env_steps, time.time() - self._t0)
+        self._taken = _Taken(packed, meta, env_steps, time.time() - self._t0, skipped)
         self._last_steps = env_steps
         # from a thread: a state larger than the pipe's buffer waits for the evaluator to read it
         # (seconds, while it imports torch the first time), and the run's loop must not wait; an
@@ -189,7 +205,9 @@ class TrainingEvaluations:
         self._on_evaluation(
             self._recorder.record_evaluation(mean=mean, std=std, env_steps=taken.env_steps, t_rel=taken.t_rel)
         )
-        if mean > self.best:
+        best = mean > self.best
+        self._on_event(evaluation_line(mean, std, taken.env_steps, self.cfg.run.eval_episodes, best, taken.skipped))
+        if best:
             self.best = mean
             meta = {**taken.meta, "eval_return_mean": mean, "eval_return_std": std}
             meta["eval_episodes"] = self.cfg.run.eval_episodes
@@ -199,6 +217,17 @@ class TrainingEvaluations:
         self._off, self._taken = True, None
         self._on_event(f"{why}; no more evaluations in this run")
         self.close()
+
+
+def evaluation_line(mean: float, std: float, env_steps: int, episodes: int, best: bool, skipped: int) -> str:
+    """``eval at 30,000 env steps: return 500.0 ± 0.0 over 20 episodes (best so far)``, and how
+    many evaluations fell due while the one before played and were skipped."""
+    line = f"eval at {env_steps:,} env steps: return {mean:.1f} ± {std:.1f} over {episodes} episodes"
+    if best:
+        line += " (best so far)"
+    if skipped:
+        line += f"; {skipped} skipped: an evaluation was still running"
+    return line
 
 
 def best_evaluated(run_dir: Path) -> float:

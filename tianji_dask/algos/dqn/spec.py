@@ -19,6 +19,7 @@ class DQNSpec:
     name = "dqn"
     tunable_batch = True
     keeps_replay = True
+    off_policy = True
 
     def actor_role(self) -> Callable[..., ActorLoopRole]:
         from tianji_dask.algos.dqn.actor import DQNActorRole

@@ -20,6 +20,7 @@ class PPOSpec:
     name = "ppo"
     tunable_batch = False
     keeps_replay = False
+    off_policy = False
 
     def actor_role(self) -> Callable[..., ActorLoopRole]:
         return ppo_actor_role
