@@ -14,8 +14,8 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "tianji_dask"
 FLOORS = [  # bottom first: the top-level modules and packages of each
-    {"errors", "seeding", "progress", "channels", "envs"},
-    {"config", "devices"},
+    {"errors", "seeding", "channels", "envs"},
+    {"config", "devices", "progress"},
     {"roles"},
     {"algos"},
     {"results"},

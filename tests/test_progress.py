@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import load_config
 from tianji_dask.config.schema import StopConfig
 from tianji_dask.progress import Progress, eta_text, log_line, progress_line, summary_line
@@ -43,7 +44,7 @@ ROW = {
 def _on_terminal(cfg, width: int, row: dict) -> list[str]:
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=width, color_system=None)
-    progress = Progress.of(cfg, console=console)
+    progress = Progress(cfg.stop, off_policy=spec_for(cfg).off_policy, console=console)
     progress.update(row)
     progress.close()
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # Live's cursor moves
@@ -76,7 +77,9 @@ def test_the_replay_ratio_is_shown_for_off_policy_algorithms_only(config, shown)
     no setting and says nothing, on a terminal or off one."""
     cfg = load_config(f"configs/{config}.yaml", ["stop.max_seconds=100"])
     assert ("replay ratio" in _on_terminal(cfg, 200, ROW)[0]) == shown
-    off_terminal = Progress.of(cfg, console=Console(file=io.StringIO(), force_terminal=False))
+    off_terminal = Progress(
+        cfg.stop, off_policy=spec_for(cfg).off_policy, console=Console(file=io.StringIO(), force_terminal=False)
+    )
     assert off_terminal.console.is_terminal is False
     assert ("replay ratio" in log_line(ROW, cfg.stop, off_policy=off_terminal.off_policy)) == shown
 

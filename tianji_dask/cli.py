@@ -385,6 +385,7 @@ def cmd_train(args) -> int:
     if args.check:
         return _check_only(cfg, plan, args)
 
+    from tianji_dask.algos.registry import spec_for
     from tianji_dask.progress import Progress
     from tianji_dask.runtime.driver import Run, train
 
@@ -411,7 +412,7 @@ def cmd_train(args) -> int:
                 client.close()
             return _bad_input(refusal)
 
-    progress = Progress.of(cfg)
+    progress = Progress(cfg.stop, off_policy=spec_for(cfg).off_policy)
     try:
         if resume_point is not None:
             run = Run(

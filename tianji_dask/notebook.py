@@ -278,7 +278,7 @@ class _ConsoleView(_View):
         from tianji_dask.progress import Progress
 
         super().__init__()
-        self._progress = Progress.of(cfg)
+        self._progress = Progress(cfg.stop, off_policy=spec_for(cfg).off_policy)
         self._closed = False
 
     def attach(self, run: Run) -> None:

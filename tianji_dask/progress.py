@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from tianji_dask.config.schema import ExperimentConfig, StopConfig
+    from tianji_dask.config.schema import StopConfig
 
 
 def _fmt(x: float | None, spec: str = ".0f") -> str:
@@ -179,13 +179,6 @@ class Progress:
         if self.console.is_terminal:
             self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4, transient=False)
             self._live.start()
-
-    @classmethod
-    def of(cls, cfg: ExperimentConfig, **kwargs) -> Progress:
-        """The progress of a run of ``cfg``."""
-        from tianji_dask.algos.registry import spec_for
-
-        return cls(cfg.stop, off_policy=spec_for(cfg).off_policy, **kwargs)
 
     def update(self, row: dict) -> None:
         if self._live is not None:
