@@ -2,8 +2,7 @@
 missed the target counts as the budget, a lower bound), the best 100-episode mean within the
 time budget, and the return curves.
 
-    python benchmarks/pong_summary.py --ppo benchmarks/results/pong_ppo_16core_gpu{,_seed1,_seed2} \\
-        --dqn benchmarks/results/pong_dqn_16core_gpu_30min --out benchmarks/results/pong_16core_gpu
+    python benchmarks/pong_summary.py --ppo RUN_DIR... --dqn RUN_DIR... --budget SECONDS --out OUT
 
 Reads run directories (``metrics.nc`` + ``episodes.nc``, as ``tianji-dask train`` and
 ``pong_race.sh`` write them). Writes ``<out>/pong_summary.json`` and ``<out>/pong_summary.png``

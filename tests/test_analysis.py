@@ -142,7 +142,7 @@ def test_open_run_merges_metrics_episodes_and_config(runs):
 
 @integration
 def test_a_run_written_before_the_renames_opens_under_the_current_names(h, runs):
-    old = h.ROOT / "benchmarks" / "results" / "pong_ppo_16core_gpu"  # a Pong run of an earlier tianji_dask
+    old = h.ROOT / "tests" / "data" / "pong_runs" / "pong_ppo_16core_gpu"  # a Pong run of an earlier tianji_dask
     with xr.open_dataset(old / "metrics.nc", engine="netcdf4") as raw:
         raw.load()
     assert set(RENAMED) <= set(raw.data_vars) and not set(RENAMED.values()) & set(raw.data_vars)

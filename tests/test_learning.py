@@ -57,7 +57,7 @@ def test_cartpole_reaches_150_within_budget(tmp_path, algo):
 def test_cartpole_best_checkpoint_plays_450_greedily(tmp_path, algo, target, run_client):
     """The shipped config with evaluations (every 10,000 env steps, 20 episodes), trained until
     one of them reaches ``target`` instead of until the training mean reaches 300: runs stopped at
-    300 often held no policy that plays 450 (docs/benchmarks.md). Its best checkpoint, played by
+    300 often held no policy that plays 450 (`git show 809c4a1:docs/benchmarks.md`). Its best checkpoint, played by
     ``tianji-dask eval`` on episodes the evaluations never saw, scores at least 450 over 20. DQN's
     target is a perfect evaluation: its runs stopped at 475 replayed to 475-488; PPO's policy stops
     changing after its lr decays (100,000 env steps), and one that never evaluates to 500 stays so.

@@ -1,4 +1,4 @@
-"""benchmarks/pong_summary.py on the committed Pong runs: its figures agree with what the recorder
+"""benchmarks/pong_summary.py on committed Pong runs (tests/data/pong_runs/): its figures agree with what the recorder
 wrote during each run, the budget bounds what counts, and bad input is refused with the fix."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # subprocesses of the summary script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "pong_summary.py"
-RESULTS = ROOT / "benchmarks" / "results"
+RUNS = ROOT / "tests" / "data" / "pong_runs"
 PPO = ["pong_ppo_16core_gpu", "pong_ppo_16core_gpu_seed1", "pong_ppo_16core_gpu_seed2"]
 DQN = "pong_dqn_16core_gpu_30min"
 
@@ -31,7 +31,7 @@ def runs(tmp_path_factory) -> Path:
     """Copies of the committed runs (``--run-pngs`` writes into the run directories)."""
     root = tmp_path_factory.mktemp("pong")
     for name in [*PPO, DQN]:
-        shutil.copytree(RESULTS / name, root / name, ignore=shutil.ignore_patterns("*.png"))
+        shutil.copytree(RUNS / name, root / name, ignore=shutil.ignore_patterns("*.png"))
     return root
 
 
@@ -69,7 +69,7 @@ def test_a_run_that_records_received_reports_its_replay_ratio_windows(tmp_path):
     ratio of its 10-s windows (``ds.tianji.replay_ratio``); older runs, without it, get neither."""
     from tianji_dask.results.analysis import open_run
 
-    run = RESULTS / "dqn_vs_single_h200_20261129" / "tianji-seed53"
+    run = RUNS / "dqn_h200_seed53"
     r = summary("--dqn", str(run), "--budget", "300", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     rates = json.loads((tmp_path / "pong_summary.json").read_text())["runs"][0]["median_throughput"]
@@ -99,9 +99,9 @@ def test_the_budget_bounds_what_counts(runs, tmp_path):
     "args, message",
     [
         ([], "no runs: pass run directories with --ppo and/or --dqn"),
-        (["--dqn", str(RESULTS / PPO[0])], "is a ppo run, passed as --dqn; pass it with --ppo"),
-        (["--ppo", str(RESULTS / "no_such_run")], "no_such_run"),
-        (["--ppo", str(RESULTS / PPO[0]), "--budget", "0"], "--budget 0: must be positive"),
+        (["--dqn", str(RUNS / PPO[0])], "is a ppo run, passed as --dqn; pass it with --ppo"),
+        (["--ppo", str(RUNS / "no_such_run")], "no_such_run"),
+        (["--ppo", str(RUNS / PPO[0]), "--budget", "0"], "--budget 0: must be positive"),
     ],
 )
 def test_bad_input_is_refused_with_the_fix(h, tmp_path, args, message):

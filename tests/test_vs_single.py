@@ -126,10 +126,10 @@ def test_the_single_ppo_steps_the_envs_of_one_learner_iteration(overrides, envs)
 
 def test_a_runs_rates_are_read_from_its_metrics_once_the_learner_has_updated():
     """The rates a race reports of a tianji-dask run, read from a committed run's metrics
-    (the H100 race's seed 13, whose figures docs/benchmarks.md quotes)."""
+    (the H100 race's seed 13 of 2026-11-28)."""
     import xarray as xr
 
-    metrics = SCRIPT.parents[1] / "benchmarks/results/ppo_vs_single_h100_20261128/tianji-seed13/metrics.nc"
+    metrics = SCRIPT.parents[1] / "tests/data/pong_runs/ppo_h100_seed13/metrics.nc"
     with xr.open_dataset(metrics) as ds:
         rates = vs_single.in_run_rates(ds)
     assert rates["median_env_fps"] == pytest.approx(12_859, abs=1)

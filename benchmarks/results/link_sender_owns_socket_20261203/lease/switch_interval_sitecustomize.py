@@ -1,3 +1,0 @@
-import sys
-
-sys.setswitchinterval(0.0005)
