@@ -41,7 +41,7 @@ class MetricsRecorder:
     Call protocol: ``add(heartbeat)`` as they arrive (thread-safe), ``row(t_rel)`` every metrics
     interval, and ``dataset()`` / ``episodes_dataset()`` / ``write(run_dir)`` at any time, also
     while the run goes on. ``tally`` answers what the heartbeats said so far (env steps, the
-    return window, the time to target, each host's last heartbeat and totals).
+    return window, the time to target, each host's totals).
 
     Rates (``*_fps``) are the difference of a host's cumulative counter between the heartbeat
     used by the previous row and the latest one, divided by the difference of the heartbeats' own

@@ -403,10 +403,6 @@ class FrameReplay:
             "discounts": self._discounts[idx],
         }
 
-    def oldest_index(self) -> int:
-        """Ring index of the oldest stored transition."""
-        return self._pos if self._size == self.capacity else 0
-
     def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if self._size == 0:
             raise ValueError("cannot sample from an empty replay memory")

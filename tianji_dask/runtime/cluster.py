@@ -98,7 +98,7 @@ def local_cluster(
     """The LocalCluster of tianji-dask's runs, profiles and benchmarks: loopback only, one
     single-threaded worker process each, workers that leave SIGINT and SIGTERM to the driver.
 
-    ``preload_roles``: the workers import torch, gymnasium and the roles as they start
+    ``preload_roles``: the workers import torch and gymnasium as they start
     (``tianji_dask.runtime.worker_preload``); the channel benchmark, which measures the transport alone,
     leaves them out. ``security`` (a ``distributed.Security``): scheduler, workers and nannies
     listen on tls:// only, with its certificates; the project's channels answer on the workers'
