@@ -649,22 +649,22 @@ def profile_beside(plan_path) -> Path:
 
 def save_plan(plan: Plan, path) -> None:
     """Write the plan as YAML (replacing a file only with a complete one)."""
-    import os
     from pathlib import Path
 
     import yaml
 
+    from tianji_dask.results.atomic import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(
-        "# tianji-dask plan: tianji-dask train CONFIG --plan "
-        + path.name
-        + "\n"
-        + yaml.safe_dump(plan.to_dict(), sort_keys=False),
-        encoding="utf-8",
-    )
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(
+            "# tianji-dask plan: tianji-dask train CONFIG --plan "
+            + path.name
+            + "\n"
+            + yaml.safe_dump(plan.to_dict(), sort_keys=False),
+            encoding="utf-8",
+        )
 
 
 def load_plan(path) -> Plan:
