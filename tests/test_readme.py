@@ -280,7 +280,7 @@ def test_readme_sweep_and_eval_commands_run_as_written(tmp_path):
         *sweep[1:], "--set", "stop.max_env_steps=1500", "--set", "stop.target_return=null", "--out", out, cwd=ROOT
     )
     assert r.returncode == 0, (r.stdout, r.stderr)
-    runs = sorted(p.name for p in out.iterdir())
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())  # beside them its sweep.yaml
     assert runs == ["seed=0__algo.lr=1e-4", "seed=0__algo.lr=3e-4", "seed=1__algo.lr=1e-4", "seed=1__algo.lr=3e-4"]
     evaluate = _readme_command("eval")
     run_dir = out / runs[0]
