@@ -32,7 +32,7 @@ import numpy as np
 import xarray as xr
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.results.recorder import portable_path, provenance_attrs
+from tianji_dask.results.provenance import portable_path, provenance_attrs
 from tianji_dask.runtime.driver import train
 
 MODES = ("relaxed", "synchronous")

@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     import xarray as xr
 
     from tianji_dask.config import load_config
-    from tianji_dask.results.recorder import provenance_attrs, write_netcdf_atomic
+    from tianji_dask.results.provenance import provenance_attrs
+    from tianji_dask.results.recorder import write_netcdf_atomic
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

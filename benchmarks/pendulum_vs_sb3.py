@@ -38,7 +38,7 @@ from pathlib import Path
 import xarray as xr
 from vs_single import alternate, compare, run_meta, run_tianji, system_seed_grid
 
-from tianji_dask.results.recorder import portable_path, provenance_attrs
+from tianji_dask.results.provenance import portable_path, provenance_attrs
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

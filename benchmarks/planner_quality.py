@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     from tianji_dask.config import load_config
     from tianji_dask.deploy import profiling
     from tianji_dask.deploy.planner import Profile, Resources, make_plan
-    from tianji_dask.results.recorder import provenance_attrs
+    from tianji_dask.results.provenance import provenance_attrs
     from tianji_dask.runtime.cluster import local_cluster
 
     cfg = load_config(args.config, args.overrides)

@@ -69,7 +69,7 @@ RUN_BY: dict[tuple[str, str], tuple[str, ...]] = {
         "test_readme.py::test_readme_sweep_and_eval_commands_run_as_written",
     ),
     # the same sweep through tianji_dask.deploy.slurm_sweep, with a plan that fits the local Slurm
-    ("README.md", "./dev sweep configs/cartpole_dqn.yaml --grid seed=0,1,2,3 --parallel 2 --slurm --plan $P"): (
+    ("docs/cli.md", "./dev sweep configs/cartpole_dqn.yaml --grid seed=0,1,2,3 --parallel 2 --slurm --plan $P"): (
         "test_slurm_sweep.py::test_four_seeds_two_at_a_time_on_two_allocations_of_the_plan",
     ),
     ("README.md", "from distributed import Client, LocalCluster"): (

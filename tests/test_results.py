@@ -16,6 +16,7 @@ import torch
 import xarray as xr
 
 from tianji_dask.results import checkpoint as ckpt_mod
+from tianji_dask.results.atomic import atomic_write
 from tianji_dask.results.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -24,7 +25,8 @@ from tianji_dask.results.checkpoint import (
     save_checkpoint,
     unpack_state,
 )
-from tianji_dask.results.recorder import MetricsRecorder, git_commit
+from tianji_dask.results.provenance import git_commit
+from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.results.rundir import RunDirExists, prepare_run_dir, run_name, write_config
 
 T0 = 1_700_000_000.0
@@ -270,15 +272,9 @@ def test_time_to_target_needs_100_episodes_and_stays_nan_without_target():
     assert math.isnan(m2.dataset().attrs["target_return"])
 
 
-def test_last_seen_and_bad_heartbeat():
+def test_a_heartbeat_of_an_unknown_role_is_refused():
     m = recorder()
     feed_group(m)
-    assert m.tally.last_seen() == {
-        ("actor", 0): T0 + 0.5,
-        ("actor", 1): T0 + 0.5,
-        ("buffer", 0): T0 + 0.5,
-        ("learner", 0): T0 + 0.5,
-    }
     with pytest.raises(ValueError, match="role"):
         m.add({"role": "planner", "id": 0, "t": T0, "counters": {}, "episodes": []})
 
@@ -642,6 +638,45 @@ def test_write_config(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
 
 
+def test_an_atomic_write_replaces_the_file_only_with_a_complete_one(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("old")
+    with pytest.raises(OSError, match="disk full"), atomic_write(path) as tmp:
+        tmp.write_text("half")
+        raise OSError("disk full")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.yaml"]
+    with atomic_write(path, suffix=".mp4") as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith(".plan.yaml.") and tmp.suffix == ".mp4"
+        tmp.write_text("new")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["plan.yaml"]
+
+
+def test_an_atomic_write_asked_to_fsync_flushes_the_file_before_the_rename(tmp_path, monkeypatch):
+    import os
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    with atomic_write(tmp_path / "a") as tmp:
+        tmp.write_text("a")
+    assert synced == []
+    with atomic_write(tmp_path / "b", fsync=True) as tmp:
+        tmp.write_text("b")
+    assert synced == [str(tmp)] and (tmp_path / "b").read_text() == "b"
+
+
+def test_netcdf_files_written_together_are_replaced_together_or_not_at_all(tmp_path):
+    from tianji_dask.results.recorder import write_netcdf_files_atomic
+
+    a, b = tmp_path / "a.nc", tmp_path / "b.nc"
+    ds = xr.Dataset({"v": ("time", np.arange(3.0))})
+    write_netcdf_files_atomic({a: ds, b: ds})
+    with pytest.raises(AttributeError):
+        write_netcdf_files_atomic({a: ds * 2, b: object()})  # its write fails: not a Dataset
+    assert xr.load_dataset(a)["v"].values.tolist() == [0.0, 1.0, 2.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.nc", "b.nc"]
+
+
 def test_missing_or_none_counters_do_not_break_rows():
     m = recorder()
     m.add({"role": "actor", "id": 0, "t": T0, "counters": {"env_steps": 100}, "episodes": []})
@@ -722,7 +757,7 @@ def test_evaluations_are_records_beside_the_rows_and_a_continued_run_keeps_them(
 
 
 def test_portable_path_is_relative_below_the_working_directory_and_as_given_elsewhere(tmp_path, monkeypatch):
-    from tianji_dask.results.recorder import portable_path
+    from tianji_dask.results.provenance import portable_path
 
     monkeypatch.chdir(tmp_path)
     assert portable_path(tmp_path / "runs" / "a") == str(Path("runs") / "a")

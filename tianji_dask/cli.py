@@ -26,9 +26,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
+RUNS_HELP = "run directories, globs of them ('runs/CartPole-v1__dqn__*') or a sweep's directory"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tianji-dask", description="TianJi-style distributed deep RL on Dask.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add_command in (
+        _add_train,
+        _add_profile,
+        _add_plan,
+        _add_sweep,
+        _add_eval,
+        _add_job_script,
+        _add_summary,
+        _add_plot,
+    ):
+        add_command(sub)
+    return p
+
+
+def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
     t = sub.add_parser(
         "train",
         help="train an agent from a config file",
@@ -57,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="run directory (must be new or empty); default runs/<env>__<algo>__<seed>__<time>",
     )
+    _add_train_cluster_arguments(t)
+
+
+def _add_train_cluster_arguments(t: argparse.ArgumentParser) -> None:
+    """Where the run's hosts run, its plan, and the checks before it starts."""
     g = t.add_mutually_exclusive_group()
     g.add_argument(
         "--scheduler",
@@ -93,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tls://... or --slurm, Dask's own TLS settings (distributed.comm.tls.*) apply instead",
     )
 
+
+def _add_profile(sub: argparse._SubParsersAction[_Parser]) -> None:
     pr = sub.add_parser(
         "profile",
         help="measure TR_A and TR_L of a config on a cluster (the planner's input)",
@@ -116,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_profile_arguments(pr)
 
+
+def _add_plan(sub: argparse._SubParsersAction[_Parser]) -> None:
     pl = sub.add_parser(
         "plan",
         help="size groups, actors and learner threads for M cores (TianJi's strategy)",
@@ -150,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_profile_arguments(pl)
 
+
+def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw = sub.add_parser(
         "sweep",
         help="train every combination of a grid of config values, K runs at a time",
@@ -198,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml", help="--slurm: the jobs of this plan")
     sw.add_argument("--walltime", default=None, help="--slurm: job walltime, e.g. 01:00:00 (default: jobqueue.yaml)")
 
+
+def _add_eval(sub: argparse._SubParsersAction[_Parser]) -> None:
     ev = sub.add_parser(
         "eval",
         help="play a trained run's policy without exploration and write eval.nc",
@@ -237,13 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
         "eval.mp4, eval-2.mp4 if taken, ...; pip install 'tianji-dask[video]')",
     )
 
+
+def _add_job_script(sub: argparse._SubParsersAction[_Parser]) -> None:
     js = sub.add_parser("job-script", help="show the Slurm job scripts of a run without submitting them")
     js.add_argument("config")
     js.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
     js.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml")
     js.add_argument("--walltime", default=None)
 
-    runs_help = "run directories, globs of them ('runs/CartPole-v1__dqn__*') or a sweep's directory"
+
+def _add_summary(sub: argparse._SubParsersAction[_Parser]) -> None:
     su = sub.add_parser(
         "summary",
         help="the summary table of runs: time to target per setting, over seeds",
@@ -252,10 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the median, quartiles, min and max of their time to target. A table on a terminal, aligned "
         "text in a pipe.",
     )
-    su.add_argument("runs", nargs="+", metavar="RUN", help=runs_help)
+    su.add_argument("runs", nargs="+", metavar="RUN", help=RUNS_HELP)
     su.add_argument("--target", type=float, default=None, help="time to this return (default: each run's target)")
     su.add_argument("--csv", action="store_true", help="print comma-separated values instead of a table")
 
+
+def _add_plot(sub: argparse._SubParsersAction[_Parser]) -> None:
     pt = sub.add_parser(
         "plot",
         help="draw a metrics variable of runs against env steps or time into a PNG",
@@ -263,11 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the settings that tell the runs apart; the axes carry the variables' names and units. Writes "
         "-o (never over an existing file) and prints its path.",
     )
-    pt.add_argument("runs", nargs="+", metavar="RUN", help=runs_help)
+    pt.add_argument("runs", nargs="+", metavar="RUN", help=RUNS_HELP)
     pt.add_argument("--y", default="return_mean_100", help="the variable drawn (default return_mean_100)")
     pt.add_argument("--x", default="env_steps", help="env_steps (default), time, or another metrics variable")
     pt.add_argument("-o", "--out", type=Path, required=True, help="the image to write, e.g. curve.png (must not exist)")
-    return p
 
 
 def _add_profile_arguments(p) -> None:

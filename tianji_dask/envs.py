@@ -32,8 +32,8 @@ import numpy as np
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
     """Build ``num_envs`` copies of ``env_id``, seeded ``seed, seed+1, ...`` on the first reset.
 
-    Episode statistics (return and length of the full episode) are recorded by
-    ``RecordEpisodeStatistics`` and reported by :class:`EpisodeTracker`.
+    The envs are not wrapped for episode statistics: :class:`EpisodeTracker` sums each episode's
+    return and length from the steps' rewards and dones.
     """
     env = gym.vector.SyncVectorEnv(
         [lambda: gym.make(env_id) for _ in range(num_envs)],

@@ -19,7 +19,8 @@ from .workload import loadavg_1m
 
 def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
     """Run every case of ``cfg``; write comm.nc/json/png to ``out`` (if given); return the Dataset."""
-    from tianji_dask.results.recorder import provenance_attrs
+    from tianji_dask.results.atomic import atomic_write
+    from tianji_dask.results.provenance import provenance_attrs
 
     cfg.validate()
     cases = plan_cases(cfg)
@@ -90,9 +91,8 @@ def run(cfg: CommBenchConfig, out: Path | None = None, log=print):
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        tmp = out / "comm.nc.tmp"
-        ds.to_netcdf(tmp, engine="netcdf4")
-        os.replace(tmp, out / "comm.nc")
+        with atomic_write(out / "comm.nc") as tmp:
+            ds.to_netcdf(tmp, engine="netcdf4")
         meta = {
             k: (json.loads(v) if k in ("config", "transports", "errors", "worker_env") else v) for k, v in attrs.items()
         }

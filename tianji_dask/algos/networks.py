@@ -24,13 +24,11 @@ import torch.nn.functional as F
 from torch.distributions import Categorical
 
 from tianji_dask.config.schema import Precision
+from tianji_dask.envs import ATARI_FRAME_STACK
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
 
-#: Frames per observation, and the side of one square frame.
-FRAME_STACK = 4
-SCREEN = 84
 #: Features after the trunk's last convolution for 84x84 input: 64 channels of 7x7.
 TRUNK_FEATURES = 64 * 7 * 7
 
@@ -102,7 +100,7 @@ def set_trunk_precision(net: nn.Module, precision: Precision, device: torch.devi
         torch.backends.cuda.matmul.allow_tf32 = True
 
 
-def nature_trunk(in_channels: int = FRAME_STACK, init=None, fc: bool = True) -> nn.Sequential:
+def nature_trunk(in_channels: int = ATARI_FRAME_STACK, init=None, fc: bool = True) -> nn.Sequential:
     """The three convolutions and (``fc``) the 512-unit layer, ReLU after each."""
     layers: list[nn.Linear | nn.Conv2d] = [
         nn.Conv2d(in_channels, 32, 8, stride=4),
@@ -144,7 +142,7 @@ class NatureQNetwork(nn.Module):
     """Q-values ``(B, n_actions)`` of uint8 frame stacks ``(B, 4, 84, 84)``; ``dueling``: the
     convolutions feed a value and an advantage stream of 512 units each, as Wang et al."""
 
-    def __init__(self, n_actions: int, in_channels: int = FRAME_STACK, dueling: bool = False):
+    def __init__(self, n_actions: int, in_channels: int = ATARI_FRAME_STACK, dueling: bool = False):
         super().__init__()
         self.trunk = nature_trunk(in_channels, fc=not dueling)
         self.head: nn.Module = DuelingHead(TRUNK_FEATURES, n_actions, 512) if dueling else nn.Linear(512, n_actions)
@@ -172,7 +170,7 @@ class AtariActorCritic(nn.Module):
     ``evaluate``; the trunk runs once per call.
     """
 
-    def __init__(self, n_actions: int, in_channels: int = FRAME_STACK):
+    def __init__(self, n_actions: int, in_channels: int = ATARI_FRAME_STACK):
         super().__init__()
         self.trunk = nature_trunk(in_channels, init=_orthogonal())
         self.actor = _orthogonal(0.01)(nn.Linear(512, n_actions))

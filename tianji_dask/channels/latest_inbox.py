@@ -26,6 +26,8 @@ from distributed.comm import CommClosedError
 
 from .common import ChannelError, LatestSlot, call_soon, logger
 
+CLOSE_DRAIN_S = 10.0  # how long the publishers may read the close error before their comms are cut
+
 
 class LatestInbox:
     """Receiver side of a topic; create it with ``ChannelService.open_latest``.
@@ -74,7 +76,7 @@ class LatestInbox:
             with contextlib.suppress(Exception):  # best effort: the publisher may be gone already
                 await asyncio.wait_for(comm.write({"error": text}), 5)
         # Readers keep draining so the error is not lost to a reset; stragglers are cut off.
-        await asyncio.sleep(10)
+        await asyncio.sleep(CLOSE_DRAIN_S)
         for comm in comms:
             comm.abort()
 

@@ -54,10 +54,6 @@ def fit_allocator(nbytes: int, in_flight_bytes: int = 0) -> int:
     return _raise_thresholds(nbytes, in_flight_bytes)
 
 
-def current_mmap_threshold() -> int:
-    return _mmap_threshold
-
-
 def threshold_for(nbytes: int) -> int:
     """The mmap threshold that keeps buffers of ``nbytes`` on the heap: the next power of two
     at or above twice the size, at most glibc's ceiling (larger buffers stay mmapped)."""

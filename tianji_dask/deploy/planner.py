@@ -386,6 +386,25 @@ def group_shapes(
 
 def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> Plan:
     """The best core (and GPU) allocation for ``cfg`` on ``resources`` according to ``profile``."""
+    _check_resources(profile, resources)
+    R = cfg.algo.target_replay_ratio
+    best, refused_memory = _best_allocation(cfg, profile, resources, R)
+    if best is None and not refused_memory:
+        raise PlanError(
+            "the profile measured no learner on the CPU (profile --max-threads 0) and the plan has no "
+            "GPU: plan with --gpus, or profile again with a CPU learner"
+        )
+    if best is None:
+        raise PlanError(
+            "no allocation fits in memory:\n  "
+            + "\n  ".join(sorted(set(refused_memory))[:5])
+            + "\nGive more memory per node, or a smaller algo.buffer_size."
+        )
+    return _build(cfg, profile, resources, R, **best)
+
+
+def _check_resources(profile: Profile, resources: Resources) -> None:
+    """Refuse resources no group fits in, and GPUs the profile did not measure."""
     M = resources.cores
     m_max = resources.group_core_limit
     if M < 2 or m_max < 2:
@@ -398,7 +417,15 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
             f"--gpus {resources.gpus}, but the profile has no GPU measurements: measure one with "
             "tianji-dask profile CONFIG --gpu on a machine with the GPU (or plan with --gpus 0)"
         )
-    R = cfg.algo.target_replay_ratio
+
+
+def _best_allocation(
+    cfg: ExperimentConfig, profile: Profile, resources: Resources, R: float
+) -> tuple[dict | None, list[str]]:
+    """Every batch size, group count and group shape the resources hold: the best that fits in
+    memory (:func:`_build`'s arguments; None where none does), and why each one that did not fit
+    was refused."""
+    M = resources.cores
     spec = spec_for(cfg)
     config_batch = spec.samples_per_update(cfg)
     max_actors = spec.actors_per_group_limit(cfg)
@@ -410,7 +437,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
         buffer_size = _int_or_none(scaled.get("buffer_size"))
         learner_mem = _learner_memory(cfg, profile, buffer_size)
         for G in range(1, M // 2 + 1):
-            m = min(M // G, m_max)
+            m = min(M // G, resources.group_core_limit)
             if resources.nodes * (per_node // m) < G:
                 continue  # groups never straddle nodes
             gpu = resources.nodes * min(per_node // m, resources.gpus_per_node) >= G
@@ -443,18 +470,7 @@ def make_plan(cfg: ExperimentConfig, profile: Profile, resources: Resources) -> 
                             learner_mem=learner_mem,
                         ),
                     )
-    if best is None and not refused_memory:
-        raise PlanError(
-            "the profile measured no learner on the CPU (profile --max-threads 0) and the plan has no "
-            "GPU: plan with --gpus, or profile again with a CPU learner"
-        )
-    if best is None:
-        raise PlanError(
-            "no allocation fits in memory:\n  "
-            + "\n  ".join(sorted(set(refused_memory))[:5])
-            + "\nGive more memory per node, or a smaller algo.buffer_size."
-        )
-    return _build(cfg, profile, resources, R, **best[1])
+    return (None if best is None else best[1]), refused_memory
 
 
 def _better(key, other) -> bool:
@@ -534,72 +550,9 @@ def _build(
     learner_mem: int,
 ) -> Plan:
     """``scaled``: the config's fields for batch ``b`` (``AlgorithmSpec.scaled_for_batch``)."""
-    spec = spec_for(cfg)
     prod, cons = shape.production, shape.consumption
-    bottleneck = "learner" if cons < prod else "actors"
     group = shape.throughput
-    gpus = G if shape.gpu else 0
-    learner_text = "GPU" if shape.learner_device != "cpu" else shape.learner_threads
-    why = [
-        f"replay ratio R = {R:g} samples consumed per env step (the serial algorithm's); "
-        f"a learner's TR_L samples/s consume TR_L / R env steps/s",
-        f"chosen: {G} group(s) x ({_hosts_text(shape)}) = {G * shape.cores} of {resources.cores} cores"
-        + (f" and {gpus} of {resources.gpus} GPU(s)" if gpus else "")
-        + (f"; batch {b}" if spec.tunable_batch else ""),
-        f"per group: TR_A = {prod:,.0f} env steps/s produced, TR_L({learner_text}, {b}) / R = "
-        f"{cons:,.0f} env steps/s consumed (ratio {prod / cons:.2f})",
-        f"bottleneck: {bottleneck}",
-        _next_resource(profile, shape, b, R),
-    ]
-    limit = spec.actors_per_group_limit(cfg)
-    if resources.gpus and profile.gpu_actor and cfg.env.stepping_threads:
-        why.append(_where_inference_runs(profile, shape, limit))
-    if limit is not None and shape.actor_device == "cpu" and shape.actors == limit:
-        why.append(
-            f"at most {limit} actor(s) a group: a group's A actors each finish a rollout every "
-            f"A / algo.rollouts_per_update learner iterations, and rollouts more than "
-            f"algo.max_policy_lag versions old are dropped"
-        )
-    if G > 1:
-        why.append(
-            f"replicated groups: {G} x {group:,.0f} = {G * group:,.0f} env steps/s; "
-            f"groups average parameters every topology.sync_interval_s"
-        )
-    m = min(resources.cores // G, resources.group_core_limit)
-    if m > shape.cores:
-        why.append(
-            f"{m - shape.cores} core(s) of each group's {m} left idle: using them would not raise "
-            f"the throughput by {TIE:.0%} or more"
-        )
-    if resources.cores > G * m:
-        why.append(f"{resources.cores - G * m} core(s) left idle: a group of {m} cores does not fit in them")
-    config_batch = spec.samples_per_update(cfg)
-    if b != config_batch:
-        changed = " and ".join(
-            f"{k} {getattr(cfg.algo, k):,} -> {v:,}"
-            for k, v in scaled.items()
-            if k in ("train_freq", "buffer_size", "target_update_interval")
-        )
-        why.append(
-            f"batch {config_batch} -> {b}: {changed} keep R, P = B/N_s and the target network's "
-            "age in samples of serial training"
-        )
-        algo, lr = cfg.algo.model_dump(), scaled.get("lr")
-        if lr is not None and lr != algo["lr"]:
-            why.append(f"lr {algo['lr']:g} -> {lr:g} for batch {b} (algo.lr_batch_scaling: {algo['lr_batch_scaling']})")
-    actors_mem = shape.actors * ACTOR_PROCESS_BYTES
-    jobs: list[Job] = []
-    for g in range(G):
-        node = g // groups_per_node
-        # one job holds the group where its actor shares the learner's GPU, and on several nodes,
-        # where a group's jobs could otherwise land on two nodes: a batch system places jobs, not groups
-        if shape.actor_device != "cpu" or resources.nodes > 1:
-            group_gpus = int(shape.actor_device != "cpu" or shape.learner_device != "cpu")
-            jobs.append(Job("group", g, shape.cores, 1 + shape.actors, learner_mem + actors_mem, node, group_gpus))
-            continue
-        learner_gpus = int(shape.learner_device != "cpu")
-        jobs.append(Job("learner", g, shape.learner_cores, 1, learner_mem, node, gpus=learner_gpus))
-        jobs.append(Job("actors", g, shape.actors, shape.actors, actors_mem, node))
+    config_batch = spec_for(cfg).samples_per_update(cfg)
     return Plan(
         algo=cfg.algo.name,
         env_id=cfg.env.id,
@@ -620,14 +573,97 @@ def _build(
             "train_env_steps_per_s": G * group,
             "train_samples_per_s": G * group * R,
         },
-        bottleneck=bottleneck,
-        explanation=why,
-        jobs=jobs,
+        bottleneck="learner" if cons < prod else "actors",
+        explanation=_explanation(cfg, profile, resources, R, G, b, shape)
+        + _batch_explanation(cfg, b, config_batch, scaled),
+        jobs=_jobs(resources, G, shape, groups_per_node, learner_mem),
         learner_device="cuda" if shape.learner_device != "cpu" else "cpu",
         actor_device="cuda" if shape.actor_device != "cpu" else "cpu",
         env_threads=shape.env_threads,
-        gpus_used=gpus,
+        gpus_used=G if shape.gpu else 0,
     )
+
+
+def _explanation(
+    cfg: ExperimentConfig, profile: Profile, resources: Resources, R: float, G: int, b: int, shape: GroupShape
+) -> list[str]:
+    """Why the plan is this allocation: the replay ratio, the groups, the bottleneck, what more
+    cores would give, and the cores it leaves idle."""
+    spec = spec_for(cfg)
+    prod, cons = shape.production, shape.consumption
+    gpus = G if shape.gpu else 0
+    learner_text = "GPU" if shape.learner_device != "cpu" else shape.learner_threads
+    why = [
+        f"replay ratio R = {R:g} samples consumed per env step (the serial algorithm's); "
+        f"a learner's TR_L samples/s consume TR_L / R env steps/s",
+        f"chosen: {G} group(s) x ({_hosts_text(shape)}) = {G * shape.cores} of {resources.cores} cores"
+        + (f" and {gpus} of {resources.gpus} GPU(s)" if gpus else "")
+        + (f"; batch {b}" if spec.tunable_batch else ""),
+        f"per group: TR_A = {prod:,.0f} env steps/s produced, TR_L({learner_text}, {b}) / R = "
+        f"{cons:,.0f} env steps/s consumed (ratio {prod / cons:.2f})",
+        f"bottleneck: {'learner' if cons < prod else 'actors'}",
+        _next_resource(profile, shape, b, R),
+    ]
+    limit = spec.actors_per_group_limit(cfg)
+    if resources.gpus and profile.gpu_actor and cfg.env.stepping_threads:
+        why.append(_where_inference_runs(profile, shape, limit))
+    if limit is not None and shape.actor_device == "cpu" and shape.actors == limit:
+        why.append(
+            f"at most {limit} actor(s) a group: a group's A actors each finish a rollout every "
+            f"A / algo.rollouts_per_update learner iterations, and rollouts more than "
+            f"algo.max_policy_lag versions old are dropped"
+        )
+    if G > 1:
+        why.append(
+            f"replicated groups: {G} x {shape.throughput:,.0f} = {G * shape.throughput:,.0f} env steps/s; "
+            f"groups average parameters every topology.sync_interval_s"
+        )
+    m = min(resources.cores // G, resources.group_core_limit)
+    if m > shape.cores:
+        why.append(
+            f"{m - shape.cores} core(s) of each group's {m} left idle: using them would not raise "
+            f"the throughput by {TIE:.0%} or more"
+        )
+    if resources.cores > G * m:
+        why.append(f"{resources.cores - G * m} core(s) left idle: a group of {m} cores does not fit in them")
+    return why
+
+
+def _batch_explanation(cfg: ExperimentConfig, b: int, config_batch: int, scaled: dict[str, float]) -> list[str]:
+    """What a batch size other than the config's changes with it (none for the config's own)."""
+    if b == config_batch:
+        return []
+    changed = " and ".join(
+        f"{k} {getattr(cfg.algo, k):,} -> {v:,}"
+        for k, v in scaled.items()
+        if k in ("train_freq", "buffer_size", "target_update_interval")
+    )
+    why = [
+        f"batch {config_batch} -> {b}: {changed} keep R, P = B/N_s and the target network's "
+        "age in samples of serial training"
+    ]
+    algo, lr = cfg.algo.model_dump(), scaled.get("lr")
+    if lr is not None and lr != algo["lr"]:
+        why.append(f"lr {algo['lr']:g} -> {lr:g} for batch {b} (algo.lr_batch_scaling: {algo['lr_batch_scaling']})")
+    return why
+
+
+def _jobs(resources: Resources, G: int, shape: GroupShape, groups_per_node: int, learner_mem: int) -> list[Job]:
+    """The batch jobs of ``G`` groups of ``shape``, ``groups_per_node`` to a node."""
+    actors_mem = shape.actors * ACTOR_PROCESS_BYTES
+    jobs: list[Job] = []
+    for g in range(G):
+        node = g // groups_per_node
+        # one job holds the group where its actor shares the learner's GPU, and on several nodes,
+        # where a group's jobs could otherwise land on two nodes: a batch system places jobs, not groups
+        if shape.actor_device != "cpu" or resources.nodes > 1:
+            group_gpus = int(shape.actor_device != "cpu" or shape.learner_device != "cpu")
+            jobs.append(Job("group", g, shape.cores, 1 + shape.actors, learner_mem + actors_mem, node, group_gpus))
+            continue
+        learner_gpus = int(shape.learner_device != "cpu")
+        jobs.append(Job("learner", g, shape.learner_cores, 1, learner_mem, node, gpus=learner_gpus))
+        jobs.append(Job("actors", g, shape.actors, shape.actors, actors_mem, node))
+    return jobs
 
 
 def _pct(new: float, old: float) -> str:
@@ -649,22 +685,22 @@ def profile_beside(plan_path) -> Path:
 
 def save_plan(plan: Plan, path) -> None:
     """Write the plan as YAML (replacing a file only with a complete one)."""
-    import os
     from pathlib import Path
 
     import yaml
 
+    from tianji_dask.results.atomic import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(
-        "# tianji-dask plan: tianji-dask train CONFIG --plan "
-        + path.name
-        + "\n"
-        + yaml.safe_dump(plan.to_dict(), sort_keys=False),
-        encoding="utf-8",
-    )
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(
+            "# tianji-dask plan: tianji-dask train CONFIG --plan "
+            + path.name
+            + "\n"
+            + yaml.safe_dump(plan.to_dict(), sort_keys=False),
+            encoding="utf-8",
+        )
 
 
 def load_plan(path) -> Plan:

@@ -167,110 +167,25 @@ def profile(
     time, on one worker, with T torch threads (T up to the cluster's cores less one). With
     ``gpu``, also on the first worker's GPU: the learner, and one actor with its inference there
     and t env threads (t up to the cores less one, at most the envs)."""
-    import xarray as xr
-
-    workers = sorted(scheduler_workers(client).items())
-    if not workers:
-        raise RuntimeError("the cluster has no workers to profile on")
-    addresses = [a for a, _ in workers]
-    gpu_name = client.submit(_cuda_device_name, workers=[addresses[0]], pure=False).result() if gpu else None
-    if gpu and gpu_name is None:
-        raise ProfileError(
-            f"--gpu: the worker {addresses[0]} sees no CUDA device (torch.cuda.is_available() is "
-            "False there); profile on a machine with the GPU, or without --gpu"
-        )
-    cores = min(sum(int(w.get("nthreads", 1)) for _, w in workers), _node_cpus(client))
+    addresses, cores, gpu_name = _cluster_to_profile(client, gpu)
     max_actors = min(max_actors or len(addresses), len(addresses))
     max_threads = max(1, cores - 1) if max_threads is None else max_threads  # 0: no learner on the CPU
-    spec = spec_for(cfg)
-    batch_sizes = spec.profile_batch_sizes(cfg, batch_sizes)
-    cfg_json = cfg.to_json()
+    batch_sizes = spec_for(cfg).profile_batch_sizes(cfg, batch_sizes)
 
     actor_counts = doubling(max_actors)
-    tr_a, per_msg = [], None
-    for k in actor_counts:
-        start_at = time.time() + 2.0  # every actor builds its env and policy first
-        futs = [
-            client.submit(
-                measure_actor,
-                cfg_json,
-                seconds,
-                start_at,
-                workers=[addresses[i]],
-                pure=False,
-                allow_other_workers=False,
-            )
-            for i in range(k)
-        ]
-        results = client.gather(futs)
-        tr_a.append(sum(r["env_steps_per_s"] for r in results))
-        per_msg = per_msg or results[0]
-        log(f"actors {k:3d}: TR_A {tr_a[-1]:10.0f} env steps/s")
-    assert per_msg is not None  # doubling() gives at least one actor count
-
+    tr_a, per_msg = _measure_actors(client, cfg, addresses, actor_counts, seconds, log)
     thread_counts = doubling(max_threads)
-    tr_l = np.zeros((len(thread_counts), len(batch_sizes)))
-    bytes_per_transition = 0.0
-    for i, t in enumerate(thread_counts):
-        for j, b in enumerate(batch_sizes):
-            r = client.submit(
-                measure_learner,
-                cfg_json,
-                t,
-                b if spec.tunable_batch else None,
-                seconds,
-                workers=[addresses[0]],
-                pure=False,
-            ).result()
-            tr_l[i, j] = r["samples_per_s"]
-            bytes_per_transition = r["replay_bytes_per_transition"]
-            log(f"learner threads {t:3d} batch {b:6d}: TR_L {tr_l[i, j]:10.0f} samples/s")
-
+    tr_l, bytes_per_transition = _measure_learners(client, cfg, addresses[0], thread_counts, batch_sizes, seconds, log)
     gpu_vars, gpu_coords = {}, {}
     if gpu:
         gpu_vars, gpu_coords, bytes_per_transition = _profile_gpu(
             client, cfg, addresses[0], batch_sizes, cores, seconds, log
         )
 
-    ds = xr.Dataset(
-        {
-            "actor_env_steps_per_s": (
-                "actors",
-                np.asarray(tr_a),
-                {"long_name": "production throughput TR_A of k actors at once", "units": "env steps/s"},
-            ),
-            "learner_samples_per_s": (
-                ("threads", "batch_size"),
-                tr_l,
-                {"long_name": "consumption throughput TR_L of one learner", "units": "samples/s"},
-            ),
-            "message_bytes": (
-                (),
-                per_msg["message_bytes"],
-                {"long_name": "serialized trajectory message", "units": "B"},
-            ),
-            "steps_per_message": (
-                (),
-                per_msg["steps_per_message"],
-                {"long_name": "env steps per trajectory message", "units": "1"},
-            ),
-            "serialize_s": (
-                (),
-                per_msg["serialize_s"],
-                {"long_name": "time to serialize one message (T_sd)", "units": "s"},
-            ),
-            "deserialize_s": (
-                (),
-                per_msg["deserialize_s"],
-                {"long_name": "time to deserialize one message (T_rv)", "units": "s"},
-            ),
-            "replay_bytes_per_transition": (
-                (),
-                bytes_per_transition,
-                {"long_name": "replay memory per transition", "units": "B"},
-            ),
-            **gpu_vars,
-        },
+    import xarray as xr
+
+    return xr.Dataset(
+        {**_cpu_variables(tr_a, tr_l, per_msg, bytes_per_transition), **gpu_vars},
         coords={
             "actors": ("actors", actor_counts, {"long_name": "actor processes stepping at once", "units": "1"}),
             "threads": ("threads", thread_counts, {"long_name": "learner torch threads", "units": "1"}),
@@ -291,7 +206,112 @@ def profile(
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
     )
-    return ds
+
+
+def _cluster_to_profile(client, gpu: bool) -> tuple[list[str], int, str | None]:
+    """The workers' addresses, the cores they have (at most the node's), and with ``gpu`` the
+    name of the first worker's GPU, which it must have."""
+    workers = sorted(scheduler_workers(client).items())
+    if not workers:
+        raise RuntimeError("the cluster has no workers to profile on")
+    addresses = [a for a, _ in workers]
+    gpu_name = client.submit(_cuda_device_name, workers=[addresses[0]], pure=False).result() if gpu else None
+    if gpu and gpu_name is None:
+        raise ProfileError(
+            f"--gpu: the worker {addresses[0]} sees no CUDA device (torch.cuda.is_available() is "
+            "False there); profile on a machine with the GPU, or without --gpu"
+        )
+    cores = min(sum(int(w.get("nthreads", 1)) for _, w in workers), _node_cpus(client))
+    return addresses, cores, gpu_name
+
+
+def _measure_actors(client, cfg: ExperimentConfig, addresses: list[str], actor_counts: list[int], seconds, log):
+    """TR_A for each of ``actor_counts``: k actors at once on the first k workers; and the first
+    measurement's message (its size, steps and (de)serialization times)."""
+    cfg_json = cfg.to_json()
+    tr_a, per_msg = [], None
+    for k in actor_counts:
+        start_at = time.time() + 2.0  # every actor builds its env and policy first
+        futs = [
+            client.submit(
+                measure_actor,
+                cfg_json,
+                seconds,
+                start_at,
+                workers=[addresses[i]],
+                pure=False,
+                allow_other_workers=False,
+            )
+            for i in range(k)
+        ]
+        results = client.gather(futs)
+        tr_a.append(sum(r["env_steps_per_s"] for r in results))
+        per_msg = per_msg or results[0]
+        log(f"actors {k:3d}: TR_A {tr_a[-1]:10.0f} env steps/s")
+    assert per_msg is not None  # doubling() gives at least one actor count
+    return tr_a, per_msg
+
+
+def _measure_learners(
+    client, cfg: ExperimentConfig, address: str, thread_counts: list[int], batch_sizes: list[int], seconds, log
+) -> tuple[np.ndarray, float]:
+    """TR_L (threads x batch sizes) of one learner at a time on ``address``, and the replay
+    memory's bytes per transition (0 when no learner ran)."""
+    spec, cfg_json = spec_for(cfg), cfg.to_json()
+    tr_l = np.zeros((len(thread_counts), len(batch_sizes)))
+    bytes_per_transition = 0.0
+    for i, t in enumerate(thread_counts):
+        for j, b in enumerate(batch_sizes):
+            r = client.submit(
+                measure_learner,
+                cfg_json,
+                t,
+                b if spec.tunable_batch else None,
+                seconds,
+                workers=[address],
+                pure=False,
+            ).result()
+            tr_l[i, j] = r["samples_per_s"]
+            bytes_per_transition = r["replay_bytes_per_transition"]
+            log(f"learner threads {t:3d} batch {b:6d}: TR_L {tr_l[i, j]:10.0f} samples/s")
+    return tr_l, bytes_per_transition
+
+
+def _cpu_variables(tr_a: list[float], tr_l: np.ndarray, per_msg: dict, bytes_per_transition: float) -> dict:
+    """The profile's variables measured on the CPU, each with its long name and units."""
+    return {
+        "actor_env_steps_per_s": (
+            "actors",
+            np.asarray(tr_a),
+            {"long_name": "production throughput TR_A of k actors at once", "units": "env steps/s"},
+        ),
+        "learner_samples_per_s": (
+            ("threads", "batch_size"),
+            tr_l,
+            {"long_name": "consumption throughput TR_L of one learner", "units": "samples/s"},
+        ),
+        "message_bytes": ((), per_msg["message_bytes"], {"long_name": "serialized trajectory message", "units": "B"}),
+        "steps_per_message": (
+            (),
+            per_msg["steps_per_message"],
+            {"long_name": "env steps per trajectory message", "units": "1"},
+        ),
+        "serialize_s": (
+            (),
+            per_msg["serialize_s"],
+            {"long_name": "time to serialize one message (T_sd)", "units": "s"},
+        ),
+        "deserialize_s": (
+            (),
+            per_msg["deserialize_s"],
+            {"long_name": "time to deserialize one message (T_rv)", "units": "s"},
+        ),
+        "replay_bytes_per_transition": (
+            (),
+            bytes_per_transition,
+            {"long_name": "replay memory per transition", "units": "B"},
+        ),
+    }
 
 
 class ProfileError(RuntimeError):

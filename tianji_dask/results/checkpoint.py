@@ -14,7 +14,6 @@ learners, without importing torch.
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.metadata
 import io
 import json
 import os
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tianji_dask.errors import CheckpointError
+from tianji_dask.results.atomic import atomic_write
+from tianji_dask.results.provenance import package_version
 
 if TYPE_CHECKING:
     import torch
@@ -67,8 +68,8 @@ def save_checkpoint(directory: Path, state: dict[str, dict[str, torch.Tensor]] |
     meta = {
         "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "tianji_dask_version": _package_version("tianji-dask"),
-        "torch_version": _package_version("torch"),
+        "tianji_dask_version": package_version("tianji-dask"),
+        "torch_version": package_version("torch"),
         **metadata,
     }
     try:
@@ -130,7 +131,7 @@ def load_checkpoint(directory: Path) -> tuple[dict[str, dict[str, torch.Tensor]]
         by = meta.get("tianji_dask_version", "an unknown version") if isinstance(meta, dict) else "?"
         raise CheckpointError(
             f"checkpoint {directory} has format_version {version!r} (written by tianji_dask {by}); "
-            f"this tianji_dask {_package_version('tianji-dask')} reads format_version {FORMAT_VERSION}. "
+            f"this tianji_dask {package_version('tianji-dask')} reads format_version {FORMAT_VERSION}. "
             "Load it with the tianji_dask version that wrote it."
         )
     import torch
@@ -194,12 +195,8 @@ def _recover(directory: Path) -> None:
 
 
 def _write_file(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path, fsync=True) as tmp, open(tmp, "wb") as f:
         write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -213,10 +210,3 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _package_version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

@@ -27,7 +27,6 @@ import contextlib
 import datetime as _dt
 import importlib.util
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tianji_dask.config import ConfigError, ExperimentConfig, load_config
+from tianji_dask.results.atomic import atomic_write
 from tianji_dask.results.rundir import run_dir_problem
 
 EVAL_FILE = "eval.nc"
@@ -295,14 +295,9 @@ def _write_video(frames: list[Any], video: Path) -> Path:
     beside and renamed into place; returns the file written."""
     import imageio.v2 as imageio
 
-    with _claimed(video) as claimed:
-        tmp = claimed.with_name(f".{claimed.stem}.{uuid.uuid4().hex[:12]}.mp4")
-        try:
-            # macro_block_size 2: the even sizes H.264 needs (_even_sized), no resizing to 16s
-            imageio.mimwrite(tmp, frames, fps=VIDEO_FPS, macro_block_size=2)
-            os.replace(tmp, claimed)
-        finally:
-            tmp.unlink(missing_ok=True)
+    with _claimed(video) as claimed, atomic_write(claimed, suffix=".mp4") as tmp:
+        # macro_block_size 2: the even sizes H.264 needs (_even_sized), no resizing to 16s
+        imageio.mimwrite(tmp, frames, fps=VIDEO_FPS, macro_block_size=2)
     return claimed
 
 

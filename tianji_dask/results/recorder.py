@@ -11,26 +11,22 @@ staleness, buffer fill) and builds ``metrics.nc`` / ``episodes.nc``. Every varia
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.metadata
 import json
 import math
-import os
-import platform
-import subprocess
 import threading
 import time
-import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from tianji_dask.results.atomic import atomic_write
 from tianji_dask.results.metric_table import ADDED_LATER, EPISODE_VARS, EVAL_VARS, HOST_KEYS, HOST_VARS, TIME_VARS
+from tianji_dask.results.provenance import provenance_attrs
 from tianji_dask.results.tally import Tally
 from tianji_dask.roles.heartbeats import ROLES
-
-_VERSIONED = ("torch", "dask", "distributed", "gymnasium", "numpy", "xarray")
 
 RUNNING = "running"  # the status attr of the files a run writes before it has ended
 
@@ -41,7 +37,7 @@ class MetricsRecorder:
     Call protocol: ``add(heartbeat)`` as they arrive (thread-safe), ``row(t_rel)`` every metrics
     interval, and ``dataset()`` / ``episodes_dataset()`` / ``write(run_dir)`` at any time, also
     while the run goes on. ``tally`` answers what the heartbeats said so far (env steps, the
-    return window, the time to target, each host's last heartbeat and totals).
+    return window, the time to target, each host's totals).
 
     Rates (``*_fps``) are the difference of a host's cumulative counter between the heartbeat
     used by the previous row and the latest one, divided by the difference of the heartbeats' own
@@ -281,58 +277,6 @@ def missing_variables(metrics: xr.Dataset, episodes: xr.Dataset) -> list[str]:
     ]
 
 
-def provenance_attrs() -> dict[str, str]:
-    """Versions of tianji_dask, its main dependencies and Python, plus the git commit."""
-    a = {"tianji_dask_version": _package_version("tianji-dask")}
-    for pkg in _VERSIONED:
-        a[f"{pkg}_version"] = _package_version(pkg)
-    a["python_version"] = platform.python_version()
-    a["git_commit"] = git_commit()
-    return a
-
-
-def portable_path(path: str | os.PathLike) -> str:
-    """``path`` relative to the working directory where it lies below it (a benchmark's run
-    directories and interpreters inside the checkout), else as given: results committed to a
-    repository name no one's home or scratch folder."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def git_commit(pkg_dir: Path | None = None) -> str:
-    """``git rev-parse HEAD`` of the tianji_dask source tree (``pkg_dir``, default the installed
-    package's), ``-dirty`` if a tracked file has changes. Untracked files do not count: a run's
-    outputs (``runs/``, an ``eval.nc``, a video) left in the checkout are not code.
-
-    ``"unknown"`` when the package is not a tracked file of a git checkout (e.g. installed from
-    a wheel) or git is missing or fails.
-    """
-    pkg_dir = pkg_dir or Path(__file__).resolve().parents[1]  # the tianji_dask package
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(pkg_dir), *args], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-
-    try:
-        # A site-packages copy inside some unrelated repository must not report that repository.
-        git("ls-files", "--error-unmatch", "__init__.py")
-        sha = git("rev-parse", "HEAD").strip()
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return sha + ("-dirty" if dirty else "") if sha else "unknown"
-
-
-def _package_version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _netcdf_attrs(attrs: dict) -> dict[str, Any]:
     """Make extra attrs storable in netCDF: drop None, dicts/lists of mixed values to JSON."""
     out: dict[str, Any] = {}
@@ -389,13 +333,8 @@ def _write_netcdf(ds: xr.Dataset, path: Path) -> None:
 def write_netcdf_files_atomic(datasets: dict[Path, xr.Dataset]) -> None:
     """Write every dataset to a temporary file, then rename each over its path: a failure while
     writing (a full disk) replaces none of them."""
-    # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
-    tmps = {path: path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp") for path in datasets}
-    try:
+    with ExitStack() as stack:
+        # entered last first: they exit, and so rename, in the order given
+        tmps = {path: stack.enter_context(atomic_write(path)) for path in reversed(list(datasets))}
         for path, ds in datasets.items():
             _write_netcdf(ds, tmps[path])
-        for path, tmp in tmps.items():
-            os.replace(tmp, path)
-    finally:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)

@@ -15,12 +15,11 @@ not empty is refused, and default names get a ``-2``, ``-3``... suffix.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import re
-import uuid
 from pathlib import Path
 
 from tianji_dask.config.deployment import deployment_settings
+from tianji_dask.results.atomic import atomic_write
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -91,15 +90,8 @@ def write_config(run_dir: Path, config_yaml: str) -> None:
     """Write the resolved config to ``run_dir/config.yaml`` (atomically)."""
     path = Path(run_dir) / "config.yaml"
     text = config_yaml if config_yaml.endswith("\n") else config_yaml + "\n"
-    # Not mkstemp: its 0600 mode would stick to the result; a unique name with default mode instead.
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as tmp, open(tmp, "x", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _safe(part: str) -> str:

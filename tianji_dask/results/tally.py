@@ -159,11 +159,6 @@ class Tally:
         with self._lock:
             return len(self._ep_cols["return"])
 
-    def last_seen(self) -> dict[tuple[str, int], float]:
-        """Unix time (the heartbeat's own ``t``) of the latest heartbeat per (role, id)."""
-        with self._lock:
-            return {k: h.t for k, h in self._hosts.items()}
-
     def host_total(self, role: str, host_id: int, counter: str) -> float:
         """A host's cumulative ``counter`` over all its incarnations (0 before its first heartbeat)."""
         with self._lock:

@@ -31,6 +31,10 @@ from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat
 if TYPE_CHECKING:
     from tianji_dask.config.schema import AlgoConfig, ExperimentConfig
 
+FIRST_PARAMS_POLL_S = 0.005  # how often an actor looks for its first parameters
+SYNC_PARAMS_POLL_S = 0.0002  # how often a synchronous-mode actor looks for the next version: it waits every step
+THROTTLE_S = 0.002  # one pause of an actor the balance controller holds
+
 
 def never() -> bool:
     return False
@@ -141,7 +145,7 @@ class ActorBase(ABC):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"actor {self.id}: no parameters from the learner after {timeout:.0f} s")
-            time.sleep(0.005)
+            time.sleep(FIRST_PARAMS_POLL_S)
 
     def wait_for_newer_params(self, timeout: float = 60.0) -> None:
         """Synchronous (Gorila-style) ablation: block until a parameter version newer than the one
@@ -153,14 +157,14 @@ class ActorBase(ABC):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"actor {self.id}: synchronous mode, no newer parameters after {timeout:.0f} s")
-            time.sleep(0.0002)
+            time.sleep(SYNC_PARAMS_POLL_S)
         self.counters.sync_wait_s += time.perf_counter() - t
 
     def throttle(self) -> bool:
         """The balance controller holds the actor: a short pause, counted as ``throttled_s``.
         False, what ``step()`` returns when it made no env step."""
         t = time.perf_counter()
-        time.sleep(0.002)
+        time.sleep(THROTTLE_S)
         self.counters.throttled_s += time.perf_counter() - t
         return False
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +19,6 @@ from tianji_dask.roles.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings
 from tianji_dask.roles.replay import ReplayMemory
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState
-
-if TYPE_CHECKING:
-    pass
 
 INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
 

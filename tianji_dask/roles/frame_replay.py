@@ -46,6 +46,7 @@ import uuid
 
 import numpy as np
 
+from tianji_dask.envs import ATARI_FRAME_STACK, ATARI_SCREEN
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState, mark_for, put_ring, take_arrays, take_ring
 
 #: Bits of a frame id that count frames within one stream; the bits above name the stream.
@@ -165,8 +166,8 @@ class FrameReplay:
     def __init__(
         self,
         capacity: int,
-        frame_shape: tuple[int, int] = (84, 84),
-        stack: int = 4,
+        frame_shape: tuple[int, int] = (ATARI_SCREEN, ATARI_SCREEN),
+        stack: int = ATARI_FRAME_STACK,
         frame_capacity: int | None = None,
         device: str | None = None,
     ):
@@ -204,7 +205,7 @@ class FrameReplay:
         return capacity + capacity // 64 + 1024
 
     @classmethod
-    def nbytes_for(cls, capacity: int, frame_shape: tuple[int, int] = (84, 84)) -> int:
+    def nbytes_for(cls, capacity: int, frame_shape: tuple[int, int] = (ATARI_SCREEN, ATARI_SCREEN)) -> int:
         """Bytes of a replay of ``capacity`` transitions (without the per-stream windows)."""
         return cls.default_frame_capacity(capacity) * int(np.prod(frame_shape)) + capacity * TRANSITION_BYTES
 
@@ -402,10 +403,6 @@ class FrameReplay:
             "rewards": self._rewards[idx],
             "discounts": self._discounts[idx],
         }
-
-    def oldest_index(self) -> int:
-        """Ring index of the oldest stored transition."""
-        return self._pos if self._size == self.capacity else 0
 
     def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if self._size == 0:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
 
 CLUSTER_START_TRIES = 3  # a LocalCluster whose worker process died while it started is started again
+FINAL_HEARTBEATS_S = 0.3  # how long the stopped hosts' last heartbeats (Dask log events) get to reach the client
 
 
 class LearnerLost(RuntimeError):
@@ -98,7 +99,7 @@ def local_cluster(
     """The LocalCluster of tianji-dask's runs, profiles and benchmarks: loopback only, one
     single-threaded worker process each, workers that leave SIGINT and SIGTERM to the driver.
 
-    ``preload_roles``: the workers import torch, gymnasium and the roles as they start
+    ``preload_roles``: the workers import torch and gymnasium as they start
     (``tianji_dask.runtime.worker_preload``); the channel benchmark, which measures the transport alone,
     leaves them out. ``security`` (a ``distributed.Security``): scheduler, workers and nannies
     listen on tls:// only, with its certificates; the project's channels answer on the workers'
@@ -366,7 +367,7 @@ class RunCluster:
         if self.hosts is not None:
             self._final.extend(stop_all(self.hosts))
         if not self._hurry.is_set():
-            time.sleep(2 * 0.05 + 0.2)  # let the final log_event heartbeats reach the client
+            time.sleep(FINAL_HEARTBEATS_S)
         self.supervisor.unsubscribe()
 
     def final_heartbeats(self) -> list[dict]:

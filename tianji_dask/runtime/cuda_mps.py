@@ -29,6 +29,7 @@ CONTROL = "nvidia-cuda-mps-control"
 PIPE_VARIABLE = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_VARIABLE = "CUDA_MPS_LOG_DIRECTORY"
 START_TIMEOUT_S = 10.0
+START_POLL_S = 0.05  # how often the start looks for the daemon's control pipe
 STOP_TIMEOUT_S = 10.0
 
 # the daemon gets SIGTERM when the thread that started it ends, so a driver killed with
@@ -112,7 +113,7 @@ class PrivateMps:
                 self.stop()
                 why = f"exited with status {rc}" if rc is not None else f"did not open {control_pipe}"
                 raise RuntimeError(f"{CONTROL} -f {why} in {START_TIMEOUT_S:.0f} s: {' | '.join(said) or 'no output'}")
-            time.sleep(0.05)
+            time.sleep(START_POLL_S)
 
     def stop(self) -> None:
         """Ask the daemon to quit (it stops its server once the clients have gone), kill it if

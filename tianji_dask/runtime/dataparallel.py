@@ -28,6 +28,7 @@ import torch.distributed.nn.functional
 from tianji_dask.roles.loop import LearnerLoopRole
 
 CLOSE_TIMEOUT_S = 10.0
+STORE_POLL_S = 0.005  # how often a rank asks the store whether every rank has counted itself in
 
 
 def open_store(host: str, world_size: int, timeout_s: float) -> torch.distributed.TCPStore:
@@ -114,7 +115,7 @@ class DataParallel:
             if not everyone_waits and self.rank != 0:
                 return
             while self._store.add(key, 0) < self.world_size and time.monotonic() < deadline:
-                time.sleep(0.005)
+                time.sleep(STORE_POLL_S)
         except RuntimeError:  # the store's server (rank 0) is gone: nobody left to wait for
             pass
 

@@ -16,6 +16,8 @@ from tianji_dask.runtime.run_loop import RunLoop
 if TYPE_CHECKING:
     from tianji_dask.runtime.cluster import RunCluster
 
+SUPERVISE_S = 0.05  # the pause between two passes of the driver's loop: rows, snapshots, lost hosts, stop
+
 
 class DistributedMode:
     """``on_cluster_up(run_cluster)`` is called once the run's cluster is up, before its hosts start."""
@@ -138,4 +140,4 @@ class DistributedMode:
             except HostLost as exc:  # say it now: stopping the other hosts takes a while
                 self._on_event(f"host lost: {str(exc).splitlines()[0]}; stopping the run")
                 raise
-            time.sleep(0.05)
+            time.sleep(SUPERVISE_S)

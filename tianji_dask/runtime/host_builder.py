@@ -7,6 +7,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
+import numpy as np
+
+from tianji_dask.envs import observation_dtype
 from tianji_dask.runtime.hosts import ActorHost, BufferHost, LearnerHost
 from tianji_dask.runtime.restarts import Key
 from tianji_dask.seeding import incarnation_seed
@@ -29,6 +32,7 @@ class HostBuilder:
         self._cfg_json = hosts.cfg.to_json()
         obs = spaces.observation_space
         self._obs_shape = tuple(obs.shape)
+        self._obs_dtype = np.dtype(observation_dtype(hosts.cfg.env)).name  # as the actors store and send them
         self._obs_dim = int(math.prod(obs.shape))
         self._action_space = spaces.action_space
 
@@ -100,7 +104,7 @@ class HostBuilder:
                 incarnation_seed(lp.buffer_seed, hosts.incarnations[key]),
                 lp.trajectories,
                 self._obs_shape,
-                "float32",
+                self._obs_dtype,
                 len(lp.feeders),
                 incarnation=hosts.incarnations[key],
                 replay=replay,

@@ -60,6 +60,7 @@ class _LoopHost(HostLoop[R]):
         (:mod:`tianji_dask.devices`); default ``host_id``, a learner's and its buffer's."""
         cfg = on_slot_gpu(ExperimentConfig.model_validate_json(config_json), host_id if gpu_slot is None else gpu_slot)
         super().__init__(run_id, cfg, host_id, incarnation, get_worker())
+        self._watcher: asyncio.Future[None] | None = None  # the global stop's watch, once started
 
     def _comm_kwargs(self) -> dict:
         """Where channel I/O runs (this worker's event loop) and how it connects (its security)."""
@@ -91,7 +92,7 @@ class _LoopHost(HostLoop[R]):
         """Ask the loop to finish, wait for it (up to ``timeout``) and return the last heartbeat."""
         never_started = not self._stop.is_set() and self._thread is None
         self._stop.set()
-        if getattr(self, "_watcher", None) is not None:
+        if self._watcher is not None:
             self._watcher.cancel()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' workers are still there
 ERROR_GRACE_S = 3.0  # how long a host's error waits for a lost worker that explains it
+ERROR_GRACE_POLL_S = 0.1  # how often that wait asks the scheduler
 
 
 class Supervisor:
@@ -141,7 +142,7 @@ class Supervisor:
         worker dies a moment before the scheduler says it left: that gets ``ERROR_GRACE_S``."""
         deadline = time.monotonic() + ERROR_GRACE_S
         while not (lost := self.lost_workers(expected)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(ERROR_GRACE_POLL_S)
         return lost
 
     def _say_ready(self) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 import yaml
 
 from tianji_dask.config import ConfigError
+from tianji_dask.results.atomic import atomic_write
 from tianji_dask.runtime.sweep_grid import Axes
 
 MANIFEST = "sweep.yaml"
@@ -50,12 +49,8 @@ def write_manifest(out: Path, manifest: Manifest) -> None:
         "runs": list(manifest.runs),
         "config": manifest.config,
     }
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
+    with atomic_write(path) as tmp:
         tmp.write_text(HEADER + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_manifest(out: str | Path) -> Manifest:

@@ -7,6 +7,8 @@ import collections
 import logging
 import time
 
+NANNY_POLL_S = 0.05  # how often death_reasons looks for what the nannies logged
+
 
 class WorkerDeathLog(logging.Handler):
     """Dask's nannies log why a worker process ended ("killed by signal 9", "exited with status
@@ -40,7 +42,7 @@ def death_reasons(since: float, wait_s: float = 1.0) -> str:
     moment after the scheduler does."""
     deadline = time.time() + wait_s
     while not (said := WORKER_DEATHS.since(since)) and time.time() < deadline:
-        time.sleep(0.05)
+        time.sleep(NANNY_POLL_S)
     return f"; Dask's nanny: {'; '.join(said)}" if said else ""
 
 

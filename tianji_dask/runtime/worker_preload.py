@@ -1,6 +1,6 @@
-"""Dask worker preload: import the heavy modules (torch, gymnasium, the roles) while the
-worker process starts, so they load in parallel across workers instead of one after the
-other when the hosts are created. Use with ``dask worker --preload tianji_dask.runtime.worker_preload``."""
+"""Dask worker preload: import torch and gymnasium while the worker process starts (the roles
+load when the hosts are created), so they load in parallel across workers instead of one after
+the other. Use with ``dask worker --preload tianji_dask.runtime.worker_preload``."""
 
 import gymnasium  # noqa: F401
 import torch

@@ -12,6 +12,7 @@ from tianji_dask.runtime.restarts import HostLost
 from tianji_dask.runtime.workers import scheduler_workers
 
 TAKEOVER_WAIT_S = 15.0  # how long a lost worker's hosts wait for its replacement before sharing another
+TAKEOVER_POLL_S = 0.1  # how often that wait asks the scheduler for the replacement
 
 
 class WorkerReplacement:
@@ -75,4 +76,4 @@ class WorkerReplacement:
                 )
             if self._hurry.is_set():
                 raise HostLost(f"the run was stopped while waiting for a worker to take over from {lost}")
-            time.sleep(0.1)
+            time.sleep(TAKEOVER_POLL_S)

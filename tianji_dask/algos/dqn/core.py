@@ -19,8 +19,9 @@ import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
 from tianji_dask.algos.graphed import GraphedStep, InFlight
-from tianji_dask.algos.networks import FRAME_STACK, SCREEN, DuelingHead, NatureQNetwork, set_trunk_precision
+from tianji_dask.algos.networks import DuelingHead, NatureQNetwork, set_trunk_precision
 from tianji_dask.config.machine import compiler_problem
+from tianji_dask.envs import ATARI_OBS_SHAPE
 from tianji_dask.roles.learner_core import State, component, host_arrays, load_optimizer_state, optimizer_state
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ class DQNLearner:
         self._make_optimizer()
         if algo.compile:
             image = network == "nature_cnn"
-            shape = (FRAME_STACK, SCREEN, SCREEN) if image else (obs_dim,)
+            shape = ATARI_OBS_SHAPE if image else (obs_dim,)
             self._compile_now(shape, torch.uint8 if image else torch.float32)
 
     def _make_optimizer(self) -> None:

@@ -24,6 +24,8 @@ from tianji_dask.roles.learner_base import LearnerBase
 if TYPE_CHECKING:
     from tianji_dask.config.schema import DQNConfig
 
+THROTTLE_S = 0.0005  # one pause of a learner the balance controller holds back
+
 
 @dataclass
 class DQNLearnerCounters(LearnerCounters):
@@ -128,7 +130,7 @@ class DQNLearnerRole(LearnerBase):
             return True
         if self.ready():  # held back by the balance controller
             t = time.perf_counter()
-            time.sleep(0.0005)
+            time.sleep(THROTTLE_S)
             self.counters.throttled_s += time.perf_counter() - t
         return False
 
