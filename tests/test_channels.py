@@ -27,10 +27,8 @@ from distributed import Client, LocalCluster, Security
 from distributed.comm import connect
 
 from tianji_dask.channels import (
-    ChannelError,
     ChannelPlugin,
     ChannelService,
-    Item,
     LocalQueue,
     LocalTopic,
     QueueSender,
@@ -38,6 +36,7 @@ from tianji_dask.channels import (
     owned_socket,
     wire,
 )
+from tianji_dask.channels.ports import Item
 from tianji_dask.channels.queue_link import QueueLink
 from tianji_dask.channels.receive_loop import (
     ARRAY_WAIT_S,
@@ -47,6 +46,7 @@ from tianji_dask.channels.receive_loop import (
     FrameReader,
     ReceiveLoop,
 )
+from tianji_dask.errors import ChannelError
 from tianji_dask.runtime.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.

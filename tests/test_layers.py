@@ -88,6 +88,34 @@ def test_the_public_api_is_the_packages_and_loads_on_first_use():
     assert where["load_config"].startswith("tianji_dask.config") and where["start"] == "tianji_dask.notebook"
 
 
+def test_roles_and_algorithms_see_the_channels_through_the_ports_alone():
+    """``roles/`` and ``algos/`` import nothing of ``channels/`` but ``channels.ports``: the
+    transports can change without them."""
+    beyond = [
+        (path.relative_to(ROOT).as_posix(), target)
+        for package in ("roles", "algos")
+        for path in sorted((PACKAGE / package).rglob("*.py"))
+        for target in imports(path)
+        if target.startswith("tianji_dask.channels") and target != "tianji_dask.channels.ports"
+    ]
+    assert not beyond, f"imports of the channels beside the ports: {beyond}"
+
+
+@pytest.mark.slow
+def test_the_ports_and_the_roles_load_no_transport():
+    """Importing the roles loads ``channels.ports`` and nothing else of the channels, nor
+    ``distributed``."""
+    code = (
+        "import sys\n"
+        "import tianji_dask.roles.actor_base, tianji_dask.roles.buffer, tianji_dask.roles.learner_base\n"
+        "loaded = [m for m in sys.modules if m == 'distributed' or m.startswith('tianji_dask.channels')]\n"
+        "print(' '.join(sorted(loaded)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["tianji_dask.channels", "tianji_dask.channels.ports"], r.stdout
+
+
 MAX_METHODS = 15
 
 

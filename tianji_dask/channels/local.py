@@ -23,7 +23,10 @@ import threading
 import time
 from collections import deque
 
-from .common import FULL_POLICIES, ChannelError, Item, LatestSlot, on_event_loop, payload_nbytes
+from tianji_dask.errors import ChannelError
+
+from .common import FULL_POLICIES, LatestSlot, on_event_loop, payload_nbytes
+from .ports import Item, LocalQueueStats, PublisherStats
 
 LOCAL_SENDER = "local"
 
@@ -101,7 +104,7 @@ class LocalQueue:
             self._closed = True
             self._cond.notify_all()
 
-    def stats(self) -> dict:
+    def stats(self) -> LocalQueueStats:
         """Sender and inbox statistics in one dict (an item counts as sent and received when
         the consumer takes it)."""
         with self._cond:
@@ -173,7 +176,7 @@ class LocalTopic:
             for sub in self._subs:
                 self._conflated += sub.offer(*self._last)
 
-    def stats(self) -> dict:
+    def stats(self) -> PublisherStats:
         with self._lock:
             return {
                 "published": self._published,

@@ -27,9 +27,12 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 
+from tianji_dask.errors import ChannelError
+
 from . import owned_socket, wire
-from .common import ChannelError, Item, call_soon, logger, on_event_loop
+from .common import call_soon, logger, on_event_loop
 from .malloc import fit_allocator
+from .ports import Item, QueueInboxStats
 from .queue_link import CLOSED_GRACE_S, QueueLink
 from .receive_loop import ReceiveLoop
 
@@ -135,7 +138,7 @@ class QueueInbox:
         self._send_credit(kicks)
         return taken
 
-    def stats(self) -> dict:
+    def stats(self) -> QueueInboxStats:
         with self._cond:
             return {
                 "received_items": self._received_items,

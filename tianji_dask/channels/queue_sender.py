@@ -49,13 +49,14 @@ from collections import deque
 
 from distributed.comm import connect
 
+from tianji_dask.errors import ChannelError
+
 from . import owned_socket, wire
 from .common import (
     FULL_POLICIES,
     HANDLER_OP,
     QUEUE_KIND,
     SMALL_ITEM_BYTES,
-    ChannelError,
     call_soon,
     finish_soon,
     logger,
@@ -64,6 +65,7 @@ from .common import (
     resolve_loop,
 )
 from .malloc import fit_allocator
+from .ports import QueueSenderStats
 from .receive_loop import FrameReader
 from .wire import encode, stream_of
 
@@ -225,7 +227,7 @@ class QueueSender:
         self._inflight_bytes += nbytes
         return True
 
-    def stats(self) -> dict:
+    def stats(self) -> QueueSenderStats:
         with self._cond:
             return {
                 "sent_items": self._sent_items,
