@@ -33,12 +33,12 @@ from tianji_dask.channels import (
     LocalTopic,
     QueueSender,
     TopicPublisher,
-    owned_socket,
     wire,
 )
+from tianji_dask.channels.owned_tcp import owned_socket
 from tianji_dask.channels.ports import Item
-from tianji_dask.channels.queue_link import QueueLink
-from tianji_dask.channels.receive_loop import (
+from tianji_dask.channels.owned_tcp.queue_link import QueueLink
+from tianji_dask.channels.owned_tcp.receive_loop import (
     ARRAY_WAIT_S,
     BUFFER_BYTES,
     FILL_AFTER_LARGE_BYTES,
@@ -199,7 +199,7 @@ class Subscriber:
 
 def set_credit_linger(seconds: float) -> float:
     """Set this worker's ``queue_link.CREDIT_LINGER_S``; returns the value it had."""
-    from tianji_dask.channels import queue_link
+    from tianji_dask.channels.owned_tcp import queue_link
 
     old, queue_link.CREDIT_LINGER_S = queue_link.CREDIT_LINGER_S, seconds
     return old

@@ -151,6 +151,17 @@ def test_no_class_in_the_runtime_has_more_than_fifteen_methods():
     assert not wide, f"classes with more than {MAX_METHODS} methods: {wide}"
 
 
+def test_the_channels_keep_classes_of_at_most_fifteen_methods_and_folders_of_fifteen_modules():
+    """The transport is split by job (a sender's window, its owned-socket threads, its comm
+    stream; the inbox's credit-queue core) rather than grown in place."""
+    counts = methods_per_class(PACKAGE / "channels")
+    wide = {cls: n for cls, n in counts.items() if n > MAX_METHODS}
+    assert not wide, f"classes with more than {MAX_METHODS} methods: {wide}"
+    folders = {p.parent for p in (PACKAGE / "channels").rglob("*.py")}
+    crowded = {f.name: n for f in folders if (n := len(list(f.glob("*.py")))) > 15}
+    assert not crowded, f"channel folders with more than 15 modules: {crowded}"
+
+
 ACTORS = ("algos/dqn/actor.py", "algos/ppo/actor.py", "algos/ppo/async_actor.py")
 
 

@@ -20,6 +20,7 @@ FULL_POLICIES = ("wait", "drop_oldest")
 # A run of items smaller than this travels inside one pickle (``wire``): copying this much costs
 # less than handing each item's arrays to the socket as buffers of their own.
 SMALL_ITEM_BYTES = 64 << 10
+BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 
 
 def payload_nbytes(payload: dict) -> int:
