@@ -88,6 +88,34 @@ def test_the_public_api_is_the_packages_and_loads_on_first_use():
     assert where["load_config"].startswith("tianji_dask.config") and where["start"] == "tianji_dask.notebook"
 
 
+def test_roles_and_algorithms_see_the_channels_through_the_ports_alone():
+    """``roles/`` and ``algos/`` import nothing of ``channels/`` but ``channels.ports``: the
+    transports can change without them."""
+    beyond = [
+        (path.relative_to(ROOT).as_posix(), target)
+        for package in ("roles", "algos")
+        for path in sorted((PACKAGE / package).rglob("*.py"))
+        for target in imports(path)
+        if target.startswith("tianji_dask.channels") and target != "tianji_dask.channels.ports"
+    ]
+    assert not beyond, f"imports of the channels beside the ports: {beyond}"
+
+
+@pytest.mark.slow
+def test_the_ports_and_the_roles_load_no_transport():
+    """Importing the roles loads ``channels.ports`` and nothing else of the channels, nor
+    ``distributed``."""
+    code = (
+        "import sys\n"
+        "import tianji_dask.roles.actor_base, tianji_dask.roles.buffer, tianji_dask.roles.learner_base\n"
+        "loaded = [m for m in sys.modules if m == 'distributed' or m.startswith('tianji_dask.channels')]\n"
+        "print(' '.join(sorted(loaded)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["tianji_dask.channels", "tianji_dask.channels.ports"], r.stdout
+
+
 MAX_METHODS = 15
 
 
@@ -121,6 +149,17 @@ def test_no_class_in_the_runtime_has_more_than_fifteen_methods():
     counts = methods_per_class(PACKAGE / "runtime")
     wide = {cls: n for cls, n in counts.items() if n > MAX_METHODS}
     assert not wide, f"classes with more than {MAX_METHODS} methods: {wide}"
+
+
+def test_the_channels_keep_classes_of_at_most_fifteen_methods_and_folders_of_fifteen_modules():
+    """The transport is split by job (a sender's window, its owned-socket threads, its comm
+    stream; the inbox's credit-queue core) rather than grown in place."""
+    counts = methods_per_class(PACKAGE / "channels")
+    wide = {cls: n for cls, n in counts.items() if n > MAX_METHODS}
+    assert not wide, f"classes with more than {MAX_METHODS} methods: {wide}"
+    folders = {p.parent for p in (PACKAGE / "channels").rglob("*.py")}
+    crowded = {f.name: n for f in folders if (n := len(list(f.glob("*.py")))) > 15}
+    assert not crowded, f"channel folders with more than 15 modules: {crowded}"
 
 
 ACTORS = ("algos/dqn/actor.py", "algos/ppo/actor.py", "algos/ppo/async_actor.py")

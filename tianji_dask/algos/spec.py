@@ -19,6 +19,7 @@ from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRol
 if TYPE_CHECKING:
     import numpy as np
 
+    from tianji_dask.channels.ports import Inbox
     from tianji_dask.config.schema import ExperimentConfig
 
 
@@ -47,7 +48,7 @@ class AlgorithmSpec(Protocol):
         ...
 
     def make_buffer_role(
-        self, cfg, inbox, obs_shape: tuple[int, ...], obs_dtype, seed: int, buffer_id: int = 0
+        self, cfg, inbox: Inbox, obs_shape: tuple[int, ...], obs_dtype, seed: int, buffer_id: int = 0
     ) -> BufferLoopRole: ...
 
     def learner_role(self) -> Callable[..., LearnerLoopRole]:

@@ -1,12 +1,12 @@
-"""Pieces shared by every channel module: the error type, the item record, byte accounting,
-the wire constants and the event-loop helpers."""
+"""Pieces shared by every channel module: byte accounting, the wire constants, the event-loop
+helpers and the newest-version slot."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 from dask.sizeof import sizeof
 
@@ -20,25 +20,7 @@ FULL_POLICIES = ("wait", "drop_oldest")
 # A run of items smaller than this travels inside one pickle (``wire``): copying this much costs
 # less than handing each item's arrays to the socket as buffers of their own.
 SMALL_ITEM_BYTES = 64 << 10
-
-
-class ChannelError(RuntimeError):
-    """A channel cannot deliver: the peer is gone, the connection broke, or the channel is closed.
-
-    The message always names the channel and the peer's address.
-    """
-
-
-class Item(NamedTuple):
-    """One queue item as the consumer receives it."""
-
-    sender: str
-    seq: int
-    payload: dict
-    nbytes: int
-    #: ``time.time()`` on the receiver when the item's message arrived (wall clock, so that
-    #: sample ages can be compared with timestamps taken on other hosts).
-    recv_time: float
+BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 
 
 def payload_nbytes(payload: dict) -> int:

@@ -24,7 +24,9 @@ import contextlib
 
 from distributed.comm import CommClosedError
 
-from .common import ChannelError, LatestSlot, call_soon, logger
+from tianji_dask.errors import ChannelError
+
+from .common import LatestSlot, call_soon, logger
 
 CLOSE_DRAIN_S = 10.0  # how long the publishers may read the close error before their comms are cut
 

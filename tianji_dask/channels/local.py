@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
-from .common import FULL_POLICIES, ChannelError, Item, LatestSlot, on_event_loop, payload_nbytes
+from tianji_dask.errors import ChannelError
+
+from .common import FULL_POLICIES, LatestSlot, on_event_loop, payload_nbytes
+from .credit_queue import CreditQueue
+from .ports import Item, LocalQueueStats, PublisherStats
 
 LOCAL_SENDER = "local"
 
@@ -38,106 +41,83 @@ class LocalQueue:
             raise ValueError("capacity_bytes must be positive")
         self.capacity_bytes = int(capacity_bytes)
         self.full_policy = full_policy
-        self._cond = threading.Condition()
-        self._items: deque[Item] = deque()
-        self._queued_bytes = 0
-        self._max_queued_bytes = 0
+        self._queue: CreditQueue[None] = CreditQueue()
         self._next_seq = 0
         self._expected_seq = 0
-        self._closed = False
-        self._taken_items = 0
-        self._taken_bytes = 0
         self._takes = 0
         self._dropped = 0
         self._blocked_s = 0.0
-        self._seq_gaps = 0
 
     def push(self, payload: dict) -> bool:
         """Queue one item; same capacity and policy rules as ``QueueSender.push``."""
         nbytes = payload_nbytes(payload)
         if nbytes > self.capacity_bytes:
             raise ValueError(f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of LocalQueue")
-        with self._cond:
+        q = self._queue
+        with q.cond:
             self._check_open()
-            if self._queued_bytes + nbytes > self.capacity_bytes:
+            if q.queued_bytes + nbytes > self.capacity_bytes:
                 if self.full_policy == "wait":
-                    if on_event_loop():
-                        raise RuntimeError("LocalQueue.push() would block an event loop")
-                    start = time.monotonic()
-                    try:
-                        while self._queued_bytes + nbytes > self.capacity_bytes:
-                            self._cond.wait()
-                            self._check_open()
-                    finally:
-                        self._blocked_s += time.monotonic() - start
+                    self._wait_for_room(nbytes)
                 else:
-                    while self._queued_bytes + nbytes > self.capacity_bytes:
-                        self._queued_bytes -= self._items.popleft().nbytes
+                    while q.queued_bytes + nbytes > self.capacity_bytes:
+                        q.drop_oldest()
                         self._dropped += 1
-            self._items.append(Item(LOCAL_SENDER, self._next_seq, payload, nbytes, time.time()))
+            q.put(Item(LOCAL_SENDER, self._next_seq, payload, nbytes, time.time()), None)
             self._next_seq += 1
-            self._queued_bytes += nbytes
-            self._max_queued_bytes = max(self._max_queued_bytes, self._queued_bytes)
-            self._cond.notify_all()
         return True
 
     def poll(self, max_items: int | None = None) -> list[Item]:
-        with self._cond:
+        with self._queue.cond:
             return self._take(max_items)
 
     def get(self, timeout: float, max_items: int | None = None) -> list[Item]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not self._items and not self._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+        with self._queue.cond:
+            self._queue.wait(timeout)
             return self._take(max_items)
 
     def close(self, timeout: float = 5.0) -> None:
         """Refuse further pushes (ChannelError); queued items stay readable.  Idempotent."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        with self._queue.cond:
+            self._queue.close()
 
-    def stats(self) -> dict:
+    def stats(self) -> LocalQueueStats:
         """Sender and inbox statistics in one dict (an item counts as sent and received when
         the consumer takes it)."""
-        with self._cond:
+        q = self._queue
+        with q.cond:
             return {
-                "sent_items": self._taken_items,
-                "sent_bytes": self._taken_bytes,
+                "sent_items": q.received_items,
+                "sent_bytes": q.received_bytes,
                 "messages": self._takes,
                 "dropped": self._dropped,
                 "blocked_s": self._blocked_s,
-                "outstanding_bytes": self._queued_bytes,
+                "outstanding_bytes": q.queued_bytes,
                 "errors": 0,
-                "received_items": self._taken_items,
-                "received_bytes": self._taken_bytes,
-                "queued_items": len(self._items),
-                "queued_bytes": self._queued_bytes,
-                "max_queued_bytes": self._max_queued_bytes,
-                "seq_gaps": self._seq_gaps,
-                "senders": {LOCAL_SENDER: self._taken_items} if self._taken_items else {},
+                **q.stats(),
             }
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._queue.closed:
             raise ChannelError("LocalQueue is closed")
 
+    def _wait_for_room(self, nbytes: int) -> None:
+        if on_event_loop():
+            raise RuntimeError("LocalQueue.push() would block an event loop")
+        start = time.monotonic()
+        try:
+            while self._queue.queued_bytes + nbytes > self.capacity_bytes:
+                self._queue.cond.wait()
+                self._check_open()
+        finally:
+            self._blocked_s += time.monotonic() - start
+
     def _take(self, max_items: int | None) -> list[Item]:
-        n = len(self._items) if max_items is None else min(max_items, len(self._items))
-        taken = [self._items.popleft() for _ in range(n)]
-        for item in taken:
-            self._queued_bytes -= item.nbytes
-            self._seq_gaps += item.seq - self._expected_seq
-            self._expected_seq = item.seq + 1
-            self._taken_bytes += item.nbytes
-        self._taken_items += n
-        if n:
+        taken = [item for item, _ in self._queue.take(max_items)]
+        self._expected_seq = self._queue.count(taken, self._expected_seq)
+        if taken:
             self._takes += 1
-            self._cond.notify_all()  # credit returned: wake waiting pushers
+            self._queue.cond.notify_all()  # credit returned: wake waiting pushers
         return taken
 
 
@@ -173,7 +153,7 @@ class LocalTopic:
             for sub in self._subs:
                 self._conflated += sub.offer(*self._last)
 
-    def stats(self) -> dict:
+    def stats(self) -> PublisherStats:
         with self._lock:
             return {
                 "published": self._published,

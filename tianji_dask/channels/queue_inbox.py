@@ -20,25 +20,28 @@ item exceeds its window may still have that one item in flight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import threading
-import time
-from collections import Counter, deque
 from collections.abc import Callable
 
-from . import owned_socket, wire
-from .common import ChannelError, Item, call_soon, logger, on_event_loop
+from tianji_dask.errors import ChannelError
+
+from . import wire
+from .comm_stream import serve_stream
+from .common import call_soon, logger, on_event_loop
+from .credit_queue import CreditQueue
 from .malloc import fit_allocator
-from .queue_link import CLOSED_GRACE_S, QueueLink
-from .receive_loop import ReceiveLoop
+from .owned_tcp import owned_socket
+from .owned_tcp.queue_link import QueueLink, serve_owned
+from .owned_tcp.receive_loop import ReceiveLoop
+from .ports import Item, QueueInboxStats
 
 
-class _Malformed(Exception):
-    pass
+class Malformed(Exception):
+    """A message of the framing that is not a queue message."""
 
 
-class _SenderConn:
+class SenderConn:
     """One connected sender, as seen by the inbox.
 
     ``wake`` tells whoever writes this sender's credit that there is something to write: an
@@ -92,19 +95,13 @@ class QueueInbox:
         self.name = name
         self.capacity_bytes = int(capacity_bytes)
         self.address = address
-        self._loop = loop
-        # Shared between the consumer's thread and the event loop: guarded by _cond.
-        self._cond = threading.Condition()
-        self._items: deque[tuple[Item, _SenderConn]] = deque()
-        self._conns: list[_SenderConn] = []
-        self._closed = False
-        self._queued_bytes = 0
-        self._max_queued_bytes = 0
-        self._received_items = 0
-        self._received_bytes = 0
-        self._seq_gaps = 0
-        self._senders: Counter[str] = Counter()
-        self._receive_loop = ReceiveLoop(name)  # reads every owned connection
+        self.loop = loop
+        # Shared between the consumer's thread, the event loop and the connections' threads:
+        # guarded by the queue's condition.
+        self._queue: CreditQueue[SenderConn] = CreditQueue()
+        self._cond = self._queue.cond
+        self._conns: list[SenderConn] = []
+        self.receive_loop = ReceiveLoop(name)  # reads every owned connection
 
     def __repr__(self) -> str:
         return f"<QueueInbox {self.name!r} at {self.address}>"
@@ -124,44 +121,30 @@ class QueueInbox:
         thread, so it must not be called on the event loop (use ``poll`` there)."""
         if on_event_loop():
             raise RuntimeError(f"{self!r}: get() would block the event loop; use poll()")
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while not self._items and not self._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._queue.wait(timeout)
             taken, kicks = self._take(max_items)
         self._send_credit(kicks)
         return taken
 
-    def stats(self) -> dict:
+    def stats(self) -> QueueInboxStats:
         with self._cond:
             return {
-                "received_items": self._received_items,
-                "received_bytes": self._received_bytes,
-                "queued_items": len(self._items),
-                "queued_bytes": self._queued_bytes,
-                "max_queued_bytes": self._max_queued_bytes,
-                "seq_gaps": self._seq_gaps,
-                "senders": dict(self._senders),
+                **self._queue.stats(),
                 "connected": len(self._conns),
                 "capacity_bytes": self.capacity_bytes,
-                "closed": self._closed,
+                "closed": self._queue.closed,
             }
 
-    def _take(self, max_items: int | None) -> tuple[list[Item], list[_SenderConn]]:
-        n = len(self._items) if max_items is None else min(max_items, len(self._items))
+    def _take(self, max_items: int | None) -> tuple[list[Item], list[SenderConn]]:
         taken: list[Item] = []
-        credited: dict[_SenderConn, None] = {}
-        for _ in range(n):
-            item, conn = self._items.popleft()
-            self._queued_bytes -= item.nbytes
+        credited: dict[SenderConn, None] = {}
+        for item, conn in self._queue.take(max_items):
             taken.append(item)
             if conn.live:
                 conn.credit_due += item.nbytes
                 credited[conn] = None
-        kicks: list[_SenderConn] = []
+        kicks: list[SenderConn] = []
         for conn in credited:
             if not conn.kick_scheduled:
                 conn.kick_scheduled = True
@@ -170,20 +153,20 @@ class QueueInbox:
                 kicks.append(conn)  # its writer lingers for more credit, and enough is due now
         return taken, kicks
 
-    def _send_credit(self, kicks: list[_SenderConn]) -> None:
+    def _send_credit(self, kicks: list[SenderConn]) -> None:
         for conn in kicks:
             if not self._send_credit_now(conn):
                 conn.kick()
 
-    def _send_credit_now(self, conn: _SenderConn) -> bool:
-        """Send ``conn``'s credit from this thread when it is due at once (what ``_control``
+    def _send_credit_now(self, conn: SenderConn) -> bool:
+        """Send ``conn``'s credit from this thread when it is due at once (what ``control``
         would send without lingering) and its socket takes it without waiting; False leaves
         it to the writer."""
         link = conn.link
         if link is None:
             return False
         with self._cond:
-            if self._closed or not conn.live or conn.window != conn.window_sent:
+            if self._queue.closed or not conn.live or conn.window != conn.window_sent:
                 return False
             if conn.credit_due < max(1, _lingering_credit(conn)):
                 return False
@@ -198,9 +181,8 @@ class QueueInbox:
     def _close(self) -> None:
         """Called by ChannelService.close: refuse new items, tell every sender."""
         with self._cond:
-            self._closed = True
+            self._queue.close()
             conns = list(self._conns)
-            self._cond.notify_all()
         for conn in conns:
             conn.kick()
 
@@ -213,12 +195,12 @@ class QueueInbox:
         accepts, says so in its reply and serves the sender with ``queue_link``'s threads;
         otherwise (tls://) the items go on the comm's tornado stream, read on the event loop.
         ``capacity``: the sender's own ``capacity_bytes`` (0: not told), which bounds how much
-        credit the inbox lets pile up before it writes it (``_control``)."""
+        credit the inbox lets pile up before it writes it (``control``)."""
         owned = owned and owned_socket.can_take(comm)
         stream = None if owned else wire.stream_of(comm, self.name, self.address)
-        conn = _SenderConn(sender, comm, self._loop, owned, capacity)
+        conn = SenderConn(sender, comm, self.loop, owned, capacity)
         with self._cond:
-            if self._closed:
+            if self._queue.closed:
                 raise ChannelError(f"queue channel {self.name!r} at {self.address} is closed")
             self._conns.append(conn)
         try:
@@ -226,78 +208,16 @@ class QueueInbox:
             conn.window_sent = conn.window
             await comm.write({"window": conn.window, "owned": True} if owned else {"window": conn.window})
             if stream is None:
-                how = await self._serve_owned(conn, comm)
+                how = await serve_owned(self, conn, comm)
             else:
-                how = await self._serve_stream(conn, comm, stream)
+                how = await serve_stream(self, conn, comm, stream)
         finally:
-            self._leave(conn)
+            self.leave(conn)
             if not comm.closed():
                 comm.abort()
         logger.debug("%r: sender %r from %s left: %s", self, sender, conn.peer, how)
 
-    async def _serve_owned(self, conn: _SenderConn, comm) -> str:
-        """Serve ``conn`` on its socket, taken from tornado, with a reader and a writer thread."""
-        assert isinstance(conn.wake, threading.Event)  # an owned connection's writer is a thread
-        try:
-            sock = owned_socket.take(comm)
-        except RuntimeError as exc:  # bytes came before the cue: not a sender of this protocol
-            problem = f"malformed message on queue channel {self.name!r} at {self.address}: sent before its cue ({exc})"
-            logger.error("%s (sender %r from %s); closing its connection", problem, conn.sender, conn.peer)
-            with contextlib.suppress(Exception):  # best effort; after "owned", in the channel's framing
-                error = wire.encode_whole({"error": problem})
-                await asyncio.wait_for(comm.stream.write(error), 5)
-            return problem
-        link = QueueLink(
-            sock,
-            self._loop,
-            conn.wake,
-            on_message=functools.partial(self._deliver, conn),
-            control=functools.partial(self._control, conn),
-            label=f"{self.name} {conn.sender}",
-            receive_loop=self._receive_loop,
-        )
-        link.start({"window": conn.window_sent})
-        conn.link = link
-        try:
-            fatal, how = self._outcome(await link.reading_ended())
-            self._leave(conn)
-            if fatal is not None:
-                logger.error("%s (sender %r from %s); closing its connection", fatal, conn.sender, conn.peer)
-            await link.close(fatal)
-        except BaseException:
-            link.abort()
-            raise
-        return how
-
-    async def _serve_stream(self, conn: _SenderConn, comm, stream) -> str:
-        """Serve ``conn`` on the event loop: its items on the comm's tornado stream, credit back
-        through ``comm.write``."""
-        writer = asyncio.create_task(self._credit_writer(conn))
-        try:
-            while True:
-                try:
-                    msg = await wire.read(stream)
-                    if msg.get("bye"):
-                        fatal, how = self._outcome(None)
-                        break
-                    self._deliver(conn, msg)
-                except Exception as exc:  # noqa: BLE001 - _outcome sorts a lost sender from bad bytes
-                    fatal, how = self._outcome(exc)
-                    break
-        finally:
-            self._leave(conn)
-            writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
-        if fatal is not None:
-            logger.error("%s (sender %r from %s); closing its connection", fatal, conn.sender, conn.peer)
-            if not comm.closed():
-                with contextlib.suppress(Exception):  # best effort: the sender may be gone already
-                    await asyncio.wait_for(comm.write({"error": fatal}), 5)
-        if not comm.closed():
-            await comm.close()
-        return how
-
-    def _outcome(self, end: Exception | None) -> tuple[str | None, str]:
+    def outcome(self, end: Exception | None) -> tuple[str | None, str]:
         """(the error to send the sender or None, how it left) for what ended reading its items:
         None for its "bye", ``OSError`` (tornado's ``StreamClosedError`` too) for a sender gone,
         anything else for bytes or a message that cannot be trusted."""
@@ -306,13 +226,13 @@ class QueueInbox:
             return None, "closed by sender"
         if isinstance(end, OSError):
             return None, "connection lost"
-        if isinstance(end, (wire.WireError, _Malformed)):
+        if isinstance(end, (wire.WireError, Malformed)):
             fatal = f"malformed message on {where}: {end}"
         else:
             fatal = f"cannot decode a message on {where}: {end!r}"
         return fatal, fatal
 
-    def _leave(self, conn: _SenderConn) -> None:
+    def leave(self, conn: SenderConn) -> None:
         """Take ``conn`` out of the live senders (once) and share the capacity among the rest."""
         with self._cond:
             if not conn.live:
@@ -332,7 +252,7 @@ class QueueInbox:
         for conn in live:
             conn.kick()
 
-    def _control(self, conn: _SenderConn, force: bool = True) -> tuple[dict | None, bool]:
+    def control(self, conn: SenderConn, force: bool = True) -> tuple[dict | None, bool]:
         """The next message to ``conn``'s sender and whether the inbox is closed: credit returned
         and a changed window since the last call (empty when neither), or once closed, the error
         that tells the sender. Without ``force``, None while the credit due is under a quarter
@@ -340,7 +260,7 @@ class QueueInbox:
         again, forcing, after a short linger, so that the credit of several takes goes in one
         message instead of waking the sender for each."""
         with self._cond:
-            closed = self._closed
+            closed = self._queue.closed
             lingering = not force and not closed and conn.window == conn.window_sent
             if lingering and 0 < conn.credit_due < _lingering_credit(conn):
                 conn.kick_scheduled = True  # takes meanwhile add credit without a wake-up
@@ -357,27 +277,9 @@ class QueueInbox:
             msg["window"] = conn.window_sent = window
         return msg, False
 
-    async def _credit_writer(self, conn: _SenderConn) -> None:
-        """The only writer on ``conn.comm`` while it is served on the event loop: credit and
-        window updates, coalesced so that at most one write per sender is pending."""
-        assert isinstance(conn.wake, asyncio.Event)
-        comm = conn.comm
-        while True:
-            await conn.wake.wait()
-            conn.wake.clear()
-            msg, closed = self._control(conn)
-            if msg:
-                await comm.write(msg)
-            if closed:
-                # Keep reading (and discarding) so the error is not lost to a reset; a sender
-                # that ignores it is cut off after a grace period.
-                await asyncio.sleep(CLOSED_GRACE_S)
-                comm.abort()
-                return
-
-    def _deliver(self, conn: _SenderConn, msg) -> None:
+    def deliver(self, conn: SenderConn, msg) -> None:
         if not isinstance(msg, dict) or not isinstance(msg.get("items"), (list, tuple)):
-            raise _Malformed(f"expected {{'items': [(seq, nbytes, payload), ...]}}, got {_describe(msg)}")
+            raise Malformed(f"expected {{'items': [(seq, nbytes, payload), ...]}}, got {_describe(msg)}")
         entries = msg["items"]
         for entry in entries:
             if (
@@ -387,26 +289,14 @@ class QueueInbox:
                 or not isinstance(entry[1], int)
                 or not isinstance(entry[2], dict)
             ):
-                raise _Malformed(f"expected an item [seq, nbytes, payload dict], got {_describe(entry)}")
-        now = time.time()
+                raise Malformed(f"expected an item [seq, nbytes, payload dict], got {_describe(entry)}")
+            fit_allocator(entry[1], self.capacity_bytes)
         with self._cond:
-            if self._closed:
-                return
-            for seq, nbytes, payload in entries:
-                fit_allocator(nbytes, self.capacity_bytes)
-                if seq > conn.next_seq:
-                    self._seq_gaps += seq - conn.next_seq
-                conn.next_seq = seq + 1
-                self._items.append((Item(conn.sender, seq, payload, nbytes, now), conn))
-                self._queued_bytes += nbytes
-                self._received_items += 1
-                self._received_bytes += nbytes
-                self._senders[conn.sender] += 1
-            self._max_queued_bytes = max(self._max_queued_bytes, self._queued_bytes)
-            self._cond.notify_all()
+            if not self._queue.closed:
+                conn.next_seq = self._queue.receive(conn.sender, entries, conn, conn.next_seq)
 
 
-def _lingering_credit(conn: _SenderConn) -> int:
+def _lingering_credit(conn: SenderConn) -> int:
     """Credit under this much waits a little for more before it is written: a quarter of what
     the sender may have in flight."""
     return min(conn.window, conn.sender_capacity or conn.window) // 4

@@ -26,12 +26,12 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
     receiver -> {"credit": bytes, "window": bytes}           (either key optional, repeated)
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
-With "owned", the sender too takes its end of the socket from tornado once the cue came
-(``owned_socket``): a thread of its own writes the items (``sendmsg``, what is ready up to
-``max_batch_bytes`` a call) and the "bye", another reads the credit, and the event loop only
-starts them and awaits their end. With ``full_policy="wait"``, ``push`` encodes an item of half
-a batch or more for that thread when nothing waits before it, so that the writer's Python a
-message is next to nothing. Without "owned" (tls://), everything goes through the event loop.
+With "owned", the sender too takes its end of the socket from tornado once the cue came, and
+threads of its own write the items and read the credit (``owned_tcp.sender_threads``). With
+``full_policy="wait"``, ``push`` encodes an item of half a batch or more for that thread when
+nothing waits before it, so that the writer's Python a message is next to nothing. Without
+"owned" (tls://), everything goes through the event loop (``comm_stream``). The window, the
+queues and the counts all these parts share are a ``SendWindow``.
 
 Arrays handed to ``push`` belong to the channel: they are serialized zero-copy, later, on that
 thread or the event loop, so the caller must not mutate them after the call.
@@ -41,33 +41,30 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import selectors
-import socket
 import threading
-import time
-from collections import deque
 
 from distributed.comm import connect
 
-from . import owned_socket, wire
+from tianji_dask.errors import ChannelError
+
+from . import wire
+from .comm_stream import StreamSend
 from .common import (
     FULL_POLICIES,
     HANDLER_OP,
     QUEUE_KIND,
     SMALL_ITEM_BYTES,
-    ChannelError,
     call_soon,
-    finish_soon,
     logger,
     on_event_loop,
     payload_nbytes,
     resolve_loop,
 )
 from .malloc import fit_allocator
-from .receive_loop import FrameReader
-from .wire import encode, stream_of
+from .owned_tcp.sender_threads import SenderThreads
+from .ports import QueueSenderStats
+from .send_window import SendWindow
 
-BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
 TEARDOWN_S = 5.0  # how long a close that timed out waits for the cancelled run to let go of its socket
 
 
@@ -123,34 +120,15 @@ class QueueSender:
         self.max_batch_items = int(max_batch_items)
         self._loop, self._connection_args = resolve_loop(loop, connection_args)
         self._connect_timeout = connect_timeout
-
-        # Everything below is shared between pushing threads and the event loop: guarded by _cond.
-        self._cond = threading.Condition()
-        self._pending: deque[tuple[int, int, dict]] = deque()  # (seq, nbytes, payload), unwritten
-        self._pending_bytes = 0
-        # Items push encoded for the writer thread (``_hand_to_writer``), each a message (pieces,
-        # bytes), in order and before everything pending; only that thread pops them.
-        self._ready: deque[tuple[list, int]] = deque()
-        self._inflight_bytes = 0  # ready, or written with credit not yet returned
-        self._window = self.capacity_bytes
-        self._next_seq = 0
-        self._error: ChannelError | None = None
-        self._closing = False
-        self._bye_sent = False
-        self._kick_scheduled = False
+        self._where = f"queue channel {channel!r} at {address}"
+        self._window = SendWindow(
+            self._where, self.capacity_bytes, full_policy, self.max_batch_bytes, self.max_batch_items
+        )
+        self._kick_scheduled = False  # guarded by the window's condition
         self._future: concurrent.futures.Future[None] | None = None  # of _run, set by the first push
         self._run_started = threading.Event()
         self._run_ended = threading.Event()  # _run's teardown is done: socket closed, threads joined
         self._wake: asyncio.Event | None = None  # of the event loop's writer (tls://)
-        self._writer_thread = False  # items go from a thread of this sender (an owned connection)
-        # The sent counts: stats() reads them under _cond; the connection's one writer (its thread
-        # or the event loop) writes them without it.
-        self._sent_items = 0
-        self._sent_bytes = 0
-        self._messages = 0
-        self._dropped = 0
-        self._blocked_s = 0.0
-        self._errors = 0
 
     def __repr__(self) -> str:
         return f"<QueueSender {self.sender_id!r} -> {self.channel!r} at {self.address}>"
@@ -166,77 +144,26 @@ class QueueSender:
         nbytes = payload_nbytes(payload)
         fit_allocator(nbytes, self.capacity_bytes)
         if nbytes > self.capacity_bytes:
-            raise ValueError(
-                f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of "
-                f"queue channel {self.channel!r} at {self.address}"
-            )
-        with self._cond:
-            self._check_usable()
+            raise ValueError(f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of {self._where}")
+        window = self._window
+        with window.cond:
+            window.check_usable()
             if self._future is None:
                 self._start()
-            if self._outstanding() + nbytes > self.capacity_bytes:
-                if self.full_policy == "wait":
-                    self._wait_for_room(nbytes)
-                elif self._inflight_bytes + nbytes > self.capacity_bytes:
-                    self._next_seq += 1
-                    self._dropped += 1
-                    return False
-                else:
-                    while self._outstanding() + nbytes > self.capacity_bytes:
-                        _, dropped_bytes, _ = self._pending.popleft()
-                        self._pending_bytes -= dropped_bytes
-                        self._dropped += 1
-            if not (self._writer_thread and self._hand_to_writer(nbytes, payload)):
-                self._pending.append((self._next_seq, nbytes, payload))
-                self._pending_bytes += nbytes
-            self._next_seq += 1
-            if self._writer_thread:
-                self._cond.notify_all()
+            if not window.add(nbytes, payload, self):
+                return False
+            if window.writer_thread:
+                window.cond.notify_all()
                 return True
             kick = not self._kick_scheduled
             self._kick_scheduled = True
         if kick and not call_soon(self._loop, self._on_kick):
-            self._fail("the event loop is closed (worker shutting down)")
-            raise ChannelError(str(self._error))
+            self.fail("the event loop is closed (worker shutting down)")
+            raise ChannelError(str(window.error))
         return True
 
-    def _hand_to_writer(self, nbytes: int, payload: dict) -> bool:
-        """Encode an item of half a batch or more as a message of its own and queue it for the
-        writer thread, when nothing is pending before it and it fits the window; False otherwise
-        (it waits in the pending queue for the writer to take it). The caller holds ``_cond``.
-
-        Each microsecond of Python the writer spends a message adds to the connection's time a
-        message, its system call doing the rest of the work, while the pushing thread's Python
-        runs beside that call (docs/benchmarks.md): so the pushing thread encodes. Smaller items
-        go several to a message, as the writer takes them: each message costs the receiver a
-        parse of its own. With ``drop_oldest`` items stay pending, where a later push may drop
-        them, until the writer takes them."""
-        if nbytes < max(SMALL_ITEM_BYTES, self.max_batch_bytes / 2) or self.full_policy != "wait":
-            return False
-        if self._pending or self._error is not None:
-            return False
-        if self._inflight_bytes and self._inflight_bytes + nbytes > min(self._window, self.capacity_bytes):
-            return False
-        try:
-            pieces = encode({"items": [(self._next_seq, nbytes, payload)]}, out_of_band=True)
-        except Exception:  # noqa: BLE001 - the writer encodes it again and fails the channel with the reason
-            return False
-        self._ready.append((pieces, nbytes))
-        self._inflight_bytes += nbytes
-        return True
-
-    def stats(self) -> dict:
-        with self._cond:
-            return {
-                "sent_items": self._sent_items,
-                "sent_bytes": self._sent_bytes,
-                "messages": self._messages,
-                "dropped": self._dropped,
-                "blocked_s": self._blocked_s,
-                "outstanding_bytes": self._outstanding(),
-                "errors": self._errors,
-                "window": self._window,
-            }
+    def stats(self) -> QueueSenderStats:
+        return self._window.stats()
 
     def close(self, timeout: float = 5.0) -> None:
         """Write what is still queued (for at most ``timeout`` seconds), then close the comm.
@@ -245,10 +172,11 @@ class QueueSender:
 
         Idempotent; never raises for a broken connection (see ``stats()["errors"]``).  From an
         event-loop thread it only starts the flush and returns."""
-        with self._cond:
-            already = self._closing
-            self._closing = True
-            self._cond.notify_all()  # pushers blocked in "wait" raise ChannelError
+        window = self._window
+        with window.cond:
+            already = window.closing
+            window.closing = True
+            window.cond.notify_all()  # pushers blocked in "wait" raise ChannelError
             future = self._future
         if already or future is None:
             return
@@ -263,102 +191,51 @@ class QueueSender:
             started = self._run_started.is_set() and self._loop.is_running()  # else no teardown comes
             if started and not self._run_ended.wait(TEARDOWN_S):
                 logger.warning("%r: the cancelled run had not let go of its socket after %.0f s", self, TEARDOWN_S)
-        except Exception:  # noqa: BLE001 - already recorded by _fail; close stays quiet by contract
+        except Exception:  # noqa: BLE001 - already recorded by fail; close stays quiet by contract
             pass
 
-    def _outstanding(self) -> int:
-        return self._pending_bytes + self._inflight_bytes
-
-    def _check_usable(self) -> None:
-        if self._error is not None:
-            raise ChannelError(str(self._error))
-        if self._closing:
-            raise ChannelError(f"queue channel {self.channel!r} at {self.address}: sender closed")
-
-    def _wait_for_room(self, nbytes: int) -> None:
-        if on_event_loop():
-            raise RuntimeError(
-                f"{self!r}: push() would block the event loop waiting for credit; "
-                "push from the role's own thread or use full_policy='drop_oldest'"
-            )
-        start = time.monotonic()
-        try:
-            while self._outstanding() + nbytes > self.capacity_bytes:
-                self._cond.wait()
-                self._check_usable()
-        finally:
-            self._blocked_s += time.monotonic() - start
-
     def _start(self) -> None:
+        """Start the connection on the event loop; the caller holds the window's condition."""
         try:
             self._future = asyncio.run_coroutine_threadsafe(self._run(), self._loop)
         except RuntimeError as exc:  # loop closed
-            self._error = ChannelError(f"queue channel {self.channel!r} at {self.address}: cannot start: {exc}")
-            self._errors += 1
-            raise ChannelError(str(self._error)) from None
+            self._window.fail(f"cannot start: {exc}")
+            raise ChannelError(str(self._window.error)) from None
 
-    def _fail(self, reason) -> None:
-        with self._cond:
-            if self._error is None:
-                if isinstance(reason, ChannelError):
-                    self._error = reason
-                else:
-                    self._error = ChannelError(f"queue channel {self.channel!r} at {self.address}: {reason}")
-                self._errors += 1
-                # Unwritten items can never be delivered: release them now.
-                self._pending.clear()
-                self._ready.clear()
-                self._pending_bytes = 0
-            self._cond.notify_all()
+    # ------------------------------------------------------------------ the connection's parts
+    def fail(self, reason: ChannelError | str) -> None:
+        """The channel's first error: unwritten items are released, pushers and writer woken."""
+        self._window.fail(reason)
         if self._wake is not None:
             call_soon(self._loop, self._wake.set)
 
-    # ------------------------------------------------------------------ event loop
-    def _on_kick(self) -> None:
-        with self._cond:
-            self._kick_scheduled = False
-        if self._wake is not None:
-            self._wake.set()
+    def apply(self, msg) -> bool:
+        """Apply one message of the receiver: credit and window; False (the channel failed)
+        for its error or anything that is not a message dict."""
+        if not isinstance(msg, dict) or "error" in msg:
+            reason = msg.get("error") if isinstance(msg, dict) else repr(msg)
+            self.fail(f"receiver closed the connection: {reason}")
+            return False
+        self._window.credit(msg)
+        return True
 
-    def _take_batch(self) -> tuple[list[tuple[int, int, dict]], int]:
-        """Move the head of the pending queue into flight, within window and batch size: the
-        items and their bytes. The caller holds ``_cond``."""
-        batch: list[tuple[int, int, dict]] = []
-        batch_bytes = 0
-        if self._error is not None:
-            return batch, 0
-        window = min(self._window, self.capacity_bytes)
-        while self._pending:
-            nbytes = self._pending[0][1]
-            if batch and (batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items):
-                break
-            if batch and (nbytes < SMALL_ITEM_BYTES) != (batch[0][1] < SMALL_ITEM_BYTES):
-                break  # a message carries small items or large ones, in order
-            fits = self._inflight_bytes + batch_bytes + nbytes <= window
-            if not fits and (batch or self._inflight_bytes):
-                break
-            batch.append(self._pending.popleft())
-            batch_bytes += nbytes
-        self._pending_bytes -= batch_bytes
-        self._inflight_bytes += batch_bytes
-        return batch, batch_bytes
-
-    def _encode_batch(self, batch: list[tuple[int, int, dict]]) -> list:
+    def encode_batch(self, batch: list[tuple[int, int, dict]]) -> list:
         """``batch`` as one message's pieces; a ``ChannelError`` naming the item that does not pickle."""
         try:
-            return encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES)
+            return wire.encode({"items": batch}, out_of_band=batch[0][1] >= SMALL_ITEM_BYTES)
         except Exception as exc:  # noqa: BLE001 - whatever the pickler raises
             bad = next((seq for seq, _, payload in batch if not _pickles(payload)), batch[0][0])
             raise ChannelError(
-                f"queue channel {self.channel!r} at {self.address}: item {bad} cannot be serialized ({exc!r}); "
+                f"{self._where}: item {bad} cannot be serialized ({exc!r}); "
                 "payloads hold arrays, tensors and plain picklable values"
             ) from None
 
-    def _count_written(self, items: int, nbytes: int, messages: int = 1) -> None:
-        """Count written items and messages; only the connection's writer calls it."""
-        self._sent_items += items
-        self._sent_bytes += nbytes
-        self._messages += messages
+    # ------------------------------------------------------------------ event loop
+    def _on_kick(self) -> None:
+        with self._window.cond:
+            self._kick_scheduled = False
+        if self._wake is not None:
+            self._wake.set()
 
     async def _run(self) -> None:
         self._run_started.set()
@@ -368,239 +245,59 @@ class QueueSender:
             self._run_ended.set()
 
     async def _connect_and_write(self) -> None:
-        self._wake = asyncio.Event()
+        """Connect, shake hands, then write on the owned socket's threads (tcp://) or on the
+        event loop (tls://) until closed; any failure becomes the channel's error."""
+        self._wake = wake = asyncio.Event()
         comm = None
-        reader = None
         try:
             try:
                 comm = await connect(self.address, timeout=self._connect_timeout, **self._connection_args)
             except Exception as exc:
-                raise ChannelError(f"queue channel {self.channel!r} at {self.address}: cannot connect: {exc}") from exc
-            await comm.write(
-                {
-                    "op": HANDLER_OP,
-                    "reply": False,
-                    "channel": self.channel,
-                    "sender": self.sender_id,
-                    "kind": QUEUE_KIND,
-                    "owned": True,
-                    "capacity": self.capacity_bytes,
-                }
-            )
-            reply = await comm.read()
-            stream = stream_of(comm, self.channel, self.address)
-            owned = isinstance(reply, dict) and reply.get("owned") is True
-            if owned:  # the cue, on the socket the receiver now owns
-                reply = await wire.read(stream)
-            if not isinstance(reply, dict) or "window" not in reply:
-                reason = reply.get("error") if isinstance(reply, dict) else None
-                raise ChannelError(
-                    f"queue channel {self.channel!r} at {self.address}: refused: {reason or repr(reply)}"
-                )
-            with self._cond:
-                self._window = int(reply["window"])
+                raise ChannelError(f"{self._where}: cannot connect: {exc}") from exc
+            stream, owned = await self._handshake(comm)
             if owned:
-                await self._run_owned(comm, stream)
-                return
-            reader = asyncio.create_task(self._read_credit(comm))
-            while True:
-                with self._cond:
-                    batch, batch_bytes = self._take_batch()
-                if batch:
-                    await _write(stream, self._encode_batch(batch))
-                    self._count_written(len(batch), batch_bytes)
-                    continue
-                with self._cond:
-                    if self._error is not None:
-                        return
-                    if self._closing and not self._pending:
-                        break
-                await self._wake.wait()
-                self._wake.clear()
-            await self._say_bye(comm, stream, reader)
+                await SenderThreads(self, self._window, self._loop).run(comm, stream)
+            else:
+                await StreamSend(self, self._window, wake).run(comm, stream)
         except asyncio.CancelledError:
-            self._fail("closed before everything queued was written")
+            self.fail("closed before everything queued was written")
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the writer is the channel's error
-            self._fail(exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
+            self.fail(exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
         finally:
-            if reader is not None:
-                reader.cancel()
             if comm is not None and not comm.closed():
                 comm.abort()
 
-    def _apply(self, msg) -> bool:
-        """Apply one message of the receiver: credit and window; False (the channel failed)
-        for its error or anything that is not a message dict."""
-        if not isinstance(msg, dict) or "error" in msg:
-            reason = msg.get("error") if isinstance(msg, dict) else repr(msg)
-            self._fail(f"receiver closed the connection: {reason}")
-            return False
-        with self._cond:
-            self._inflight_bytes -= int(msg.get("credit", 0))
-            if "window" in msg:
-                self._window = int(msg["window"])
-            self._cond.notify_all()
-        return True
-
-    # ------------------------------------------------------------------ owned connection (tcp://)
-    async def _run_owned(self, comm, stream) -> None:
-        """Take the socket from tornado, then write the items and the "bye" from one thread of
-        this sender and read the credit on another, until both ended; closes the socket."""
-        while owned_socket.read_ahead(comm):  # what the inbox sent just after its cue (a window)
-            if not self._apply(await wire.read(stream)):
-                return
-        sock = owned_socket.take(comm)
-        written: asyncio.Future[None] = self._loop.create_future()
-        read: asyncio.Future[None] = self._loop.create_future()
-        label = f"{self.channel} {self.sender_id}"
-        threads = [
-            threading.Thread(target=run, args=(sock, end), name=f"tianji-channel-{role} {label}", daemon=True)
-            for run, end, role in ((self._write_loop, written, "send"), (self._credit_loop, read, "credit"))
-        ]
-        with self._cond:
-            self._writer_thread = True
-        for thread in threads:
-            thread.start()
-        try:
-            await asyncio.shield(written)
-            with self._cond:
-                said_bye = self._bye_sent
-            if said_bye:
-                try:
-                    await asyncio.wait_for(asyncio.shield(read), BYE_TIMEOUT_S)
-                except TimeoutError:
-                    logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
-        except asyncio.CancelledError:  # close() timed out: say so before the threads see the shutdown
-            self._fail("closed before everything queued was written")
-            raise
-        finally:
-            owned_socket.shut_down(sock)  # ends whichever thread still waits on the socket
-            await asyncio.shield(asyncio.gather(written, read))
-            for thread in threads:
-                thread.join()  # each has only its return left
-            sock.close()
-
-    def _write_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
-        """Write until everything queued before ``close`` is written, then the "bye"; return
-        early when the channel failed. The messages ``push`` encoded go without a turn of
-        ``_cond``; only when there are none does the writer take a batch of pending items under
-        it, or wait."""
-        try:
-            while True:
-                if self._ready:
-                    self._write_ready(sock)
-                    continue
-                batch: list[tuple[int, int, dict]] = []
-                batch_bytes = 0
-                with self._cond:
-                    while True:
-                        if self._ready:
-                            break
-                        batch, batch_bytes = self._take_batch()
-                        if batch or self._error is not None or (self._closing and not self._pending):
-                            break
-                        self._cond.wait()
-                    if not (self._ready or batch):
-                        if self._error is not None:
-                            return
-                        self._bye_sent = True
-                        break
-                if batch:
-                    wire.send(sock, self._encode_batch(batch))
-                    self._count_written(len(batch), batch_bytes)
-            wire.send(sock, encode({"bye": True}, out_of_band=False))
-        except (OSError, ChannelError) as exc:
-            self._fail(exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
-            owned_socket.shut_down(sock)
-        finally:
-            finish_soon(self._loop, done)
-
-    def _write_ready(self, sock: socket.socket) -> None:
-        """Write the messages ``push`` encoded, up to ``max_batch_bytes`` of them (at least one)
-        in one system call."""
-        ready = self._ready
-        try:
-            pieces, nbytes = ready.popleft()
-            items = 1
-            while ready and nbytes + ready[0][1] <= self.max_batch_bytes:
-                more, more_bytes = ready.popleft()
-                pieces = pieces + more
-                nbytes += more_bytes
-                items += 1
-        except IndexError:  # the channel failed meanwhile and cleared them
-            return
-        wire.send(sock, pieces)
-        self._count_written(items, nbytes, messages=items)
-
-    def _credit_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
-        """Apply the receiver's credit and window messages until it closes its end, which after
-        the "bye" is the normal end. Reading on after the "bye" matters: a socket closed with
-        unread data resets the connection, which discards the part of the last messages the
-        receiver has not read yet. The messages are parsed as the inbox parses its senders'
-        (``FrameReader``), the thread waiting on a selector between them."""
-        reader = FrameReader(sock)
-        selector = selectors.DefaultSelector()
-        selector.register(sock, selectors.EVENT_READ)
-        try:
-            while True:
-                selector.select()
-                for msg in reader.pump():
-                    if not self._apply(msg):
-                        owned_socket.shut_down(sock)  # the receiver's error: nothing more can be delivered
-                        return
-        except (OSError, wire.WireError) as exc:  # ConnectionError: the receiver closed its end
-            with self._cond:
-                said_bye = self._bye_sent
-            if not said_bye:
-                self._fail(f"connection lost (receiving worker gone?): {exc!r}")
-                owned_socket.shut_down(sock)
-        finally:
-            selector.close()
-            finish_soon(self._loop, done)
-
-    # ------------------------------------------------------------------ tornado stream (tls://)
-    async def _say_bye(self, comm, stream, reader: asyncio.Task) -> None:
-        """Close handshake: "bye", then go on reading (and dropping) credit until the receiver,
-        having read everything before the "bye", closes its end (see ``_credit_loop``).
-        Cancelling the reader is no way out: distributed's ``TCP.read`` aborts the comm when
-        cancelled."""
-        with self._cond:
-            self._bye_sent = True
-        await _write(stream, encode({"bye": True}, out_of_band=False))
-        try:
-            await asyncio.wait_for(asyncio.shield(reader), BYE_TIMEOUT_S)
-        except TimeoutError:
-            logger.warning("%r: the receiver did not close within %.0f s of 'bye'", self, BYE_TIMEOUT_S)
-        await comm.close()
-
-    async def _read_credit(self, comm) -> None:
-        """Apply the receiver's credit and window messages, in distributed's framing on ``comm``."""
-        try:
-            while self._apply(await comm.read()):
-                assert self._wake is not None  # set by _run before this task starts
-                self._wake.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure of the reader is the channel's error
-            with self._cond:
-                said_bye = self._bye_sent
-            if not said_bye:  # after "bye" the receiver closing its end is the normal end
-                self._fail(f"connection lost (receiving worker gone?): {exc!r}")
+    async def _handshake(self, comm) -> tuple[object, bool]:
+        """Offer the inbox an owned socket and read its window: (the comm's stream, whether the
+        inbox took the offer, in which case its cue, in the channel's framing, came too)."""
+        await comm.write(
+            {
+                "op": HANDLER_OP,
+                "reply": False,
+                "channel": self.channel,
+                "sender": self.sender_id,
+                "kind": QUEUE_KIND,
+                "owned": True,
+                "capacity": self.capacity_bytes,
+            }
+        )
+        reply = await comm.read()
+        stream = wire.stream_of(comm, self.channel, self.address)
+        owned = isinstance(reply, dict) and reply.get("owned") is True
+        if owned:  # the cue, on the socket the receiver now owns
+            reply = await wire.read(stream)
+        if not isinstance(reply, dict) or "window" not in reply:
+            reason = reply.get("error") if isinstance(reply, dict) else None
+            raise ChannelError(f"{self._where}: refused: {reason or repr(reply)}")
+        with self._window.cond:
+            self._window.window = int(reply["window"])
+        return stream, owned
 
 
 def _pickles(payload: dict) -> bool:
     try:
-        encode({"items": [(0, 0, payload)]}, out_of_band=True)
+        wire.encode({"items": [(0, 0, payload)]}, out_of_band=True)
     except Exception:  # noqa: BLE001 - whatever the pickler raises
         return False
     return True
-
-
-async def _write(stream, pieces: list) -> None:
-    """Write ``pieces`` in order; returns once the stream has handed them to the socket, or
-    raises its error (``StreamClosedError``: the receiver is gone)."""
-    done = await asyncio.gather(*[stream.write(piece) for piece in pieces], return_exceptions=True)
-    for outcome in done:
-        if isinstance(outcome, BaseException):
-            raise outcome

@@ -22,7 +22,9 @@ import weakref
 
 from distributed.comm import CommClosedError
 
-from .common import HANDLER_OP, LATEST_KIND, QUEUE_KIND, ChannelError, logger
+from tianji_dask.errors import ChannelError
+
+from .common import HANDLER_OP, LATEST_KIND, QUEUE_KIND, logger
 from .latest_inbox import LatestInbox
 from .queue_inbox import QueueInbox
 

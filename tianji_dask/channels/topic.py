@@ -27,7 +27,10 @@ import uuid
 from distributed.comm import connect
 from distributed.protocol import to_serialize
 
-from .common import HANDLER_OP, LATEST_KIND, ChannelError, call_soon, logger, on_event_loop, resolve_loop
+from tianji_dask.errors import ChannelError
+
+from .common import HANDLER_OP, LATEST_KIND, call_soon, logger, on_event_loop, resolve_loop
+from .ports import TopicPublisherStats
 
 
 class _Subscriber:
@@ -144,7 +147,7 @@ class TopicPublisher:
         if failures:
             raise ChannelError("; ".join(failures))
 
-    def stats(self) -> dict:
+    def stats(self) -> TopicPublisherStats:
         with self._lock:
             return {
                 "published": self._published,

@@ -30,7 +30,7 @@ import struct
 
 import numpy as np
 
-from .common import ChannelError
+from tianji_dask.errors import ChannelError
 
 MAGIC = b"TJQ1"
 _PRELUDE = struct.Struct("<4sII")

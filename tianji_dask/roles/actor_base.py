@@ -4,7 +4,8 @@ heartbeats and closing the envs.
 
 A subclass sets ``policy`` (with ``load(version, params)``) in ``_setup``, for the env's
 ``action_space`` (``Discrete``, or ``Box`` where the algorithm acts in one); the base owns
-``params`` (anything with ``probe()``), ``sender``, ``tracker``, ``env``, ``id`` and ``counters``
+``params`` (a :class:`~tianji_dask.channels.ports.ParamSource`), ``sender`` (a
+:class:`~tianji_dask.channels.ports.Sender`), ``tracker``, ``env``, ``id`` and ``counters``
 (an :class:`~tianji_dask.roles.heartbeats.ActorCounters`, or the subclass's ``counters_class``);
 ``_on_new_version()`` is its hook.
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from tianji_dask.channels.ports import ParamSource, Sender
 from tianji_dask.envs import (
     EpisodeTracker,
     identity_training_signals,
@@ -58,8 +60,8 @@ class ActorBase(ABC):
         cfg: ExperimentConfig,
         actor_id: int,
         seed: int,
-        sender,
-        params,
+        sender: Sender,
+        params: ParamSource,
         *,
         balance: bool = True,
         n_actors: int | None = None,
@@ -192,8 +194,8 @@ class ActorBase(ABC):
 
     def heartbeat(self) -> dict:
         sent = self.sender.stats()
-        self.counters.blocked_s = float(sent.get("blocked_s", 0.0))
-        self.counters.dropped = int(sent.get("dropped", 0))
+        self.counters.blocked_s = float(sent["blocked_s"])
+        self.counters.dropped = int(sent["dropped"])
         self.counters.unsent = self.unsent()
         return Heartbeat("actor", self.id, self.counters, self.tracker.drain()).message()
 

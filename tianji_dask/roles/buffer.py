@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tianji_dask.channels.ports import Inbox
 from tianji_dask.roles.frame_replay import FrameReplay
 from tianji_dask.roles.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings
@@ -24,7 +25,7 @@ INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
 
 
 class BufferBase(ABC):
-    def __init__(self, inbox, buffer_id: int):
+    def __init__(self, inbox: Inbox, buffer_id: int):
         self.id = buffer_id
         self.inbox = inbox
         self._lock = threading.Lock()  # the buffer's thread adds, the learner's thread reads
@@ -58,7 +59,7 @@ class BufferBase(ABC):
         counters = BufferCounters(
             received=self.received,
             received_bytes=self.received_bytes,
-            seq_gaps=int(self.inbox.stats().get("seq_gaps", 0)),
+            seq_gaps=self.inbox.stats()["seq_gaps"],
             **self._fill(),
         )
         return Heartbeat("buffer", self.id, counters).message()
@@ -91,7 +92,7 @@ class ReplayBufferRole(BufferBase):
 
     def __init__(
         self,
-        inbox,
+        inbox: Inbox,
         capacity: int,
         obs_shape: tuple[int, ...],
         obs_dtype,

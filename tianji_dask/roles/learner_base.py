@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from tianji_dask.channels.ports import Publisher
 from tianji_dask.roles.heartbeats import LearnerCounters
 from tianji_dask.roles.learner_core import LearnerCore, State
 from tianji_dask.roles.publishing import publish_params
@@ -36,7 +37,7 @@ class LearnerBase(ABC):
         self,
         cfg: ExperimentConfig,
         buffer,
-        publisher,
+        publisher: Publisher | None,
         obs_dim: int,
         action_space: gym.Space,
         seed: int,

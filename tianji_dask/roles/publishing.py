@@ -6,12 +6,15 @@ import logging
 
 import numpy as np
 
-from tianji_dask.channels import ChannelError
+from tianji_dask.channels.ports import Publisher
+from tianji_dask.errors import ChannelError
 
 logger = logging.getLogger("tianji_dask.learner")
 
 
-def publish_params(publisher, version: int, params: dict, consumed: int, dropped: np.ndarray | None = None) -> bool:
+def publish_params(
+    publisher: Publisher, version: int, params: dict, consumed: int, dropped: np.ndarray | None = None
+) -> bool:
     """Publish a version with the consumption count the actors pace themselves on (and, from an
     on-policy learner, ``dropped``: each actor's rollouts dropped unused, by actor id); False if
     it did not reach every subscriber.

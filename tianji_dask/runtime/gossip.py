@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
-from tianji_dask.channels import ChannelError
+from tianji_dask.channels.ports import ParamSource, Publisher
+from tianji_dask.errors import ChannelError
 from tianji_dask.roles.loop import LearnerLoopRole
 
 
@@ -26,8 +26,8 @@ class GroupGossip:
     def __init__(
         self,
         group: int,
-        publisher,
-        inboxes: Mapping[int, Any],
+        publisher: Publisher,
+        inboxes: Mapping[int, ParamSource],
         interval_s: float,
         max_age_s: float | None = None,
         clock=time.monotonic,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from tianji_dask.algos.spec import PlanFields
+    from tianji_dask.channels.ports import Inbox
     from tianji_dask.config.schema import ExperimentConfig
 
 
@@ -27,7 +28,7 @@ class DQNSpec:
         return DQNActorRole
 
     def make_buffer_role(
-        self, cfg: ExperimentConfig, inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
+        self, cfg: ExperimentConfig, inbox: Inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
     ) -> BufferLoopRole:
         from tianji_dask.roles.buffer import ReplayBufferRole
         from tianji_dask.roles.prioritized import PrioritySettings

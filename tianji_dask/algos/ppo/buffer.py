@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tianji_dask.channels.ports import Inbox
 from tianji_dask.config.schema import PPOConfig
 from tianji_dask.roles.buffer import BufferBase
 
@@ -39,7 +40,7 @@ class Rollout:
 
 
 class RolloutBufferRole(BufferBase):
-    def __init__(self, cfg: ExperimentConfig, inbox, buffer_id: int = 0):
+    def __init__(self, cfg: ExperimentConfig, inbox: Inbox, buffer_id: int = 0):
         super().__init__(inbox, buffer_id)
         self.cfg = cfg
         self.algo = cfg.algo_as(PPOConfig)

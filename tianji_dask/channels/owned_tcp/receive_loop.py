@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import wire
+from .. import wire
 
 #: Bytes one ``recv`` for the small parts of messages asks for (several small messages at once).
 BUFFER_BYTES = 64 << 10

@@ -20,13 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from . import owned_socket, wire
-from .common import finish_soon
+from .. import wire
+from ..common import finish_soon, logger
+from . import owned_socket
 from .receive_loop import ReceiveLoop
+
+if TYPE_CHECKING:
+    from ..queue_inbox import QueueInbox, SenderConn
 
 #: How long a closed inbox keeps reading (and dropping) a sender's items after telling it, so
 #: that the error is read before the connection goes; then the sender is cut off.
@@ -35,6 +41,42 @@ CLOSED_GRACE_S = 10.0
 CREDIT_LINGER_S = 0.002
 #: How long an error reply may take to leave before the connection is cut.
 ERROR_SEND_TIMEOUT_S = 5.0
+
+
+async def serve_owned(inbox: QueueInbox, conn: SenderConn, comm) -> str:
+    """Serve ``conn`` on its socket, taken from tornado: read on the inbox's receive loop, its
+    credit written by a :class:`QueueLink` thread; returns how the sender left."""
+    assert isinstance(conn.wake, threading.Event)  # an owned connection's writer is a thread
+    try:
+        sock = owned_socket.take(comm)
+    except RuntimeError as exc:  # bytes came before the cue: not a sender of this protocol
+        where = f"queue channel {inbox.name!r} at {inbox.address}"
+        problem = f"malformed message on {where}: sent before its cue ({exc})"
+        logger.error("%s (sender %r from %s); closing its connection", problem, conn.sender, conn.peer)
+        with contextlib.suppress(Exception):  # best effort; after "owned", in the channel's framing
+            await asyncio.wait_for(comm.stream.write(wire.encode_whole({"error": problem})), 5)
+        return problem
+    link = QueueLink(
+        sock,
+        inbox.loop,
+        conn.wake,
+        on_message=functools.partial(inbox.deliver, conn),
+        control=functools.partial(inbox.control, conn),
+        label=f"{inbox.name} {conn.sender}",
+        receive_loop=inbox.receive_loop,
+    )
+    link.start({"window": conn.window_sent})
+    conn.link = link
+    try:
+        fatal, how = inbox.outcome(await link.reading_ended())
+        inbox.leave(conn)
+        if fatal is not None:
+            logger.error("%s (sender %r from %s); closing its connection", fatal, conn.sender, conn.peer)
+        await link.close(fatal)
+    except BaseException:
+        link.abort()
+        raise
+    return how
 
 
 class QueueLink:
