@@ -6,6 +6,8 @@ replacement worker, the recorder's incarnations, and a topic subscriber moved.""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import time
@@ -47,6 +49,26 @@ def went_on(ds, restarts: str, var: str, actor: int | None = None) -> float:
     return float(np.nanmax(values[at:]) - np.nanmax(values[:at])) if at else 0.0
 
 
+@contextlib.contextmanager
+def _snapshot_log_into(events: list[str]):
+    """The snapshot keeper's debug log (the first snapshot a lost learner can be restored from:
+    not news for the run's user) appended to ``events``."""
+
+    class Append(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            events.append(record.getMessage())
+
+    log, handler = logging.getLogger("tianji_dask.snapshots"), Append(logging.DEBUG)
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
 def _run_with_a_kill(h, tmp_path, pick, going_on, *overrides, ready=lambda events: True):
     """A run with no stop rule, one worker killed at 6,000 env steps and once ``ready(events)``; stopped once
     ``going_on(metrics)`` says the re-created hosts carried on (a target could come before the
@@ -56,7 +78,7 @@ def _run_with_a_kill(h, tmp_path, pick, going_on, *overrides, ready=lambda event
         ["stop.target_return=null", "stop.max_env_steps=null", "stop.max_seconds=200", *overrides],
     )
     events: list[str] = []
-    with h.ending(train(cfg, out=tmp_path / "run", on_event=events.append)) as run:
+    with _snapshot_log_into(events), h.ending(train(cfg, out=tmp_path / "run", on_event=events.append)) as run:
         victim = _kill_worker_of(run, cfg, pick, lambda: ready(events))
         assert h.wait_until(lambda: going_on(run.metrics()) or run.done, timeout=170), events
         run.stop()
@@ -100,7 +122,7 @@ def test_a_killed_learner_worker_rebuilds_its_group_from_the_newest_snapshot(h, 
         lambda ds: went_on(ds, "learner_restarts", "updates") > 2000,
         "topology.actors=2",
         "run.snapshot_interval=1",
-        ready=lambda events: any("first snapshot" in e for e in events),
+        ready=lambda events: any("first learner snapshot" in e for e in events),
     )
     assert "buffer 0, learner 0 on" in lost
     last = ds.isel(time=-1)
@@ -118,7 +140,9 @@ def test_a_killed_learner_worker_rebuilds_its_group_from_the_newest_snapshot(h, 
     reported = after[after != after[0]]
     assert reported.size and float(np.nanmin(reported)) >= restored, ds.replay_size.values
     # restored from a snapshot, at least the first one kept before the kill, not from nothing
-    (first,) = [int(e.split("at update ")[1].rstrip(")").replace(",", "")) for e in events if "first snapshot" in e]
+    (first,) = [
+        int(e.split("at update ")[1].rstrip(")").replace(",", "")) for e in events if "first learner snapshot" in e
+    ]
     (went_on_from,) = [
         int(e.split("at update ")[1].replace(",", "")) for e in events if "goes on from its snapshot" in e
     ]
@@ -137,7 +161,7 @@ def test_a_killed_data_parallel_rank_rebuilds_its_group_with_a_new_rendezvous(h,
         "topology.actors=2",
         "topology.learners=2",
         "run.snapshot_interval=1",
-        ready=lambda events: any("first snapshot" in e for e in events),
+        ready=lambda events: any("first learner snapshot" in e for e in events),
     )
     assert "buffer 1, learner 1 on" in lost
     last = ds.isel(time=-1)
