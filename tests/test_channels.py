@@ -47,7 +47,7 @@ from tianji_dask.channels.receive_loop import (
     FrameReader,
     ReceiveLoop,
 )
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tianji_dask.channels import LocalTopic
-from tianji_dask.runtime.dataparallel import DataParallel, DataParallelUpdates, open_store
-from tianji_dask.runtime.gossip import GossipSync, GroupGossip
-from tianji_dask.runtime.hosts import LocalUpdates, SnapshotRequests
+from tianji_dask.runtime.hosts.dataparallel import DataParallel, DataParallelUpdates, open_store
+from tianji_dask.runtime.hosts.gossip import GossipSync, GroupGossip
+from tianji_dask.runtime.hosts.hosts import LocalUpdates, SnapshotRequests
 
 
 class ToyLearner:

@@ -63,8 +63,8 @@ def test_a_runs_local_cluster_gives_each_worker_the_whole_machine():
     from distributed import Client
     from distributed.system import MEMORY_LIMIT
 
-    from tianji_dask.runtime.cluster import local_cluster
-    from tianji_dask.runtime.workers import scheduler_workers
+    from tianji_dask.runtime.cluster.cluster import local_cluster
+    from tianji_dask.runtime.cluster.workers import scheduler_workers
 
     with local_cluster(3) as cluster, Client(cluster) as client:
         limits = [w["memory_limit"] for w in scheduler_workers(client).values()]

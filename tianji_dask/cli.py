@@ -304,7 +304,7 @@ def _raise_interrupt(signum, frame):
 
 
 def _on_driver_signals(handler) -> None:
-    from tianji_dask.runtime.worker_signals import DRIVER_SIGNALS
+    from tianji_dask.runtime.processes.worker_signals import DRIVER_SIGNALS
 
     for sig in DRIVER_SIGNALS:
         signal.signal(sig, handler)
@@ -448,7 +448,7 @@ def cmd_train(args) -> int:
             client.close()
         if cluster is not None:
             cluster.close()  # cancels the jobs
-        from tianji_dask.runtime.forked_workers import end_fork_server
+        from tianji_dask.runtime.processes.forked_workers import end_fork_server
 
         end_fork_server()  # one still importing (a run stopped as it started) would outlive this process
     _report(result)
@@ -537,7 +537,7 @@ def _connect_timeout() -> float:
 def _profile_client(args, cfg: ExperimentConfig):
     from distributed import Client
 
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     if args.scheduler:
         return Client(args.scheduler, timeout=_connect_timeout()), None
@@ -684,7 +684,7 @@ def cmd_plan(args) -> int:
 
 def cmd_sweep(args) -> int:
     from tianji_dask.config import ConfigError
-    from tianji_dask.runtime.sweep import plan_sweep, resume_sweep
+    from tianji_dask.runtime.sweep.runner import plan_sweep, resume_sweep
 
     if args.slurm and args.scheduler:
         return _bad_input(
@@ -744,7 +744,7 @@ def _resume_plan(planned) -> None:
 def _run_sweep(args, planned, parallel: int) -> int:
     from tianji_dask.config import ConfigError
     from tianji_dask.deploy.planner import PlanError, load_plan
-    from tianji_dask.runtime.sweep_progress import SweepProgress
+    from tianji_dask.runtime.sweep.progress import SweepProgress
 
     view = SweepProgress()
     client = None
@@ -863,7 +863,7 @@ def _report(result) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, scancel, a batch system's time limit) ends a command like Ctrl-C does; a
-    # run's worker processes ignore both (tianji_dask.runtime.worker_signals): the driver stops them.
+    # run's worker processes ignore both (tianji_dask.runtime.processes.worker_signals): the driver stops them.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     # `kill -USR1 PID`: every thread's stack on stderr, for a command that seems stuck; it goes on
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -106,7 +106,7 @@ def this_machine() -> Capacity:
 
 def cluster_capacity(client, address: str) -> Capacity:
     """The threads and memory limits of the cluster's workers, as its scheduler reports them."""
-    from tianji_dask.runtime.workers import scheduler_workers
+    from tianji_dask.runtime.cluster.workers import scheduler_workers
 
     workers = list(scheduler_workers(client).values())
     limits = [w.get("memory_limit") or 0 for w in workers]

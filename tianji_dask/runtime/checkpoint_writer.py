@@ -14,7 +14,7 @@ from tianji_dask.config import ExperimentConfig
 from tianji_dask.results.tally import Tally
 
 if TYPE_CHECKING:
-    from tianji_dask.runtime.cluster import RunCluster
+    from tianji_dask.runtime.cluster.cluster import RunCluster
 
 BEST_CHECKPOINT = "checkpoint_best"
 HURRIED_CHECKPOINT_S = 5.0  # how long a run told to stop at once still waits for the final checkpoint
@@ -91,7 +91,7 @@ class CheckpointWriter:
         """The learner's state at the end of a distributed run. ``hurry`` (told to stop at once):
         a learner that answers within a few seconds still gets saved. ``stopped`` (``Run.stop``,
         Ctrl-C): a learner that made no update yet is not saved, there is nothing to keep."""
-        from tianji_dask.runtime.cluster import LearnerLost
+        from tianji_dask.runtime.cluster.cluster import LearnerLost
 
         if not hurry:
             try:

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.results.resumable import ResumePoint
-from tianji_dask.runtime.restarts import HostLost
-from tianji_dask.runtime.run_hosts import StartAbandoned
+from tianji_dask.runtime.cluster.restarts import HostLost
+from tianji_dask.runtime.cluster.run_hosts import StartAbandoned
 from tianji_dask.runtime.run_loop import RunLoop
 
 if TYPE_CHECKING:
-    from tianji_dask.runtime.cluster import RunCluster
+    from tianji_dask.runtime.cluster.cluster import RunCluster
 
 
 class DistributedMode:
@@ -45,7 +45,7 @@ class DistributedMode:
         """The run, from its cluster's start to its end. Asked to stop while it starts (its
         LocalCluster, its hosts), it gives the start up at once: what started is ended, no
         checkpoint is written (no learner trained), the results say ``stopped``."""
-        from tianji_dask.runtime.forked_workers import start_fork_server
+        from tianji_dask.runtime.processes.forked_workers import start_fork_server
 
         if self._client is None:
             start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours
@@ -56,7 +56,7 @@ class DistributedMode:
             self._on_event(f"stopped while the run started ({exc}): nothing trained, no checkpoint written")
 
     def _run(self) -> None:
-        from tianji_dask.runtime.cluster import RunCluster
+        from tianji_dask.runtime.cluster.cluster import RunCluster
 
         loop, recorder = self.loop, self.loop.recorder
         requested = loop.stopping.requested

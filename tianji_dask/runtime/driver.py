@@ -36,16 +36,16 @@ from tianji_dask.results.resumable import ResumePoint, check_resumable
 from tianji_dask.results.rundir import prepare_run_dir, run_name, write_config
 from tianji_dask.results.tensorboard import TensorBoardRows, check_tensorboard
 from tianji_dask.runtime.checkpoint_writer import CheckpointWriter
-from tianji_dask.runtime.cuda_mps import mps_control
+from tianji_dask.runtime.cluster.restarts import HostLost
 from tianji_dask.runtime.distributed_mode import DistributedMode
-from tianji_dask.runtime.restarts import HostLost
+from tianji_dask.runtime.processes.cuda_mps import mps_control
 from tianji_dask.runtime.result_writer import ResultWriter
 from tianji_dask.runtime.run_loop import RunLoop, Stopping
 from tianji_dask.runtime.serial_mode import run_serial
 from tianji_dask.runtime.training_evaluation import TrainingEvaluations
 
 if TYPE_CHECKING:
-    from tianji_dask.runtime.cluster import RunCluster
+    from tianji_dask.runtime.cluster.cluster import RunCluster
 
 FINISHED = ("target_reached", "eval_target_reached", "max_env_steps", "max_seconds")
 

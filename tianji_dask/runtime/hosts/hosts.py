@@ -6,7 +6,7 @@ loop would freeze every host on that worker. The ``async def`` methods
 ``start``, ``stop``, ``stats`` and ``error`` run on the worker's event loop and
 stay callable while the loop runs.
 
-Each host is two parts: :class:`~tianji_dask.runtime.host_loop.HostLoop`, the loop thread with
+Each host is two parts: :class:`~tianji_dask.runtime.hosts.host_loop.HostLoop`, the loop thread with
 its heartbeats, and ``_LoopHost``, the Dask-facing ``async def`` methods around it.
 """
 
@@ -31,13 +31,13 @@ from tianji_dask.results.checkpoint import pack_state, unpack_state
 from tianji_dask.roles.buffer import ReplayBufferRole
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState
-from tianji_dask.runtime.gossip import GossipSync, GroupGossip
-from tianji_dask.runtime.host_loop import HostLoop, R
+from tianji_dask.runtime.hosts.gossip import GossipSync, GroupGossip
+from tianji_dask.runtime.hosts.host_loop import HostLoop, R
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
-    from tianji_dask.runtime.dataparallel import DataParallelUpdates
+    from tianji_dask.runtime.hosts.dataparallel import DataParallelUpdates
 
 IDLE_S = 0.0002  # a learner with nothing to train on yields this long before looking again
 
@@ -204,9 +204,9 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
     ``buffer`` is the handle of the :class:`BufferHost` it trains from, which must live on the
     same worker: the learner samples from that buffer's memory directly, with no copy between
     processes. Its step composes separate parts: snapshot requests (:class:`SnapshotRequests`),
-    gossip with the other groups (:class:`~tianji_dask.runtime.gossip.GossipSync`, rank 0 of each group
+    gossip with the other groups (:class:`~tianji_dask.runtime.hosts.gossip.GossipSync`, rank 0 of each group
     when there are several groups) and updates, alone (:class:`LocalUpdates`) or as one rank of
-    a data-parallel group (:class:`~tianji_dask.runtime.dataparallel.DataParallelUpdates`,
+    a data-parallel group (:class:`~tianji_dask.runtime.hosts.dataparallel.DataParallelUpdates`,
     ``world_size > 1``: rank 0 opens the rendezvous store in its constructor, the driver reads
     its host and port with :meth:`rendezvous_address` and gives them to the other ranks, which
     may live on other hosts).
@@ -253,7 +253,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         self._store = None
         self._store_address = store_address
         if world_size > 1 and rank == 0:
-            from tianji_dask.runtime.dataparallel import open_store
+            from tianji_dask.runtime.hosts.dataparallel import open_store
 
             self._store = open_store(self.address_host, world_size, deployment_settings().timeouts.data_parallel)
             self._store_address = (self.address_host, self._store.port)
@@ -282,7 +282,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         if self.world_size > 1:
             if self._store_address is None:
                 raise ValueError(f"learner {self.id}: rank {self.rank} of a data-parallel group needs store_address")
-            from tianji_dask.runtime.dataparallel import DataParallel, DataParallelUpdates
+            from tianji_dask.runtime.hosts.dataparallel import DataParallel, DataParallelUpdates
 
             store_host, store_port = self._store_address
             device = self.cfg.learner.device

@@ -24,16 +24,24 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime.host_stopping import stop_group
-from tianji_dask.runtime.restarts import HostLost, Key, LostWorker, RestartPolicy, first_line, lost_with, replay_lost
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.runtime.cluster.host_stopping import stop_group
+from tianji_dask.runtime.cluster.restarts import (
+    HostLost,
+    Key,
+    LostWorker,
+    RestartPolicy,
+    first_line,
+    lost_with,
+    replay_lost,
+)
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
-    from tianji_dask.runtime.host_builder import HostBuilder
-    from tianji_dask.runtime.run_hosts import RunHosts
-    from tianji_dask.runtime.snapshot_keeper import SnapshotKeeper
-    from tianji_dask.runtime.supervisor import Supervisor
+    from tianji_dask.runtime.cluster.host_builder import HostBuilder
+    from tianji_dask.runtime.cluster.run_hosts import RunHosts
+    from tianji_dask.runtime.cluster.snapshot_keeper import SnapshotKeeper
+    from tianji_dask.runtime.cluster.supervisor import Supervisor
 
 RANK_RESTART_S = 10.0
 RECREATE_TRIES = 3  # a re-creation that failed while its workers are all still there is tried again
@@ -41,9 +49,9 @@ RECREATE_TRIES = 3  # a re-creation that failed while its workers are all still 
 
 class Recovery:
     """Builds the run's hosts despite workers lost meanwhile (:meth:`build_all`) and re-creates
-    those of the workers the :class:`~tianji_dask.runtime.supervisor.Supervisor` found lost
+    those of the workers the :class:`~tianji_dask.runtime.cluster.supervisor.Supervisor` found lost
     (:meth:`recover`), the groups from what the
-    :class:`~tianji_dask.runtime.snapshot_keeper.SnapshotKeeper` kept."""
+    :class:`~tianji_dask.runtime.cluster.snapshot_keeper.SnapshotKeeper` kept."""
 
     def __init__(
         self,

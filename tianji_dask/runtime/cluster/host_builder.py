@@ -1,5 +1,5 @@
 """Building the run's hosts where the placement puts them: created, wired, started; at the
-start, and again after their worker was lost (:mod:`~tianji_dask.runtime.recovery`)."""
+start, and again after their worker was lost (:mod:`~tianji_dask.runtime.cluster.recovery`)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
-from tianji_dask.runtime.hosts import ActorHost, BufferHost, LearnerHost
-from tianji_dask.runtime.restarts import Key
+from tianji_dask.runtime.cluster.restarts import Key
+from tianji_dask.runtime.hosts.hosts import ActorHost, BufferHost, LearnerHost
 from tianji_dask.seeding import incarnation_seed
 
 if TYPE_CHECKING:
     from tianji_dask.roles.replay_state import ReplayState
-    from tianji_dask.runtime.placement import ActorPlace
-    from tianji_dask.runtime.run_hosts import RunHosts
+    from tianji_dask.runtime.cluster.placement import ActorPlace
+    from tianji_dask.runtime.cluster.run_hosts import RunHosts
 
 Prior: TypeAlias = Callable[[Key, str], float]  # a host's counter before this incarnation
 Replays: TypeAlias = "dict[int, ReplayState] | None"  # by buffer id, the replay a rebuilt buffer starts with
 
 
 class HostBuilder:
-    """Creates the hosts of :class:`~tianji_dask.runtime.run_hosts.RunHosts` for envs of
+    """Creates the hosts of :class:`~tianji_dask.runtime.cluster.run_hosts.RunHosts` for envs of
     ``spaces`` (the env's observation and action spaces) and starts their loops."""
 
     def __init__(self, hosts: RunHosts, spaces):

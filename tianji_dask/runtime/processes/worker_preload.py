@@ -1,6 +1,6 @@
 """Dask worker preload: import the heavy modules (torch, gymnasium, the roles) while the
 worker process starts, so they load in parallel across workers instead of one after the
-other when the hosts are created. Use with ``dask worker --preload tianji_dask.runtime.worker_preload``."""
+other when the hosts are created. Use with ``dask worker --preload tianji_dask.runtime.processes.worker_preload``."""
 
 import gymnasium  # noqa: F401
 import torch
