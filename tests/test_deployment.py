@@ -143,7 +143,7 @@ def test_the_scheduler_check_waits_the_connect_timeout(monkeypatch):
 
 
 def test_a_host_silent_past_the_startup_timeout_is_lost():
-    from tianji_dask.runtime.cluster.restarts import HostLost
+    from tianji_dask.errors import HostLost
     from tianji_dask.runtime.cluster.supervisor import Supervisor
 
     with dask.config.set({"tianji.timeouts.host-startup": "2s"}):

@@ -77,6 +77,18 @@ def test_no_module_imports_from_a_floor_above_its_own():
     assert not up, f"imports from a floor above: {up}"
 
 
+BOOKKEEPING = ("run_loop.py", "checkpoint_writer.py", "result_writer.py", "training_evaluation.py")
+
+
+@pytest.mark.parametrize("module", BOOKKEEPING)
+def test_the_runs_bookkeeping_knows_no_cluster(module):
+    """The run's loop and writers are driven by the modes (serial, distributed) and know neither
+    the cluster nor the hosts: what they need from them (the learner's final state) is passed in."""
+    below = ("tianji_dask.runtime.cluster", "tianji_dask.runtime.hosts", "tianji_dask.runtime.processes")
+    taken = [t for t in imports(PACKAGE / "runtime" / module) if t.startswith(below)]
+    assert not taken, f"runtime/{module} imports {taken}"
+
+
 def test_at_most_twelve_modules_beside_the_packages():
     modules = [p.name for p in PACKAGE.glob("*.py")]
     assert len(modules) <= 12, modules

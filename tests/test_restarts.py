@@ -15,10 +15,11 @@ import pytest
 from distributed import Client
 
 from tianji_dask.config import load_config
+from tianji_dask.errors import HostLost
 from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat
 from tianji_dask.runtime.cluster.placement import moved, place
-from tianji_dask.runtime.cluster.restarts import HostLost, LostWorker, RestartPolicy, lost_with, replay_lost
+from tianji_dask.runtime.cluster.restarts import LostWorker, RestartPolicy, lost_with, replay_lost
 from tianji_dask.runtime.cluster.workers import scheduler_workers
 from tianji_dask.runtime.driver import train
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tianji_dask.errors import HostLost
 from tianji_dask.results.resumable import ResumePoint
-from tianji_dask.runtime.cluster.restarts import HostLost
 from tianji_dask.runtime.cluster.run_hosts import StartAbandoned
 from tianji_dask.runtime.run_loop import RunLoop
 
@@ -88,7 +88,9 @@ class DistributedMode:
                 loop.last_row()
             if loop.cfg.run.checkpoint:
                 stopped = loop.stopping.reason == "stopped"
-                loop.checkpoints.save_final(run_cluster, hurry=loop.stopping.hurry.is_set(), stopped=stopped)
+                loop.checkpoints.save_final(
+                    run_cluster.learner_checkpoint, hurry=loop.stopping.hurry.is_set(), stopped=stopped
+                )
         loop.last_evaluations(hurry=loop.stopping.hurry.is_set())  # the cluster closed: its cores free
 
     def _start_hosts(self, run_cluster: RunCluster) -> None:

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, overload
 from tianji_dask.config import ConfigError, ExperimentConfig, check_env
 from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.config.schema import DQNConfig
+from tianji_dask.errors import HostLost
 from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.results.resumable import ResumePoint, check_resumable
 from tianji_dask.results.rundir import prepare_run_dir, run_name, write_config
 from tianji_dask.results.tensorboard import TensorBoardRows, check_tensorboard
 from tianji_dask.runtime.checkpoint_writer import CheckpointWriter
-from tianji_dask.runtime.cluster.restarts import HostLost
 from tianji_dask.runtime.distributed_mode import DistributedMode
 from tianji_dask.runtime.processes.cuda_mps import mps_control
 from tianji_dask.runtime.result_writer import ResultWriter

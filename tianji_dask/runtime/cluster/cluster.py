@@ -24,11 +24,12 @@ from distributed.deploy.spec import SpecCluster
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.config.deployment import deployment_settings
+from tianji_dask.errors import HostLost, LearnerLost
 from tianji_dask.runtime.cluster import dask_logs
 from tianji_dask.runtime.cluster.host_builder import HostBuilder
 from tianji_dask.runtime.cluster.host_stopping import stop_all
 from tianji_dask.runtime.cluster.recovery import Recovery
-from tianji_dask.runtime.cluster.restarts import HostLost, Key, first_line
+from tianji_dask.runtime.cluster.restarts import Key, first_line
 from tianji_dask.runtime.cluster.run_hosts import RunHosts, StartAbandoned
 from tianji_dask.runtime.cluster.snapshot_keeper import SnapshotKeeper
 from tianji_dask.runtime.cluster.supervisor import Supervisor
@@ -48,10 +49,6 @@ if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
 
 CLUSTER_START_TRIES = 3  # a LocalCluster whose worker process died while it started is started again
-
-
-class LearnerLost(RuntimeError):
-    """The learner's worker was lost as the run stopped, before its final state was taken."""
 
 
 class TianjiLocalCluster(LocalCluster):
@@ -391,7 +388,7 @@ class RunCluster:
             raise RuntimeError("the run's hosts were used before they were started")
         return self.hosts
 
-    def learner_checkpoint(self, timeout: float = 60.0) -> tuple[bytes, dict] | None:
+    def learner_checkpoint(self, timeout: float) -> tuple[bytes, dict] | None:
         """The learner's final state, packed (:func:`~tianji_dask.results.checkpoint.pack_state`). A
         learner lost as the run stopped gives its newest snapshot instead, if there is one; with
         none, :class:`LearnerLost`."""

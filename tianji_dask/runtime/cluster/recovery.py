@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.deployment import deployment_settings
+from tianji_dask.errors import HostLost
 from tianji_dask.runtime.cluster.host_stopping import stop_group
 from tianji_dask.runtime.cluster.restarts import (
-    HostLost,
     Key,
     LostWorker,
     RestartPolicy,

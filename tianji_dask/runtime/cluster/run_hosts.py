@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tianji_dask.config.deployment import deployment_settings
+from tianji_dask.errors import HostLost
 from tianji_dask.runtime.cluster.placement import Placement, moved, place
-from tianji_dask.runtime.cluster.restarts import HostLost, Key
+from tianji_dask.runtime.cluster.restarts import Key
 from tianji_dask.runtime.cluster.worker_replacement import WorkerReplacement
 from tianji_dask.runtime.cluster.workers import scheduler_workers
 from tianji_dask.runtime.processes.client_context import current_client

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime.cluster.restarts import HostLost, Key, LostWorker
+from tianji_dask.errors import HostLost
+from tianji_dask.runtime.cluster.restarts import Key, LostWorker
 from tianji_dask.runtime.cluster.worker_deaths import death_reasons, removal_reason
 from tianji_dask.runtime.cluster.workers import scheduler_workers
 from tianji_dask.runtime.hosts.host_loop import metrics_topic
