@@ -9,7 +9,7 @@ from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ConfigError, check_env, load_config
 from tianji_dask.roles.frame_replay import FrameReplay
 from tianji_dask.roles.replay import ReplayMemory
-from tianji_dask.runtime.driver import check_replay_fits
+from tianji_dask.runtime.checks import check_replay_fits
 
 GIB = 2**30
 CPU = ["learner.device=cpu", "actor.device=cpu"]  # the Pong configs name a GPU; the replay is the same

@@ -114,7 +114,7 @@ def local_cluster(
     # Dask's default memory limit splits the machine evenly between workers, and its nanny kills
     # a worker past 95 % of its share. The roles are not even: one buffer may hold a replay of
     # most of the machine beside small actors, so each worker may use it all
-    # (the run checks before it starts that the replay fits: driver.check_replay_fits).
+    # (the run checks before it starts that the replay fits: checks.check_replay_fits).
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
     # (tianji_dask.runtime.processes.worker_signals).
     # Their processes fork from a server that imported the roles (tianji_dask.runtime.processes.forked_workers);
