@@ -146,6 +146,28 @@ def test_no_class_in_the_runtime_has_more_than_fifteen_methods():
     assert not wide, f"classes with more than {MAX_METHODS} methods: {wide}"
 
 
+MAX_LINES = 60
+
+
+def long_functions(package: Path) -> dict[str, int]:
+    """``path:line name`` (the path under ``package``) -> lines, for every function over :data:`MAX_LINES`."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_LINES:
+                    out[f"{path.relative_to(package).as_posix()}:{node.lineno} {node.name}"] = lines
+    return out
+
+
+@pytest.mark.parametrize("package", ["runtime", "results"])
+def test_no_function_of_the_runtime_or_results_is_over_sixty_lines(package):
+    """A function that grows past the bound is split by job."""
+    long = long_functions(PACKAGE / package)
+    assert not long, f"functions over {MAX_LINES} lines: {long}"
+
+
 ACTORS = ("algos/dqn/actor.py", "algos/ppo/actor.py", "algos/ppo/async_actor.py")
 
 
