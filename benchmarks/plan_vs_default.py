@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from tianji_dask.deploy import profiling
     from tianji_dask.deploy.planner import Profile, Resources, make_plan, save_plan
     from tianji_dask.results.recorder import write_netcdf_atomic
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     cfg = load_config(args.config)
     out = args.out or Path("benchmarks/results") / f"plan_vs_default_{cfg.algo.name}"

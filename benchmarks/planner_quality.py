@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     from tianji_dask.deploy import profiling
     from tianji_dask.deploy.planner import Profile, Resources, make_plan
     from tianji_dask.results.provenance import provenance_attrs
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     cfg = load_config(args.config, args.overrides)
     out = args.out or Path("benchmarks/results") / f"planner_{cfg.env.id.split('-')[0].lower()}_{cfg.algo.name}"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tianji_dask.runtime import forked_workers
+from tianji_dask.runtime.processes import forked_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole_dqn.yaml"
@@ -183,7 +183,7 @@ def called_here(main, *args, cwd: Path | None = None) -> subprocess.CompletedPro
     import signal
     import tempfile
 
-    from tianji_dask.runtime.worker_signals import DRIVER_SIGNALS
+    from tianji_dask.runtime.processes.worker_signals import DRIVER_SIGNALS
 
     handlers = {sig: signal.getsignal(sig) for sig in DRIVER_SIGNALS}
     here = Path.cwd()
@@ -276,7 +276,7 @@ def forked_local_cluster(**kwargs):
     notebook starts them, are what the notebooks' and the README's tests run on."""
     from distributed import LocalCluster
 
-    from tianji_dask.runtime.forked_workers import ForkedNanny, start_fork_server
+    from tianji_dask.runtime.processes.forked_workers import ForkedNanny, start_fork_server
 
     start_fork_server()
     return LocalCluster(worker_class=ForkedNanny, **kwargs)
@@ -290,7 +290,7 @@ def run_cluster_client(n_workers: int):
     whose subject is what a run does, not its cluster's start and end."""
     from distributed import Client
 
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     with local_cluster(n_workers, dashboard=False) as cluster, Client(cluster) as client:
         yield client
@@ -312,13 +312,15 @@ FORK_SERVER = "multiprocessing.forkserver import main"  # in the fork server's c
 # and each run's learner imports torch._dynamo as it builds its optimizer: imported in the server,
 # once a test process instead of once a run. (A run's own process keeps it out of the server: it
 # would delay the cluster's start, where in the learner it overlaps the actors' build.)
-forked_workers.PRELOAD.insert(forked_workers.PRELOAD.index("tianji_dask.runtime.fork_server_frozen"), "torch._dynamo")
+forked_workers.PRELOAD.insert(
+    forked_workers.PRELOAD.index("tianji_dask.runtime.processes.fork_server_frozen"), "torch._dynamo"
+)
 
 
 def worker_processes(root: int | None = None) -> list:
     """The live Dask worker processes under process ``root`` (default: this one): spawned ones
     (``spawn_main`` in their command line), and those forked from a fork server
-    (``tianji_dask.runtime.forked_workers``), whose command line is the server's: its children. Not the
+    (``tianji_dask.runtime.processes.forked_workers``), whose command line is the server's: its children. Not the
     fork server itself."""
     import os
 
@@ -469,7 +471,7 @@ def h() -> type[_Helpers]:
 @pytest.fixture
 def one_torch_thread():
     """The test's roles run with one torch thread, as in a host's worker
-    (``tianji_dask.runtime.worker_preload``): with OpenMP's default threads per core, a CNN actor
+    (``tianji_dask.runtime.processes.worker_preload``): with OpenMP's default threads per core, a CNN actor
     stepped here competes with its own emulator threads, and on a loaded 2-core machine it
     slowed down by orders of magnitude."""
     import torch

@@ -40,7 +40,7 @@ RSS_GROWTH_MB = 48
 
 def probe(dask_worker) -> dict:
     """One sample of the run's hosts on this worker (runs on the worker's event loop)."""
-    from tianji_dask.runtime.hosts import ActorHost, BufferHost
+    from tianji_dask.runtime.hosts.hosts import ActorHost, BufferHost
 
     out = {"pid": os.getpid(), "rss_mb": psutil.Process().memory_info().rss / 1e6}
     for host in list(dask_worker.state.actors.values()):

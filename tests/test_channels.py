@@ -46,7 +46,7 @@ from tianji_dask.channels.owned_tcp.receive_loop import (
 )
 from tianji_dask.channels.ports import Item
 from tianji_dask.errors import ChannelError
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 # Workers cannot import this test module: ship its helpers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tianji_dask.config import ConfigError, load_config
-from tianji_dask.runtime.cuda_mps import CONTROL, PrivateMps, cuda_processes, mps_control
+from tianji_dask.runtime.processes.cuda_mps import CONTROL, PrivateMps, cuda_processes, mps_control
 
 
 def _config(*sets: str):
@@ -76,7 +76,7 @@ def test_the_daemon_dies_with_the_process_that_started_it_even_killed(tmp_path):
     starter = textwrap.dedent(
         """
         import sys, time
-        from tianji_dask.runtime.cuda_mps import dying_with_parent
+        from tianji_dask.runtime.processes.cuda_mps import dying_with_parent
         child = dying_with_parent(["sleep", "300"])
         print(child.pid, flush=True)
         time.sleep(300)

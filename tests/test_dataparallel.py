@@ -45,7 +45,7 @@ def _rank_main(rank, world, port_q, out_q, algos, backend):
 def _session(rank, world, port_q, algo, backend, device):
     """One process group from its store to its close(): the parameters' agreement after every
     step, the parameters at the end, the torch.distributed threads left, the agreements, the device."""
-    from tianji_dask.runtime.dataparallel import DataParallel, open_store
+    from tianji_dask.runtime.hosts.dataparallel import DataParallel, open_store
 
     cfg = load_config(f"configs/cartpole_{algo}.yaml", check_env=False).algo
     store = None

@@ -116,7 +116,7 @@ def test_runs_plans_and_profiles_go_under_the_runs_dir(tmp_path):
 
 
 def test_the_local_cluster_dashboard_listens_where_configured(monkeypatch):
-    from tianji_dask.runtime import cluster
+    from tianji_dask.runtime.cluster import cluster
 
     monkeypatch.setattr(cluster, "TianjiLocalCluster", lambda **kwargs: kwargs)
     monkeypatch.setattr(cluster, "spawned_ignoring_driver_signals", contextlib.nullcontext)
@@ -143,8 +143,8 @@ def test_the_scheduler_check_waits_the_connect_timeout(monkeypatch):
 
 
 def test_a_host_silent_past_the_startup_timeout_is_lost():
-    from tianji_dask.runtime.restarts import HostLost
-    from tianji_dask.runtime.supervisor import Supervisor
+    from tianji_dask.errors import HostLost
+    from tianji_dask.runtime.cluster.supervisor import Supervisor
 
     with dask.config.set({"tianji.timeouts.host-startup": "2s"}):
         run_section = SimpleNamespace(heartbeat_timeout=5.0, max_restarts=3, restart_window_s=600.0)
@@ -159,7 +159,7 @@ def test_a_host_silent_past_the_startup_timeout_is_lost():
 
 
 def test_an_actor_waits_the_first_params_timeout_for_parameters():
-    from tianji_dask.runtime.hosts import ActorHost
+    from tianji_dask.runtime.hosts.hosts import ActorHost
 
     def no_params(timeout, stop):
         time.sleep(timeout)

@@ -1,5 +1,5 @@
 """The run's LocalCluster forks its workers from a fork server that imported torch, gymnasium and
-the roles (``tianji_dask.runtime.forked_workers``), so no worker pays seconds of importing them. (A
+the roles (``tianji_dask.runtime.processes.forked_workers``), so no worker pays seconds of importing them. (A
 server that Dask started again with its own preload list, after the first had died, failed this.)"""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tianji_dask.runtime.forked_workers import PRELOAD
+from tianji_dask.runtime.processes.forked_workers import PRELOAD
 
 
 def _imported(names: list[str]) -> dict[str, bool]:
@@ -20,7 +20,7 @@ def _imported(names: list[str]) -> dict[str, bool]:
 def test_a_forked_worker_has_torch_and_the_roles_before_any_host_is_built():
     from distributed import Client
 
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     wanted = [*PRELOAD, "torch", "gymnasium"]
     with local_cluster(2, dashboard=False) as cluster, Client(cluster) as client:

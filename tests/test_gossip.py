@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tianji_dask.channels import LocalTopic
-from tianji_dask.runtime.gossip import GroupGossip, parameter_distance
+from tianji_dask.runtime.hosts.gossip import GroupGossip, parameter_distance
 
 
 class Clock:

@@ -1,16 +1,17 @@
 """The parts of a learner host's loop: snapshot hand-off, gossip, and updates
 alone or as a data-parallel rank (a real gloo group of one here; two ranks in test_dataparallel)."""
 
+import asyncio
 import threading
 
 import numpy as np
 import pytest
 import torch
 
-from tianji_dask.channels import LocalTopic
-from tianji_dask.runtime.dataparallel import DataParallel, DataParallelUpdates, open_store
-from tianji_dask.runtime.gossip import GossipSync, GroupGossip
-from tianji_dask.runtime.hosts import LocalUpdates, SnapshotRequests
+from tianji_dask.channels import LocalTopic, TopicPublisher
+from tianji_dask.runtime.hosts.dataparallel import DataParallel, DataParallelUpdates, Rendezvous, open_store
+from tianji_dask.runtime.hosts.gossip import GossipSync, GroupGossip
+from tianji_dask.runtime.hosts.hosts import LocalUpdates, SnapshotRequests
 
 
 class ToyLearner:
@@ -124,3 +125,42 @@ def test_data_parallel_updates_agree_broadcast_and_stop_together(group_of_one):
     assert updates.running(stop_requested=True)
     assert not updates.step(learner, stop_requested=True, params_changed=False)
     assert learner.updates == 1 and not updates.running(stop_requested=True)
+
+
+def test_a_rank_joins_its_group_at_the_rendezvous_rank_0_opened():
+    rendezvous = Rendezvous(0, 1, "127.0.0.1", None, timeout_s=10)
+    assert rendezvous.address == ("127.0.0.1", rendezvous.store.port)
+    updates = DataParallelUpdates.open(rendezvous, "cpu")
+    try:
+        assert updates.dp.world_size == 1 and updates.average_gradients == updates.dp.average_gradients
+        learner = ToyLearner()
+        assert updates.step(learner, stop_requested=False, params_changed=False) and learner.updates == 1
+    finally:
+        updates.close()
+        rendezvous.close()
+    assert LocalUpdates().average_gradients is None  # alone in its group: nothing averaged
+
+
+def test_a_rank_without_the_rendezvous_address_is_refused_before_it_joins():
+    with pytest.raises(ValueError, match="rank 1 of a data-parallel group needs the rendezvous store's address"):
+        DataParallelUpdates.open(Rendezvous(1, 2, "127.0.0.1", None, timeout_s=10), "cpu")
+
+
+def test_gossip_sync_opens_its_own_publisher_to_the_other_groups():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    topic = LocalTopic()
+    try:
+        peers = {"group": 2, "publish_to": [], "inboxes": {"1": "gossip-r-2-from-1"}}
+        sync = GossipSync.open(peers, {1: topic.subscribe()}, 0.0, loop=loop, connection_args={})
+        assert isinstance(sync.publisher, TopicPublisher) and sync.gossip.group == 2
+        topic.publish(1, {"params": {"w": np.full(2, 4.0, np.float32)}, "group": np.array(1)})
+        learner = ToyLearner()
+        assert sync.apply(learner)
+        np.testing.assert_array_equal(learner.loaded[-1]["w"], np.full(2, 2.0, np.float32))
+        sync.close()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from slurm_support import SCRIPT
 
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 pytestmark = pytest.mark.slurm
 

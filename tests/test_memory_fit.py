@@ -9,7 +9,7 @@ from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ConfigError, check_env, load_config
 from tianji_dask.roles.frame_replay import FrameReplay
 from tianji_dask.roles.replay import ReplayMemory
-from tianji_dask.runtime.driver import check_replay_fits
+from tianji_dask.runtime.checks import check_replay_fits
 
 GIB = 2**30
 CPU = ["learner.device=cpu", "actor.device=cpu"]  # the Pong configs name a GPU; the replay is the same
@@ -63,8 +63,8 @@ def test_a_runs_local_cluster_gives_each_worker_the_whole_machine():
     from distributed import Client
     from distributed.system import MEMORY_LIMIT
 
-    from tianji_dask.runtime.cluster import local_cluster
-    from tianji_dask.runtime.workers import scheduler_workers
+    from tianji_dask.runtime.cluster.cluster import local_cluster
+    from tianji_dask.runtime.cluster.workers import scheduler_workers
 
     with local_cluster(3) as cluster, Client(cluster) as client:
         limits = [w["memory_limit"] for w in scheduler_workers(client).values()]

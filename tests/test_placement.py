@@ -1,4 +1,4 @@
-"""Placement as a pure function (tianji_dask/runtime/placement.py) on fake worker lists: untagged and
+"""Placement as a pure function (tianji_dask/runtime/cluster/placement.py) on fake worker lists: untagged and
 tagged workers, fewer workers than hosts, several data-parallel learners and groups. No cluster."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from tianji_dask.config import load_config
 from tianji_dask.config.schema import TopologyConfig
 from tianji_dask.devices import device_of_slot, on_slot_gpu
-from tianji_dask.runtime.placement import PlacementError, place
+from tianji_dask.runtime.cluster.placement import PlacementError, place
 from tianji_dask.seeding import group_seeds, role_seeds
 
 RUN = "r1"

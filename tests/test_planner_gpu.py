@@ -22,7 +22,7 @@ from tianji_dask.deploy.planner import (
     save_plan,
 )
 from tianji_dask.deploy.slurm import job_scripts, plan_from_config
-from tianji_dask.runtime.placement import place
+from tianji_dask.runtime.cluster.placement import place
 
 PONG = CONFIG.parent / "pong_ppo.yaml"
 THREADS = (1, 2, 4, 8, 15)

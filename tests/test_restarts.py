@@ -17,12 +17,13 @@ import pytest
 from distributed import Client
 
 from tianji_dask.config import load_config
+from tianji_dask.errors import HostLost
 from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat
+from tianji_dask.runtime.cluster.placement import moved, place
+from tianji_dask.runtime.cluster.restarts import LostWorker, RestartPolicy, lost_with, replay_lost
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 from tianji_dask.runtime.driver import train
-from tianji_dask.runtime.placement import moved, place
-from tianji_dask.runtime.restarts import HostLost, LostWorker, RestartPolicy, lost_with, replay_lost
-from tianji_dask.runtime.workers import scheduler_workers
 
 
 def _kill_worker_of(run, cfg, pick, ready=lambda: True) -> str:
@@ -174,8 +175,8 @@ def test_hosts_whose_worker_does_not_come_back_share_a_live_one(h, tmp_path, mon
     """A nanny closed for good (as when a process dies while it starts, or a batch job is not
     replaced): after ``TAKEOVER_WAIT_S`` (2 s here) the lost actor shares the learner's worker
     and steps there."""
-    from tianji_dask.runtime import worker_replacement
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster import worker_replacement
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     monkeypatch.setattr(worker_replacement, "TAKEOVER_WAIT_S", 2.0)
     cfg = load_config(

@@ -23,8 +23,8 @@ from conftest import FORK_SERVER, forked_local_cluster
 from distributed import Client, LocalCluster
 
 from tianji_dask.config import load_config
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 from tianji_dask.runtime.driver import train
-from tianji_dask.runtime.workers import scheduler_workers
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def short_config(h, *extra: str):
 
 def children() -> set[int]:
     """Child processes of this one, except multiprocessing's resource tracker and the fork server
-    of the runs' workers (tianji_dask.runtime.forked_workers), which live as long as this process once
+    of the runs' workers (tianji_dask.runtime.processes.forked_workers), which live as long as this process once
     started (the first run of the process starts them)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
@@ -87,7 +87,7 @@ def own_cluster_run(h, tmp_path_factory):
     check every 10 ms and the client refreshing its identity every 5 ms (the regression of
     :func:`test_the_worker_check_is_not_fooled_by_the_clients_refresh`). Its run, result, events,
     wall time and whether the cluster's processes were gone afterwards."""
-    from tianji_dask.runtime import supervisor
+    from tianji_dask.runtime.cluster import supervisor
 
     cfg = short_config(h, "stop.max_env_steps=6000")
     before = children()
@@ -349,7 +349,7 @@ def test_a_dead_workers_cause_is_quoted():
     lost-host report quotes it (a worker killed by a signal, one that exited)."""
     import signal
 
-    from tianji_dask.runtime.worker_deaths import WORKER_DEATHS, watch_worker_deaths
+    from tianji_dask.runtime.cluster.worker_deaths import WORKER_DEATHS, watch_worker_deaths
 
     watch_worker_deaths()
     t0 = time.time()

@@ -17,7 +17,7 @@ from slurm_support import fake_command, six_core_plan, two_core_plan
 from tianji_dask.config import load_config
 from tianji_dask.deploy.planner import Job, PlanError
 from tianji_dask.deploy.slurm import check_fits, job_scripts, planned_processes
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -20,8 +20,8 @@ from rich.console import Console
 from tianji_dask.results.analysis import open_runs
 from tianji_dask.results.shell import print_table
 from tianji_dask.runtime.driver import FINISHED
-from tianji_dask.runtime.sweep import plan_sweep
-from tianji_dask.runtime.sweep_progress import SweepProgress
+from tianji_dask.runtime.sweep.progress import SweepProgress
+from tianji_dask.runtime.sweep.runner import plan_sweep
 
 CONFIG = "configs/cartpole_dqn.yaml"
 
@@ -152,7 +152,7 @@ def test_four_seeds_two_at_a_time_one_killed_the_others_reach_their_target(tmp_p
 def test_dask_stays_quiet_until_the_last_of_two_clusters_has_closed():
     """B1: two runs' LocalClusters in one process; the first to close must not turn Dask's INFO
     log back on for the other, whose shutdown would print some thirty INFO lines."""
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     handlers = [h for h in logging.getLogger("distributed").handlers if isinstance(h, logging.StreamHandler)]
     assert handlers, "Dask's logging config installs a stream handler on 'distributed'"
@@ -222,7 +222,7 @@ def test_a_bad_resume_is_refused_with_the_fix(tmp_path, given, said):
 
 
 def test_a_sweep_still_running_elsewhere_is_not_resumed(tmp_path):
-    from tianji_dask.runtime.sweep_manifest import held
+    from tianji_dask.runtime.sweep.manifest import held
 
     plan_sweep(CONFIG, ["seed=0,1"], out=tmp_path / "sweep").write_manifest(parallel=2)
     with held(tmp_path / "sweep"):  # as a sweep's process holds it while its runs go

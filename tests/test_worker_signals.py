@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import FORK_SERVER, worker_processes
 
-from tianji_dask.runtime.worker_signals import DRIVER_SIGNALS, spawned_ignoring_driver_signals
+from tianji_dask.runtime.processes.worker_signals import DRIVER_SIGNALS, spawned_ignoring_driver_signals
 
 
 def _report_dispositions(queue) -> None:
@@ -67,7 +67,7 @@ def test_a_process_spawned_as_the_block_ends_still_starts_through_the_launcher()
 
 
 def _cluster_processes() -> list[psutil.Process]:
-    """This process's worker processes and fork server (``tianji_dask.runtime.forked_workers``), from the
+    """This process's worker processes and fork server (``tianji_dask.runtime.processes.forked_workers``), from the
     moment they exist (a spawned one from its exec, before which it is a fork of this process
     with the signals already blocked)."""
     out = worker_processes()
@@ -85,7 +85,7 @@ def _cluster_processes() -> list[psutil.Process]:
 def test_signals_while_a_runs_cluster_starts_kill_no_worker():
     from distributed import Client
 
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     made: dict = {}
 

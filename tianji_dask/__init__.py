@@ -14,7 +14,7 @@ The public API, loaded on first use so that importing this package stays light:
 - ``tianji_dask.load_policy(run_dir)``: that policy in Python, ``policy.act(obs)`` for an env of
   your own (:mod:`tianji_dask.results.policy`);
 - ``tianji_dask.sweep(config, ["seed=0,1,2"], parallel=2)``: a grid of runs, K at a time
-  (:mod:`tianji_dask.runtime.sweep`).
+  (:mod:`tianji_dask.runtime.sweep.runner`).
 
 The command line is ``tianji-dask``.
 """
@@ -33,7 +33,7 @@ _PUBLIC = {
     "load_checkpoint": "tianji_dask.results.checkpoint",
     "evaluate": "tianji_dask.results.evaluation",
     "load_policy": "tianji_dask.results.policy",
-    "sweep": "tianji_dask.runtime.sweep",
+    "sweep": "tianji_dask.runtime.sweep.runner",
 }
 __all__ = sorted(_PUBLIC)
 

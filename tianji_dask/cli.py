@@ -12,7 +12,7 @@ import faulthandler
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -339,7 +339,7 @@ def _raise_interrupt(signum, frame):
 
 
 def _on_driver_signals(handler) -> None:
-    from tianji_dask.runtime.worker_signals import DRIVER_SIGNALS
+    from tianji_dask.runtime.processes.worker_signals import DRIVER_SIGNALS
 
     for sig in DRIVER_SIGNALS:
         signal.signal(sig, handler)
@@ -370,47 +370,15 @@ class _SecondSignalStopsAtOnce:
 
 
 def cmd_train(args) -> int:
-    from tianji_dask.config import ConfigError, check_device, load_config
-    from tianji_dask.config.deployment import deployment_settings
-    from tianji_dask.deploy.planner import PlanError, load_plan
-    from tianji_dask.deploy.preflight import SchedulerUnreachable, check_scheduler_listens
-    from tianji_dask.results.rundir import RunDirExists
+    from tianji_dask.config import ConfigError
+    from tianji_dask.deploy.planner import PlanError
+    from tianji_dask.deploy.preflight import SchedulerUnreachable
 
-    if args.tls and (args.scheduler or args.slurm or args.serial):
-        other = "--scheduler" if args.scheduler else "--slurm" if args.slurm else "--serial"
-        return _bad_input(
-            f"--tls makes the run's own LocalCluster speak TLS; with {other} it does not apply"
-            + ("" if args.serial else " (Dask's own TLS settings, distributed.comm.tls.*, do)")
-            + "; drop --tls"
-        )
-    if args.resume is not None:
-        also = [f for f, given in (("--out", args.out), ("--plan", args.plan), ("--serial", args.serial)) if given]
-        if also:
-            return _bad_input(
-                f"--resume continues the run in its own directory with its own topology; drop {' and '.join(also)}"
-            )
-    elif args.config is None:
-        return _bad_input("give a config file (tianji-dask train configs/cartpole_dqn.yaml) or --resume RUN_DIR")
-    resume_point = None
+    refusal = _train_arguments_problem(args)
+    if refusal:
+        return _bad_input(refusal)
     try:
-        deployment_settings()  # a wrong tianji.* Dask setting: exit 2 before any job or cluster starts
-        if args.resume is not None:
-            from tianji_dask.results.resumable import check_resumable
-
-            resume_point = check_resumable(args.resume, args.overrides, config=args.config)
-            cfg = resume_point.cfg
-        else:
-            # the devices are checked where the hosts run: after the plan, which may set them,
-            # and not for Slurm's or a --scheduler's workers (a login node may have no GPU)
-            cfg = load_config(args.config, args.overrides, check_device=False)
-        plan = None
-        if args.plan is not None:
-            plan = load_plan(args.plan)
-            cfg = plan.apply(cfg)
-        if not (args.scheduler or args.slurm):
-            check_device(cfg)
-        if args.scheduler:
-            check_scheduler_listens(args.scheduler)
+        cfg, plan, resume_point = _checked_train(args)
     except (ConfigError, PlanError, SchedulerUnreachable) as exc:
         return _bad_input(str(exc))
     if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
@@ -419,10 +387,49 @@ def cmd_train(args) -> int:
         )
     if args.check:
         return _check_only(cfg, plan, args)
+    client_and_cluster = _train_client(cfg, plan, args)
+    if isinstance(client_and_cluster, int):
+        return client_and_cluster
+    client, cluster = client_and_cluster
+    return _train_with_progress(cfg, resume_point, client, cluster, args)
 
-    from tianji_dask.algos.registry import spec_for
-    from tianji_dask.progress import Progress
-    from tianji_dask.runtime.driver import Run, train
+
+def _train_arguments_problem(args) -> str | None:
+    """What is wrong with ``train``'s arguments taken together, before anything is read."""
+    if args.tls and (args.scheduler or args.slurm or args.serial):
+        other = "--scheduler" if args.scheduler else "--slurm" if args.slurm else "--serial"
+        return (
+            f"--tls makes the run's own LocalCluster speak TLS; with {other} it does not apply"
+            + ("" if args.serial else " (Dask's own TLS settings, distributed.comm.tls.*, do)")
+            + "; drop --tls"
+        )
+    if args.resume is not None:
+        also = [f for f, given in (("--out", args.out), ("--plan", args.plan), ("--serial", args.serial)) if given]
+        if also:
+            return f"--resume continues the run in its own directory with its own topology; drop {' and '.join(also)}"
+    elif args.config is None:
+        return "give a config file (tianji-dask train configs/cartpole_dqn.yaml) or --resume RUN_DIR"
+    return None
+
+
+def _checked_train(args):
+    """``(cfg, plan, resume point)`` once the run's own checks and the deployment's that need no
+    cluster have passed; raises ConfigError, PlanError or SchedulerUnreachable."""
+    from tianji_dask.deploy.preflight import check_scheduler_listens, planned
+    from tianji_dask.runtime.checks import check_devices, run_config
+
+    cfg, resume_point = run_config(args.config, args.overrides, resume=args.resume)
+    cfg, plan = planned(cfg, args.plan)
+    check_devices(cfg, on_this_machine=not (args.scheduler or args.slurm))  # after the plan, which may set them
+    if args.scheduler:
+        check_scheduler_listens(args.scheduler)
+    return cfg, plan, resume_point
+
+
+def _train_client(cfg: ExperimentConfig, plan, args) -> tuple[Any, Any] | int:
+    """``(client, cluster)`` for --slurm (the plan's jobs, their workers up) or --scheduler, each
+    None for the run's own LocalCluster or the serial reference; or the exit code of a refusal."""
+    from tianji_dask.deploy.planner import PlanError
 
     client = cluster = None
     if args.slurm:
@@ -446,23 +453,25 @@ def cmd_train(args) -> int:
             if client is not None:
                 client.close()
             return _bad_input(refusal)
+    return client, cluster
+
+
+def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, args) -> int:
+    """Start the run with its progress on stderr and the driver's signal handling, wait for its
+    end, close what the CLI started; the exit code."""
+    from tianji_dask.algos.registry import spec_for
+    from tianji_dask.config import ConfigError
+    from tianji_dask.progress import Progress
+    from tianji_dask.results.rundir import RunDirExists
+    from tianji_dask.runtime.driver import Run, train
 
     progress = Progress(cfg.stop, off_policy=spec_for(cfg).off_policy)
+    on = {"on_row": progress.update, "on_event": progress.event, "tls": args.tls}
     try:
         if resume_point is not None:
-            run = Run(
-                cfg, client=client, on_row=progress.update, on_event=progress.event, tls=args.tls, resume=resume_point
-            )
+            run = Run(cfg, client=client, resume=resume_point, **on)
         else:
-            run = train(
-                cfg,
-                client,
-                out=args.out,
-                serial=args.serial,
-                on_row=progress.update,
-                on_event=progress.event,
-                tls=args.tls,
-            )
+            run = train(cfg, client, out=args.out, serial=args.serial, **on)
     except (RunDirExists, ConfigError) as exc:
         progress.close()
         return _bad_input(str(exc))
@@ -484,7 +493,7 @@ def cmd_train(args) -> int:
             client.close()
         if cluster is not None:
             cluster.close()  # cancels the jobs
-        from tianji_dask.runtime.forked_workers import end_fork_server
+        from tianji_dask.runtime.processes.forked_workers import end_fork_server
 
         end_fork_server()  # one still importing (a run stopped as it started) would outlive this process
     _report(result)
@@ -498,7 +507,7 @@ def _check_only(cfg: ExperimentConfig, plan, args) -> int:
     made once; replay memory and the plan's fit are checked against this machine where the run's
     own LocalCluster would run (a --scheduler's or Slurm's workers are not asked)."""
     from tianji_dask.config import ConfigError
-    from tianji_dask.runtime.driver import check_before_start
+    from tianji_dask.runtime.checks import check_before_start
 
     own_cluster = not (args.scheduler or args.slurm)
     try:
@@ -526,10 +535,9 @@ def _check_only(cfg: ExperimentConfig, plan, args) -> int:
 def _check_plan_fits(plan, client, args) -> str | None:
     """Warn on stderr when the plan wants more cores than the run has; the refusal when it wants
     more memory. ``client``: the --scheduler's, or None for the run's own LocalCluster."""
-    from tianji_dask.deploy.preflight import cluster_capacity, plan_fit_problems, this_machine
+    from tianji_dask.deploy.preflight import plan_fit
 
-    capacity = this_machine() if client is None else cluster_capacity(client, args.scheduler)
-    warning, refusal = plan_fit_problems(plan, capacity, plan_path=args.plan, config_path=args.config)
+    warning, refusal = plan_fit(plan, client, scheduler=args.scheduler, plan_path=args.plan, config_path=args.config)
     if warning:
         print(f"tianji-dask: warning: {warning}", file=sys.stderr)
     return refusal
@@ -573,7 +581,7 @@ def _connect_timeout() -> float:
 def _profile_client(args, cfg: ExperimentConfig):
     from distributed import Client
 
-    from tianji_dask.runtime.cluster import local_cluster
+    from tianji_dask.runtime.cluster.cluster import local_cluster
 
     if args.scheduler:
         return Client(args.scheduler, timeout=_connect_timeout()), None
@@ -720,7 +728,7 @@ def cmd_plan(args) -> int:
 
 def cmd_sweep(args) -> int:
     from tianji_dask.config import ConfigError
-    from tianji_dask.runtime.sweep import plan_sweep, resume_sweep
+    from tianji_dask.runtime.sweep.runner import plan_sweep, resume_sweep
 
     if args.slurm and args.scheduler:
         return _bad_input(
@@ -780,7 +788,7 @@ def _resume_plan(planned) -> None:
 def _run_sweep(args, planned, parallel: int) -> int:
     from tianji_dask.config import ConfigError
     from tianji_dask.deploy.planner import PlanError, load_plan
-    from tianji_dask.runtime.sweep_progress import SweepProgress
+    from tianji_dask.runtime.sweep.progress import SweepProgress
 
     view = SweepProgress()
     client = None
@@ -899,7 +907,7 @@ def _report(result) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, scancel, a batch system's time limit) ends a command like Ctrl-C does; a
-    # run's worker processes ignore both (tianji_dask.runtime.worker_signals): the driver stops them.
+    # run's worker processes ignore both (tianji_dask.runtime.processes.worker_signals): the driver stops them.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     # `kill -USR1 PID`: every thread's stack on stderr, for a command that seems stuck; it goes on
     faulthandler.register(signal.SIGUSR1, all_threads=True)

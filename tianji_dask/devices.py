@@ -1,6 +1,6 @@
 """Which GPU a host runs on when the config says ``cuda`` and its worker sees several.
 
-A learner and its buffer have a slot, their global id ``g*L + j`` (:mod:`tianji_dask.runtime.placement`);
+A learner and its buffer have a slot, their global id ``g*L + j`` (:mod:`tianji_dask.runtime.cluster.placement`);
 an actor takes the slot of the buffer it feeds, so that its inference shares its learner's GPU.
 ``cuda`` without an index then means GPU ``slot % GPUs`` of those the worker sees: on a
 LocalCluster of a 4-GPU machine the learners of 4 groups (or the 4 data-parallel ranks of one)

@@ -13,3 +13,12 @@ class ChannelError(RuntimeError):
 
     The message always names the channel and the peer's address.
     """
+
+
+class HostLost(RuntimeError):
+    """A host stopped sending heartbeats, reported an error, or lost its worker beyond what
+    the restart policy admits; the message says which and why."""
+
+
+class LearnerLost(RuntimeError):
+    """The learner's worker was lost as the run stopped, before its final state was taken."""

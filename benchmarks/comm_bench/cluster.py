@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 from .cases import MB, Case, CommBenchConfig
 from .workload import RssSampler
@@ -27,7 +27,7 @@ class BenchCluster:
         from distributed import Client
 
         from tianji_dask.channels import ChannelPlugin
-        from tianji_dask.runtime.cluster import local_cluster
+        from tianji_dask.runtime.cluster.cluster import local_cluster
 
         env = dict(self.cfg.worker_env)
         if self.cfg.unset_malloc_trim:

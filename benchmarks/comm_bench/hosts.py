@@ -2,7 +2,7 @@
 (collectors), one per worker process, for each transport that is measured.
 
 Channel transport (the project's data plane): ``ChannelProducer`` -> ``ChannelCollector``.
-Loops run in a thread the host owns, as in ``tianji_dask.runtime.hosts``; the control methods are
+Loops run in a thread the host owns, as in ``tianji_dask.runtime.hosts.hosts``; the control methods are
 ``async def`` so they answer while the loop runs. Protocol, driven from the client::
 
     coll = client.submit(ChannelCollector, name, capacity, actor=True, workers=[w0]).result()

@@ -1,6 +1,7 @@
-"""Checks made before a run starts, so that bad input is refused with the fix before any work:
-a scheduler address where nothing listens, and a plan that needs more than the machine or
-cluster has."""
+"""The deployment's checks, made before a run starts, so that bad input is refused with the fix
+before any work: a scheduler address where nothing listens, a plan that cannot be read or was
+made for another experiment, and a plan that needs more than the machine or cluster has. The
+run's own checks (config, env, devices, replay memory) are :mod:`tianji_dask.runtime.checks`'s."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def this_machine() -> Capacity:
 
 def cluster_capacity(client, address: str) -> Capacity:
     """The threads and memory limits of the cluster's workers, as its scheduler reports them."""
-    from tianji_dask.runtime.workers import scheduler_workers
+    from tianji_dask.runtime.cluster.workers import scheduler_workers
 
     workers = list(scheduler_workers(client).values())
     limits = [w.get("memory_limit") or 0 for w in workers]
@@ -141,3 +142,22 @@ def plan_fit_problems(plan, capacity: Capacity, *, plan_path, config_path) -> tu
             f"--memory-per-node {per_node}. Nothing was started or written."
         )
     return warning, refusal
+
+
+def planned(cfg, plan_path) -> tuple:
+    """``(cfg as the plan at plan_path sets it, the plan)``, or ``(cfg, None)`` without a plan.
+    Raises PlanError for a plan that cannot be read, ConfigError for one made for another
+    algorithm or env."""
+    if plan_path is None:
+        return cfg, None
+    from tianji_dask.deploy.planner import load_plan
+
+    plan = load_plan(plan_path)
+    return plan.apply(cfg), plan
+
+
+def plan_fit(plan, client, *, scheduler, plan_path, config_path) -> tuple[str | None, str | None]:
+    """:func:`plan_fit_problems` on what the run will have: this machine for the run's own
+    LocalCluster (``client`` None), else the workers of the cluster at ``scheduler``."""
+    capacity = this_machine() if client is None else cluster_capacity(client, scheduler)
+    return plan_fit_problems(plan, capacity, plan_path=plan_path, config_path=config_path)

@@ -32,7 +32,7 @@ import numpy as np
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ExperimentConfig
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 DEFAULT_SECONDS = 3.0
 

@@ -20,7 +20,7 @@ from tianji_dask.config import ConfigError
 from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.deploy.planner import Plan
 from tianji_dask.deploy.slurm import plan_from_config, planned_processes
-from tianji_dask.runtime.sweep import Sweep, SweepRun, plan_sweep
+from tianji_dask.runtime.sweep.runner import Sweep, SweepRun, plan_sweep
 
 
 def _jobs(plan: Plan) -> list[tuple]:
@@ -104,7 +104,7 @@ def slurm_sweep(
     grid_file: str | Path | None = None,
     **site,
 ) -> Sweep:
-    """:func:`~tianji_dask.runtime.sweep.sweep` on ``parallel`` Slurm allocations of ``plan``
+    """:func:`~tianji_dask.runtime.sweep.runner.sweep` on ``parallel`` Slurm allocations of ``plan``
     (default: the config's own topology). Every config is checked, and the plan with it, before
     any job is submitted; the jobs are cancelled when the last run has ended."""
     if parallel < 1:
@@ -122,8 +122,8 @@ def run_on_slurm(
     on_runs: Callable[[list[SweepRun]], None] | None = None,
     **site,
 ) -> Sweep:
-    """The waiting runs of ``planned`` (:func:`~tianji_dask.runtime.sweep.plan_sweep` or
-    :func:`~tianji_dask.runtime.sweep.resume_sweep`) on ``parallel`` Slurm allocations of ``plan``."""
+    """The waiting runs of ``planned`` (:func:`~tianji_dask.runtime.sweep.runner.plan_sweep` or
+    :func:`~tianji_dask.runtime.sweep.runner.resume_sweep`) on ``parallel`` Slurm allocations of ``plan``."""
     if parallel < 1:
         raise ConfigError(f"parallel={parallel}: at least one run at a time")
     if not planned.left:

@@ -66,13 +66,28 @@ def check_resumable(
     ``overrides``: ``--set`` texts, only of ``stop.*`` and ``run.*`` keys. ``config``: a config
     file given beside ``--resume``; it must describe the run's experiment (the same config up to
     ``stop`` and ``run``)."""
-    import xarray as xr
-
-    from tianji_dask.results.recorder import missing_variables
-
     run_dir = Path(run_dir)
     if problem := run_dir_problem(run_dir):
         raise _refuse(run_dir, problem)
+    cfg = _run_config(run_dir, overrides, config)
+    metrics, episodes = _run_results(run_dir)
+    from tianji_dask.results.checkpoint import pack_state  # torch: after the cheap checks
+
+    state, meta = _run_checkpoint(run_dir, cfg, metrics)
+    # last: a run that could go on but has nothing left to run for
+    reached = stop_rules_reached(cfg, metrics, episodes)
+    if reached:
+        raise _refuse(
+            run_dir,
+            f"the run already reached {_listed([what for what, _ in reached])}; "
+            f"to continue it: {'; '.join(fix for _, fix in reached)}",
+        )
+    return ResumePoint(run_dir, cfg, pack_state(state), meta, metrics, episodes)
+
+
+def _run_config(run_dir: Path, overrides: Sequence[str], config: str | Path | None) -> ExperimentConfig:
+    """The run's own config with ``overrides`` (of the resumable sections only), which a
+    ``config`` file given beside it must match."""
     saved = run_dir / "config.yaml"
     for text in overrides:
         keys, _ = parse_override(text)
@@ -92,6 +107,15 @@ def check_resumable(
                 f"{config} is not the config of this run ({mismatch}); leave out the config file to continue "
                 f"with the run's own {saved}",
             )
+    return cfg
+
+
+def _run_results(run_dir: Path) -> tuple[Any, Any]:
+    """The run's ``metrics.nc`` and ``episodes.nc``, loaded, if a continued run can extend them."""
+    import xarray as xr
+
+    from tianji_dask.results.recorder import missing_variables
+
     files = {}
     for name in ("metrics.nc", "episodes.nc"):
         path = run_dir / name
@@ -114,16 +138,17 @@ def check_resumable(
             f"the run was in mode {files['metrics.nc'].attrs.get('mode')!r}; --resume continues distributed runs "
             "(the serial reference is a measuring stick, run it again instead)",
         )
-    from tianji_dask.results.checkpoint import (  # torch: after the cheap checks
-        CheckpointError,
-        load_run_checkpoint,
-        pack_state,
-    )
+    return files["metrics.nc"], files["episodes.nc"]
 
+
+def _run_checkpoint(run_dir: Path, cfg: ExperimentConfig, metrics: Any) -> tuple[dict, dict]:
+    """The run's learner checkpoint (state, metadata), which a continued run starts from."""
+    from tianji_dask.results.checkpoint import CheckpointError, load_run_checkpoint
+
+    saved = run_dir / "config.yaml"
     try:
-        state, meta = load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id)
+        return load_run_checkpoint(run_dir, cfg.algo.name, cfg.env.id)
     except CheckpointError as exc:
-        metrics = files["metrics.nc"]
         if cfg.run.checkpoint and metrics.attrs.get("status") == "stopped" and not (run_dir / "checkpoint").exists():
             raise _refuse(
                 run_dir,
@@ -131,15 +156,6 @@ def check_resumable(
                 f"nothing to continue; start it afresh: tianji-dask train {saved}",
             ) from None
         raise _refuse(run_dir, f"{exc}; a run continues from its learner checkpoint (run.checkpoint: true)") from None
-    # last: a run that could go on but has nothing left to run for
-    reached = stop_rules_reached(cfg, files["metrics.nc"], files["episodes.nc"])
-    if reached:
-        raise _refuse(
-            run_dir,
-            f"the run already reached {_listed([what for what, _ in reached])}; "
-            f"to continue it: {'; '.join(fix for _, fix in reached)}",
-        )
-    return ResumePoint(run_dir, cfg, pack_state(state), meta, files["metrics.nc"], files["episodes.nc"])
 
 
 def stop_rules_reached(cfg: ExperimentConfig, metrics: Any, episodes: Any) -> list[tuple[str, str]]:

@@ -1,2 +1,4 @@
-"""A run while it goes on: the driver and its cluster, the hosts that run the roles' loops on
-Dask workers, their placement, supervision and re-creation, and the workers' own set-up."""
+"""A run while it goes on, by who runs the code: here the driver's side (the ``Run`` handle, its
+loop and writers, its checks before it starts, the serial reference); ``cluster/`` the run's
+cluster and its life (placement, supervision, re-creation); ``hosts/`` what runs on the workers;
+``processes/`` how the run's processes are set up; ``sweep/`` many runs at once."""

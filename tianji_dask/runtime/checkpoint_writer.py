@@ -8,16 +8,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tianji_dask.config import ExperimentConfig
+from tianji_dask.errors import LearnerLost
 from tianji_dask.results.tally import Tally
 
-if TYPE_CHECKING:
-    from tianji_dask.runtime.cluster import RunCluster
-
 BEST_CHECKPOINT = "checkpoint_best"
+FINAL_CHECKPOINT_S = 60.0  # how long a run's end waits for the learner's final state
 HURRIED_CHECKPOINT_S = 5.0  # how long a run told to stop at once still waits for the final checkpoint
+
+# the learner's final state, packed, asked with a timeout in seconds; None when no learner was built
+FinalState = Callable[[float], tuple[bytes, dict] | None]
 
 
 class CheckpointWriter:
@@ -87,20 +88,19 @@ class CheckpointWriter:
         except Exception as exc:  # noqa: BLE001 - a full disk or a slow learner must not end the run
             self._on_event(f"periodic checkpoint into {self.run_dir / 'checkpoint'} failed: {exc!r}; the run goes on")
 
-    def save_final(self, run_cluster: RunCluster, *, hurry: bool, stopped: bool = False) -> None:
-        """The learner's state at the end of a distributed run. ``hurry`` (told to stop at once):
-        a learner that answers within a few seconds still gets saved. ``stopped`` (``Run.stop``,
-        Ctrl-C): a learner that made no update yet is not saved, there is nothing to keep."""
-        from tianji_dask.runtime.cluster import LearnerLost
-
+    def save_final(self, final_state: FinalState, *, hurry: bool, stopped: bool = False) -> None:
+        """The learner's state at the end of a distributed run, as ``final_state`` gives it.
+        ``hurry`` (told to stop at once): a learner that answers within a few seconds still gets
+        saved. ``stopped`` (``Run.stop``, Ctrl-C): a learner that made no update yet is not saved,
+        there is nothing to keep."""
         if not hurry:
             try:
-                self._save_learner_state(run_cluster.learner_checkpoint(), stopped)
+                self._save_learner_state(final_state(FINAL_CHECKPOINT_S), stopped)
             except LearnerLost as exc:  # the run did finish: its status stays
                 self._on_event(f"no final checkpoint: {exc}; the latest periodic one, if any, stays")
             return
         try:
-            self._save_learner_state(run_cluster.learner_checkpoint(timeout=HURRIED_CHECKPOINT_S), stopped)
+            self._save_learner_state(final_state(HURRIED_CHECKPOINT_S), stopped)
         except Exception as exc:  # noqa: BLE001 - the stop goes on; the latest periodic one stays
             self._on_event(f"final checkpoint skipped while stopping at once: {exc!r}")
 

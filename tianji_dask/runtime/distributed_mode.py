@@ -8,13 +8,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tianji_dask.errors import HostLost
 from tianji_dask.results.resumable import ResumePoint
-from tianji_dask.runtime.restarts import HostLost
-from tianji_dask.runtime.run_hosts import StartAbandoned
+from tianji_dask.runtime.cluster.run_hosts import StartAbandoned
 from tianji_dask.runtime.run_loop import RunLoop
 
 if TYPE_CHECKING:
-    from tianji_dask.runtime.cluster import RunCluster
+    from tianji_dask.runtime.cluster.cluster import RunCluster
 
 SUPERVISE_S = 0.05  # the pause between two passes of the driver's loop: rows, snapshots, lost hosts, stop
 
@@ -47,7 +47,7 @@ class DistributedMode:
         """The run, from its cluster's start to its end. Asked to stop while it starts (its
         LocalCluster, its hosts), it gives the start up at once: what started is ended, no
         checkpoint is written (no learner trained), the results say ``stopped``."""
-        from tianji_dask.runtime.forked_workers import start_fork_server
+        from tianji_dask.runtime.processes.forked_workers import start_fork_server
 
         if self._client is None:
             start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours
@@ -58,7 +58,7 @@ class DistributedMode:
             self._on_event(f"stopped while the run started ({exc}): nothing trained, no checkpoint written")
 
     def _run(self) -> None:
-        from tianji_dask.runtime.cluster import RunCluster
+        from tianji_dask.runtime.cluster.cluster import RunCluster
 
         loop, recorder = self.loop, self.loop.recorder
         requested = loop.stopping.requested
@@ -90,7 +90,9 @@ class DistributedMode:
                 loop.last_row()
             if loop.cfg.run.checkpoint:
                 stopped = loop.stopping.reason == "stopped"
-                loop.checkpoints.save_final(run_cluster, hurry=loop.stopping.hurry.is_set(), stopped=stopped)
+                loop.checkpoints.save_final(
+                    run_cluster.learner_checkpoint, hurry=loop.stopping.hurry.is_set(), stopped=stopped
+                )
         loop.last_evaluations(hurry=loop.stopping.hurry.is_set())  # the cluster closed: its cores free
 
     def _start_hosts(self, run_cluster: RunCluster) -> None:

@@ -28,24 +28,23 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
-from tianji_dask.config import ConfigError, ExperimentConfig, check_env
+from tianji_dask.config import ConfigError, ExperimentConfig
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.config.schema import DQNConfig
+from tianji_dask.errors import HostLost
 from tianji_dask.results.recorder import MetricsRecorder
 from tianji_dask.results.resumable import ResumePoint, check_resumable
 from tianji_dask.results.rundir import prepare_run_dir, run_name, write_config
-from tianji_dask.results.tensorboard import TensorBoardRows, check_tensorboard
+from tianji_dask.results.tensorboard import TensorBoardRows
 from tianji_dask.runtime.checkpoint_writer import CheckpointWriter
-from tianji_dask.runtime.cuda_mps import mps_control
+from tianji_dask.runtime.checks import check_before_start
 from tianji_dask.runtime.distributed_mode import DistributedMode
-from tianji_dask.runtime.restarts import HostLost
 from tianji_dask.runtime.result_writer import ResultWriter
 from tianji_dask.runtime.run_loop import RunLoop, Stopping
 from tianji_dask.runtime.serial_mode import run_serial
 from tianji_dask.runtime.training_evaluation import TrainingEvaluations
 
 if TYPE_CHECKING:
-    from tianji_dask.runtime.cluster import RunCluster
+    from tianji_dask.runtime.cluster.cluster import RunCluster
 
 FINISHED = ("target_reached", "eval_target_reached", "max_env_steps", "max_seconds")
 
@@ -71,57 +70,6 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.status in FINISHED
-
-
-def check_before_start(cfg: ExperimentConfig, *, on_this_machine: bool, serial: bool):
-    """What a run checks before it starts anything: the env (built once; its spaces are
-    returned) and, where the run's replay memories live on this machine (its own LocalCluster,
-    or serial), that they fit; for its own LocalCluster, that a CUDA MPS daemon the deployment
-    settings require can start; that TensorBoard can be written if asked. Raises :class:`ConfigError`."""
-    spaces = check_env(cfg)
-    if cfg.run.tensorboard:
-        check_tensorboard()
-    if on_this_machine:
-        check_replay_fits(cfg, spaces, serial=serial)
-        if not serial:  # the run's own LocalCluster
-            mps_control(deployment_settings().local_cluster.cuda_mps, cfg)
-    return spaces
-
-
-def check_replay_fits(cfg: ExperimentConfig, spaces, *, serial: bool, available: int | None = None) -> None:
-    """Refuse, before anything starts, a run on this machine (its own LocalCluster, or serial)
-    whose DQN replay memories would take more than 90 % of the memory available now."""
-    import psutil
-
-    from tianji_dask.algos.registry import spec_for
-
-    replay_nbytes = spec_for(cfg).replay_nbytes
-    obs = spaces.observation_space
-    per_buffer = replay_nbytes(cfg, obs.shape, obs.dtype)
-    if not per_buffer:
-        return
-    capacity = cfg.algo_as(DQNConfig).buffer_size  # only a replay algorithm keeps a replay
-    buffers = 1 if serial else cfg.topology.groups * cfg.topology.learners
-    if available is None:
-        available = psutil.virtual_memory().available
-    budget = 0.9 * available
-    if per_buffer * buffers <= budget:
-        return
-    lo, hi = 0, capacity  # the largest size that fits (bytes grow with it)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if replay_nbytes(cfg, obs.shape, obs.dtype, capacity=mid) * buffers <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    fits = lo
-    gib = 2**30
-    raise ConfigError(
-        f"algo.buffer_size={capacity:,} needs {per_buffer / gib:.2f} GiB of replay per "
-        f"buffer x {buffers} buffer(s) = {per_buffer * buffers / gib:.2f} GiB, more than 90 % of the "
-        f"{available / gib:.2f} GiB this machine has available; lower algo.buffer_size to at most "
-        f"{fits:,}, or train on a cluster with more memory (--scheduler, --slurm)"
-    )
 
 
 class Run:
@@ -159,42 +107,12 @@ class Run:
         self._done = threading.Event()
         self.result: RunResult | None = None
         self.t0 = time.time()
-        self.recorder = MetricsRecorder(
-            run_name=self.name,
-            target_return=cfg.stop.target_return,
-            config_json=cfg.to_json(),
-            t0=self.t0,
-            attrs={"mode": "serial" if serial else "distributed", "env_id": cfg.env.id, "seed": cfg.seed},
-        )
-        if resume is not None:
-            self.recorder.continue_from(resume.metrics, resume.episodes)
+        self.recorder = _recorder(cfg, self.name, self.t0, serial=serial, resume=resume)
         self._tensorboard = TensorBoardRows(self.run_dir, self.t0) if cfg.run.tensorboard else None
         given_on_row = on_row or (lambda row: None)
         if self._tensorboard is not None:
             given_on_row = _both(self._tensorboard, given_on_row)
-        checkpoints = CheckpointWriter(
-            cfg, run_name=self.name, run_dir=self.run_dir, tally=self.recorder.tally, t0=self.t0, on_event=on_event
-        )
-        self._loop = RunLoop(
-            cfg,
-            self.recorder,
-            t0=self.t0,
-            stopping=self._stopping,
-            results=ResultWriter(self.recorder, self.run_dir, on_event),
-            checkpoints=checkpoints,
-            evaluations=TrainingEvaluations(
-                cfg,
-                self.recorder,
-                checkpoints,
-                t0=self.t0,
-                on_event=on_event,
-                on_evaluation=self._tensorboard.evaluation if self._tensorboard is not None else lambda record: None,
-                skipped=int(resume.metrics.attrs.get("eval_skipped", 0)) if resume is not None else 0,
-            )
-            if cfg.run.eval_every_env_steps
-            else None,
-            on_row=given_on_row,
-        )
+        self._loop = self._run_loop(given_on_row, on_event, resume)
         self._mode: Callable[[], None] = (
             partial(run_serial, self._loop)
             if serial
@@ -214,6 +132,34 @@ class Run:
         self._cluster_up = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"tianji-driver-{self.id}", daemon=True)
         self._thread.start()
+
+    def _run_loop(self, on_row: Callable[[dict], None], on_event: Callable[[str], None], resume) -> RunLoop:
+        """The run's loop with its writers: results, checkpoints and, if asked, evaluations."""
+        cfg = self.cfg
+        checkpoints = CheckpointWriter(
+            cfg, run_name=self.name, run_dir=self.run_dir, tally=self.recorder.tally, t0=self.t0, on_event=on_event
+        )
+        evaluations = None
+        if cfg.run.eval_every_env_steps:
+            evaluations = TrainingEvaluations(
+                cfg,
+                self.recorder,
+                checkpoints,
+                t0=self.t0,
+                on_event=on_event,
+                on_evaluation=self._tensorboard.evaluation if self._tensorboard is not None else lambda record: None,
+                skipped=int(resume.metrics.attrs.get("eval_skipped", 0)) if resume is not None else 0,
+            )
+        return RunLoop(
+            cfg,
+            self.recorder,
+            t0=self.t0,
+            stopping=self._stopping,
+            results=ResultWriter(self.recorder, self.run_dir, on_event),
+            checkpoints=checkpoints,
+            evaluations=evaluations,
+            on_row=on_row,
+        )
 
     # --- public -------------------------------------------------------------------------
     def stop(self, reason: str = "stopped", *, now: bool = False) -> None:
@@ -308,6 +254,20 @@ class Run:
             self._tensorboard(row)
             self._tensorboard.close()
         self._done.set()
+
+
+def _recorder(cfg: ExperimentConfig, name: str, t0: float, *, serial: bool, resume: ResumePoint | None):
+    """The run's metrics recorder; a continued run's goes on from its files."""
+    recorder = MetricsRecorder(
+        run_name=name,
+        target_return=cfg.stop.target_return,
+        config_json=cfg.to_json(),
+        t0=t0,
+        attrs={"mode": "serial" if serial else "distributed", "env_id": cfg.env.id, "seed": cfg.seed},
+    )
+    if resume is not None:
+        recorder.continue_from(resume.metrics, resume.episodes)
+    return recorder
 
 
 def _both(first: Callable[[dict], None], second: Callable[[dict], None]) -> Callable[[dict], None]:

@@ -51,7 +51,7 @@ from tianji_dask.seeding import evaluation_seed
 
 FINAL_EVALUATION_S = 120.0  # how long a stopping run waits for its last evaluations
 STOP_S = 5.0  # how long the evaluator process gets to end before it is killed
-EVALUATOR_MODULE = "tianji_dask.runtime.evaluator_process"
+EVALUATOR_MODULE = "tianji_dask.runtime.processes.evaluator_process"
 
 Snapshot = Callable[[], tuple[dict | bytes, dict]]  # the learner's (state, checkpoint metadata)
 

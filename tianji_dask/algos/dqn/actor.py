@@ -2,7 +2,7 @@
 
 Transport-agnostic: it pushes trajectory chunks into ``sender`` (anything with
 ``push(dict) -> bool``) and probes ``params`` (anything with ``probe()``) for a
-newer policy version. The same class runs inside an :class:`~tianji_dask.runtime.hosts.ActorHost`
+newer policy version. The same class runs inside an :class:`~tianji_dask.runtime.hosts.hosts.ActorHost`
 thread and in the serial runner.
 """
 

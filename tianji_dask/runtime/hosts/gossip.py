@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from tianji_dask.channels import ChannelService, TopicPublisher
 from tianji_dask.channels.ports import ParamSource, Publisher
 from tianji_dask.errors import ChannelError
 from tianji_dask.roles.loop import LearnerLoopRole
@@ -73,12 +74,37 @@ def parameter_distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> fl
     return float(np.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in a)))
 
 
+def open_peer_inboxes(peers: dict, *, replace: bool) -> dict[int, ParamSource]:
+    """The inboxes of the other groups' snapshots on this worker (``peers["inboxes"]``: peer
+    group -> channel), opened as the lead learner is created: a peer may publish before this
+    learner's loop starts. ``replace``: a re-created learner's take over its predecessor's."""
+    service = ChannelService.current()
+    return {int(g): service.open_latest(ch, replace=replace) for g, ch in peers["inboxes"].items()}
+
+
+def close_peer_inboxes(peers: dict, worker) -> None:
+    for ch in peers["inboxes"].values():
+        ChannelService.for_worker(worker).close(ch)
+
+
 class GossipSync:
     """The gossip part of a group's lead learner's loop: averages its policy with the other
     groups' when due."""
 
     def __init__(self, gossip: GroupGossip):
         self.gossip = gossip
+
+    @classmethod
+    def open(cls, peers: dict, inboxes: Mapping[int, ParamSource], interval_s: float, **comm) -> GossipSync:
+        """A lead learner's gossip, its publisher to the other groups' leads built (``peers``:
+        ``{"group": g, "publish_to": [(address, channel)], ...}``; ``comm``: the publisher's
+        event loop and connection arguments), in the learner's loop thread."""
+        publisher = TopicPublisher([tuple(x) for x in peers["publish_to"]], **comm)
+        return cls(GroupGossip(int(peers["group"]), publisher, inboxes, interval_s))
+
+    @property
+    def publisher(self):
+        return self.gossip.publisher
 
     def apply(self, learner: LearnerLoopRole) -> bool:
         """Average when due; True if the learner's parameters changed."""

@@ -5,7 +5,7 @@ LocalCluster after a process's first, and for every worker a nanny restarts afte
 
 The fork server is multiprocessing's ``forkserver``, one per driver process; it ends with that
 process. :func:`start_fork_server` starts it inside
-:func:`~tianji_dask.runtime.worker_signals.spawned_ignoring_driver_signals`, so the server and every
+:func:`~tianji_dask.runtime.processes.worker_signals.spawned_ignoring_driver_signals`, so the server and every
 worker forked from it ignore SIGINT and SIGTERM from their first instruction (an ignored signal
 stays ignored across ``fork``), with Dask's pre-spawn environment (``MALLOC_TRIM_THRESHOLD_``,
 ``OMP_NUM_THREADS``: read when a process starts, and a fork inherits the server's).
@@ -29,15 +29,15 @@ import weakref
 import dask
 from distributed import Nanny
 
-from tianji_dask.runtime.worker_signals import spawned_ignoring_driver_signals
+from tianji_dask.runtime.processes.worker_signals import spawned_ignoring_driver_signals
 
 # imported once in the fork server: everything a worker of a run imports
 PRELOAD = [
     "distributed",
-    "tianji_dask.runtime.worker_preload",
-    "tianji_dask.runtime.hosts",
-    "tianji_dask.runtime.dataparallel",  # imports torch, which the hosts module leaves to its learners
-    "tianji_dask.runtime.fork_server_frozen",  # last: gc.freeze() after the imports
+    "tianji_dask.runtime.processes.worker_preload",
+    "tianji_dask.runtime.hosts.hosts",
+    "tianji_dask.runtime.hosts.dataparallel",  # imports torch, which the hosts module leaves to its learners
+    "tianji_dask.runtime.processes.fork_server_frozen",  # last: gc.freeze() after the imports
 ]
 
 _instantiating: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()

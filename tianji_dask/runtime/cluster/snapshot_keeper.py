@@ -14,7 +14,7 @@ from tianji_dask.roles.replay_state import ReplayState, merged
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
-    from tianji_dask.runtime.run_hosts import RunHosts
+    from tianji_dask.runtime.cluster.run_hosts import RunHosts
 
 SNAPSHOT_TIMEOUT_S = 30.0
 
@@ -23,7 +23,7 @@ logger = logging.getLogger("tianji_dask.snapshots")
 
 class SnapshotKeeper:
     """Asks the learners for snapshots (:meth:`take`) and keeps them as they arrive
-    (:meth:`collect`), for the groups :class:`~tianji_dask.runtime.recovery.Recovery` rebuilds."""
+    (:meth:`collect`), for the groups :class:`~tianji_dask.runtime.cluster.recovery.Recovery` rebuilds."""
 
     def __init__(self, cfg: ExperimentConfig, hosts: RunHosts, on_event: Callable[[str], None]):
         self.cfg = cfg

@@ -1,5 +1,5 @@
 """Building the run's hosts where the placement puts them: created, wired, started; at the
-start, and again after their worker was lost (:mod:`~tianji_dask.runtime.recovery`)."""
+start, and again after their worker was lost (:mod:`~tianji_dask.runtime.cluster.recovery`)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 
 from tianji_dask.envs import observation_dtype
-from tianji_dask.runtime.hosts import ActorHost, BufferHost, LearnerHost
-from tianji_dask.runtime.restarts import Key
+from tianji_dask.runtime.cluster.restarts import Key
+from tianji_dask.runtime.hosts.hosts import ActorHost, BufferHost, LearnerHost
 from tianji_dask.seeding import incarnation_seed
 
 if TYPE_CHECKING:
     from tianji_dask.roles.replay_state import ReplayState
-    from tianji_dask.runtime.placement import ActorPlace
-    from tianji_dask.runtime.run_hosts import RunHosts
+    from tianji_dask.runtime.cluster.placement import ActorPlace, LearnerPlace, Placement
+    from tianji_dask.runtime.cluster.run_hosts import RunHosts
 
 Prior: TypeAlias = Callable[[Key, str], float]  # a host's counter before this incarnation
 Replays: TypeAlias = "dict[int, ReplayState] | None"  # by buffer id, the replay a rebuilt buffer starts with
 
 
 class HostBuilder:
-    """Creates the hosts of :class:`~tianji_dask.runtime.run_hosts.RunHosts` for envs of
+    """Creates the hosts of :class:`~tianji_dask.runtime.cluster.run_hosts.RunHosts` for envs of
     ``spaces`` (the env's observation and action spaces) and starts their loops."""
 
     def __init__(self, hosts: RunHosts, spaces):
@@ -86,47 +86,57 @@ class HostBuilder:
         learners, rank 0 first (it opens the rendezvous the others join). ``replays``: by buffer
         id, the replay a re-created buffer starts with (sent straight to its worker)."""
         hosts = self.hosts
-        plan, rid, cfg_json, t = hosts.current_plan(), hosts.run_id, self._cfg_json, hosts.cfg.topology
+        plan = hosts.current_plan()
         futures = {}
         scattered = []
         for lp in (p for p in plan.learners if p.group == group):
-            key = ("buffer", lp.id)
             replay = (replays or {}).get(lp.id)
             if replay is not None:  # to the worker directly, not inside the task
                 replay = hosts.client.scatter(replay, workers=[lp.worker], direct=True, hash=False)
                 scattered.append(replay)
-            futures[key] = hosts.submit(
-                key,
-                BufferHost,
-                rid,
-                cfg_json,
-                lp.id,
-                incarnation_seed(lp.buffer_seed, hosts.incarnations[key]),
-                lp.trajectories,
-                self._obs_shape,
-                self._obs_dtype,
-                len(lp.feeders),
-                incarnation=hosts.incarnations[key],
-                replay=replay,
-                worker=lp.worker,
-            )
+            futures[("buffer", lp.id)] = self._submit_buffer(lp, replay)
         for ap in (p for p in plan.actors if p.group == group):
-            key = ("actor", ap.id)
-            futures[key] = self._submit_actor(ap, prior)
+            futures[("actor", ap.id)] = self._submit_actor(ap, prior)
         try:
             for key, fut in futures.items():
                 hosts.handles[key] = hosts.wait(fut, hosts.worker_of(key))
         finally:
             for data in scattered:  # restored into the buffer: the worker may drop its copy
                 data.release()
+        self._build_learners(plan, group, restore)
+
+    def _submit_buffer(self, lp: LearnerPlace, replay):
+        hosts = self.hosts
+        key = ("buffer", lp.id)
+        return hosts.submit(
+            key,
+            BufferHost,
+            hosts.run_id,
+            self._cfg_json,
+            lp.id,
+            incarnation_seed(lp.buffer_seed, hosts.incarnations[key]),
+            lp.trajectories,
+            self._obs_shape,
+            self._obs_dtype,
+            len(lp.feeders),
+            incarnation=hosts.incarnations[key],
+            replay=replay,
+            worker=lp.worker,
+        )
+
+    def _build_learners(self, plan: Placement, group: int, restore: bytes | None) -> None:
+        """The group's learners, one after the other, rank 0 first: the others are given the
+        address of the rendezvous it opened."""
+        hosts = self.hosts
+        world_size = hosts.cfg.topology.learners
         store = None
         for lp in sorted((p for p in plan.learners if p.group == group), key=lambda p: p.rank):
             key = ("learner", lp.id)
             handle = hosts.submit(
                 key,
                 LearnerHost,
-                rid,
-                cfg_json,
+                hosts.run_id,
+                self._cfg_json,
                 lp.id,
                 incarnation_seed(lp.learner_seed, hosts.incarnations[key]),
                 list(lp.subscribers),
@@ -134,7 +144,7 @@ class HostBuilder:
                 self._action_space,
                 hosts.handles[("buffer", lp.id)],
                 rank=lp.rank,
-                world_size=t.learners,
+                world_size=world_size,
                 store_address=store,
                 gossip_peers=lp.gossip,
                 incarnation=hosts.incarnations[key],
@@ -142,7 +152,7 @@ class HostBuilder:
                 worker=lp.worker,
             )
             handle = hosts.wait(handle, lp.worker)
-            if lp.rank == 0 and t.learners > 1:
+            if lp.rank == 0 and world_size > 1:
                 store = hosts.wait(handle.rendezvous_address(), lp.worker)
             hosts.handles[key] = handle
 

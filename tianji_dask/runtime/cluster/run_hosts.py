@@ -2,9 +2,9 @@
 and the waits on them.
 
 Every host is known by its key (role, global id) and its *incarnation*: 0 for the host the
-run started with, k for its k-th re-creation (:mod:`~tianji_dask.runtime.recovery`). Building
-them is :class:`~tianji_dask.runtime.host_builder.HostBuilder`'s job, stopping them
-:mod:`~tianji_dask.runtime.host_stopping`'s.
+run started with, k for its k-th re-creation (:mod:`~tianji_dask.runtime.cluster.recovery`). Building
+them is :class:`~tianji_dask.runtime.cluster.host_builder.HostBuilder`'s job, stopping them
+:mod:`~tianji_dask.runtime.cluster.host_stopping`'s.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime.client_context import current_client
-from tianji_dask.runtime.placement import Placement, moved, place
-from tianji_dask.runtime.restarts import HostLost, Key
-from tianji_dask.runtime.worker_replacement import WorkerReplacement
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.errors import HostLost
+from tianji_dask.runtime.cluster.placement import Placement, moved, place
+from tianji_dask.runtime.cluster.restarts import Key
+from tianji_dask.runtime.cluster.worker_replacement import WorkerReplacement
+from tianji_dask.runtime.cluster.workers import scheduler_workers
+from tianji_dask.runtime.processes.client_context import current_client
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -141,7 +142,7 @@ class RunHosts:
             raise HostLost(f"the scheduler cancelled a host's task on {worker}")
         # A host's actor handle binds, as it arrives, to the current client (Dask's Actor asks
         # get_client()): outside this block, in whatever thread waits here, that is the newest
-        # Client of the process, which may be another the user made (tianji_dask.runtime.client_context).
+        # Client of the process, which may be another the user made (tianji_dask.runtime.processes.client_context).
         with current_client(self.client):
             return fut.result()
 

@@ -24,16 +24,25 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime.host_stopping import stop_group
-from tianji_dask.runtime.restarts import HostLost, Key, LostWorker, RestartPolicy, first_line, lost_with, replay_lost
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.errors import HostLost
+from tianji_dask.runtime.cluster.host_stopping import stop_group
+from tianji_dask.runtime.cluster.restarts import (
+    Key,
+    LostWorker,
+    RestartPolicy,
+    first_line,
+    lost_with,
+    replay_lost,
+)
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
-    from tianji_dask.runtime.host_builder import HostBuilder
-    from tianji_dask.runtime.run_hosts import RunHosts
-    from tianji_dask.runtime.snapshot_keeper import SnapshotKeeper
-    from tianji_dask.runtime.supervisor import Supervisor
+    from tianji_dask.roles.replay_state import ReplayState
+    from tianji_dask.runtime.cluster.host_builder import HostBuilder
+    from tianji_dask.runtime.cluster.run_hosts import RunHosts
+    from tianji_dask.runtime.cluster.snapshot_keeper import SnapshotKeeper
+    from tianji_dask.runtime.cluster.supervisor import Supervisor
 
 RANK_RESTART_S = 10.0
 RECREATE_TRIES = 3  # a re-creation that failed while its workers are all still there is tried again
@@ -41,9 +50,9 @@ RECREATE_TRIES = 3  # a re-creation that failed while its workers are all still 
 
 class Recovery:
     """Builds the run's hosts despite workers lost meanwhile (:meth:`build_all`) and re-creates
-    those of the workers the :class:`~tianji_dask.runtime.supervisor.Supervisor` found lost
+    those of the workers the :class:`~tianji_dask.runtime.cluster.supervisor.Supervisor` found lost
     (:meth:`recover`), the groups from what the
-    :class:`~tianji_dask.runtime.snapshot_keeper.SnapshotKeeper` kept."""
+    :class:`~tianji_dask.runtime.cluster.snapshot_keeper.SnapshotKeeper` kept."""
 
     def __init__(
         self,
@@ -98,7 +107,7 @@ class Recovery:
         counter)``: a host's cumulative counter over its incarnations (the recorder's);
         ``add_heartbeat`` records the last heartbeats of hosts stopped for a rebuild. Returns the
         loss counts (``results.LOSS_KEYS``)."""
-        hosts, t, last_heartbeat = self.hosts, self.cfg.topology, self._supervisor.last_heartbeat
+        hosts, last_heartbeat = self.hosts, self._supervisor.last_heartbeat
         self._policy.admit(lost, time.time())
         counts: collections.Counter[str] = collections.Counter()
         keys = [k for w in lost for k in w.hosts]
@@ -107,64 +116,15 @@ class Recovery:
                 counts.update(lost_with(key[0], last_heartbeat(key).get("counters", {}), self.cfg.env.num_envs))
         groups = sorted({hosts.group_of(k) for k in keys if k[0] != "actor"})
         actors = sorted(k[1] for k in keys if k[0] == "actor" and hosts.group_of(k) not in groups)
-        timeout = self._startup_grace_s
         for w in lost:
-            new = hosts.move_to_replacement(w.address, timeout)
+            new = hosts.move_to_replacement(w.address, self._startup_grace_s)
             self._on_event(f"host lost: {w.describe()}; re-creating on {new}")
 
         def prior(key: Key, counter: str) -> float:
             return totals(key[0], key[1], counter)
 
         for group in groups:
-            self._snapshots.forget_pending(group)
-            last_hb = {k: last_heartbeat(k) for k in hosts.group_keys(group)}
-            for hb in stop_group(hosts, group):
-                add_heartbeat(hb)
-                last_hb[(hb["role"], hb["id"])] = hb
-                if hb["role"] == "actor" and (hb["role"], hb["id"]) not in keys:  # stopped, not lost
-                    counts.update(lost_with("actor", hb.get("counters", {}), self.cfg.env.num_envs))
-            replays = {}
-            for lid in range(group * t.learners, (group + 1) * t.learners):
-                kept = self._snapshots.replays.get(lid)
-                if kept is not None:
-                    replays[lid] = kept[0]
-                counts.update(replay_lost(last_hb[("buffer", lid)], kept))
-            if t.learners > 1:
-                self._restart_surviving_ranks(group, timeout)
-            restore = self._snapshots.learners.get(group)
-            # the newest version the group published: its lead's last heartbeat, or an actor's if newer
-            last_version = max(
-                last_heartbeat(k).get("counters", {}).get("param_version", -1)
-                for k in hosts.group_keys(group)
-                if k[0] != "buffer"
-            )
-            restored_updates = int(restore[1].get("updates", 0)) if restore is not None else 0
-            counts["lost_updates"] += max(0, int(last_version) - restored_updates)
-            counts["buffer_restarts"] += t.learners
-            counts["learner_restarts"] += t.learners
-            counts["actor_restarts"] += t.actors
-            rebuilt = self._unless_lost_again(
-                f"group {group}",
-                hosts.group_keys(group),
-                functools.partial(
-                    self._builder.build_group_again,
-                    group,
-                    restore[0] if restore is not None else None,
-                    prior,
-                    replays=replays,
-                ),
-                undo=functools.partial(self._stop_group, group, add_heartbeat),
-            )
-            if rebuilt:
-                self._on_event(
-                    f"group {group}: its learner goes on from its snapshot at update {restored_updates:,}"
-                    if restore is not None
-                    else f"group {group}: its learner starts again from nothing (no snapshot was taken yet)"
-                )
-            if rebuilt and replays:
-                restored = sum(r.transitions for r in replays.values())
-                counts["restored_replay"] += restored
-                self._on_event(f"group {group}: its buffers start with {restored:,} transitions of replay kept here")
+            self._rebuild_group(group, keys, prior, add_heartbeat, counts)
         for actor_id in actors:
             counts["actor_restarts"] += 1
             self._unless_lost_again(
@@ -175,6 +135,87 @@ class Recovery:
         recreated = {k for g in groups for k in hosts.group_keys(g)} | {("actor", a) for a in actors}
         self._supervisor.hosts_recreated(recreated, hosts.current_plan().host_workers())
         return dict(counts)
+
+    def _rebuild_group(
+        self,
+        group: int,
+        lost_keys: list[Key],
+        prior: Callable[[Key, str], float],
+        add_heartbeat: Callable[[dict], None],
+        counts: collections.Counter[str],
+    ) -> None:
+        """Stop what is left of ``group``, count what it lost and build it again: its learners
+        from the newest snapshot, its buffers with the replay kept here."""
+        t = self.cfg.topology
+        self._snapshots.forget_pending(group)
+        replays = self._stop_and_count(group, lost_keys, add_heartbeat, counts)
+        if t.learners > 1:
+            self._restart_surviving_ranks(group, self._startup_grace_s)
+        restore = self._snapshots.learners.get(group)
+        restored_updates = self._count_group_restarts(group, restore, counts)
+        rebuilt = self._unless_lost_again(
+            f"group {group}",
+            self.hosts.group_keys(group),
+            functools.partial(
+                self._builder.build_group_again,
+                group,
+                restore[0] if restore is not None else None,
+                prior,
+                replays=replays,
+            ),
+            undo=functools.partial(self._stop_group, group, add_heartbeat),
+        )
+        if rebuilt:
+            self._on_event(
+                f"group {group}: its learner goes on from its snapshot at update {restored_updates:,}"
+                if restore is not None
+                else f"group {group}: its learner starts again from nothing (no snapshot was taken yet)"
+            )
+        if rebuilt and replays:
+            restored = sum(r.transitions for r in replays.values())
+            counts["restored_replay"] += restored
+            self._on_event(f"group {group}: its buffers start with {restored:,} transitions of replay kept here")
+
+    def _stop_and_count(
+        self,
+        group: int,
+        lost_keys: list[Key],
+        add_heartbeat: Callable[[dict], None],
+        counts: collections.Counter[str],
+    ) -> dict[int, ReplayState]:
+        """Stop ``group``'s hosts, recording their last heartbeats; count what its actors stopped
+        (not lost) and its buffers lost; the replay kept here for each of its learners."""
+        t = self.cfg.topology
+        last_hb = {k: self._supervisor.last_heartbeat(k) for k in self.hosts.group_keys(group)}
+        for hb in stop_group(self.hosts, group):
+            add_heartbeat(hb)
+            last_hb[(hb["role"], hb["id"])] = hb
+            if hb["role"] == "actor" and (hb["role"], hb["id"]) not in lost_keys:  # stopped, not lost
+                counts.update(lost_with("actor", hb.get("counters", {}), self.cfg.env.num_envs))
+        replays = {}
+        for lid in range(group * t.learners, (group + 1) * t.learners):
+            kept = self._snapshots.replays.get(lid)
+            if kept is not None:
+                replays[lid] = kept[0]
+            counts.update(replay_lost(last_hb[("buffer", lid)], kept))
+        return replays
+
+    def _count_group_restarts(self, group: int, restore, counts: collections.Counter[str]) -> int:
+        """Count a group's rebuild: its hosts' restarts and the updates its learner loses going
+        back to the snapshot ``restore``; the updates it goes on from."""
+        t = self.cfg.topology
+        # the newest version the group published: its lead's last heartbeat, or an actor's if newer
+        last_version = max(
+            self._supervisor.last_heartbeat(k).get("counters", {}).get("param_version", -1)
+            for k in self.hosts.group_keys(group)
+            if k[0] != "buffer"
+        )
+        restored_updates = int(restore[1].get("updates", 0)) if restore is not None else 0
+        counts["lost_updates"] += max(0, int(last_version) - restored_updates)
+        counts["buffer_restarts"] += t.learners
+        counts["learner_restarts"] += t.learners
+        counts["actor_restarts"] += t.actors
+        return restored_updates
 
     def _stop_group(self, group: int, add_heartbeat: Callable[[dict], None]) -> None:
         """Stop and release a group's hosts, recording their last heartbeats."""

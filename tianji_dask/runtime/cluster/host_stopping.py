@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tianji_dask.runtime.run_hosts import RunHosts
+    from tianji_dask.runtime.cluster.run_hosts import RunHosts
 
 STOP_TIMEOUT_S = 10.0
 HURRY_POLL_S = 0.2  # how soon a host stop being waited for notices the run was told to hurry

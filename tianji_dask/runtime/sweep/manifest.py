@@ -20,7 +20,7 @@ import yaml
 
 from tianji_dask.config import ConfigError
 from tianji_dask.results.atomic import atomic_write
-from tianji_dask.runtime.sweep_grid import Axes
+from tianji_dask.runtime.sweep.grid import Axes
 
 MANIFEST = "sweep.yaml"
 HEADER = "# a tianji-dask sweep: `tianji-dask sweep --resume DIR` runs the runs it has not finished\n"

@@ -1,6 +1,6 @@
 """Dask worker preload: import torch and gymnasium while the worker process starts (the roles
 load when the hosts are created), so they load in parallel across workers instead of one after
-the other. Use with ``dask worker --preload tianji_dask.runtime.worker_preload``."""
+the other. Use with ``dask worker --preload tianji_dask.runtime.processes.worker_preload``."""
 
 import gymnasium  # noqa: F401
 import torch

@@ -2,7 +2,7 @@
 (``tianji-dask sweep``, :func:`sweep`), and the runs an interrupted sweep left
 (``tianji-dask sweep --resume DIR``, :func:`resume_sweep`).
 
-Every combination of the grid's values (:mod:`~tianji_dask.runtime.sweep_grid`) is a run with its
+Every combination of the grid's values (:mod:`~tianji_dask.runtime.sweep.grid`) is a run with its
 own hosts and its own directory under the sweep's (``seed=0__algo.lr=0.0003``). All configs are
 loaded and checked before the first run starts, so a bad key or value is refused with nothing
 started or written. Without a client each run starts its own LocalCluster, as ``tianji-dask
@@ -10,9 +10,9 @@ train`` does; with one, the runs share that cluster's workers; with one client p
 (``clients``, K of them: e.g. K planned Slurm allocations, ``deploy/slurm_sweep.py``), each run
 goes to a slot no other run holds. A run that fails is recorded ``failed`` in its files and the
 others go on. ``on_line`` gets a line as each run starts and ends, ``on_runs`` the runs with their
-latest metrics rows every poll (a live view: ``tianji_dask.runtime.sweep_progress``).
+latest metrics rows every poll (a live view: ``tianji_dask.runtime.sweep.progress``).
 
-As it starts, a sweep writes its manifest (``sweep.yaml``, :mod:`~tianji_dask.runtime.sweep_manifest`).
+As it starts, a sweep writes its manifest (``sweep.yaml``, :mod:`~tianji_dask.runtime.sweep.manifest`).
 Ctrl-C stops the runs in progress (they end ``stopped``, results and checkpoint written) and
 starts no more. :func:`resume_sweep` plans from the manifest: a finished run is left as it is; a
 stopped or failed one (or one whose sweep was killed) is continued in its own directory from its
@@ -35,8 +35,8 @@ from tianji_dask.config import ConfigError, ExperimentConfig, apply_overrides, c
 from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.config.loading import read_config_file
 from tianji_dask.runtime.driver import FINISHED
-from tianji_dask.runtime.sweep_grid import Axes, parse_grid, run_name
-from tianji_dask.runtime.sweep_manifest import MANIFEST, Manifest, held, read_manifest, write_manifest
+from tianji_dask.runtime.sweep.grid import Axes, parse_grid, run_name
+from tianji_dask.runtime.sweep.manifest import MANIFEST, Manifest, held, read_manifest, write_manifest
 
 if TYPE_CHECKING:
     from tianji_dask.runtime.driver import Run
@@ -167,7 +167,7 @@ def plan_sweep(
     grid_file: str | Path | None = None,
 ) -> Sweep:
     """The sweep's runs, every config loaded and checked, the directory chosen: nothing written.
-    ``grid``: ``--grid`` texts, ``grid_file`` a YAML grid (:mod:`~tianji_dask.runtime.sweep_grid`).
+    ``grid``: ``--grid`` texts, ``grid_file`` a YAML grid (:mod:`~tianji_dask.runtime.sweep.grid`).
     ``out`` must be new or empty (default ``<runs-dir>/sweeps/<config>__<time>``)."""
     axes = parse_grid(grid, grid_file)
     if out is None:

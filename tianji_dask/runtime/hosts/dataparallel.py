@@ -2,8 +2,9 @@
 from the Dask cluster.
 
 The driver creates rank 0's learner first; it opens a ``TCPStore`` on its worker's host on a
-port the OS picks (:func:`open_store`) and the driver hands ``(host, port)`` to the other
-ranks: no hard-coded ports. Every update, all ranks first agree (one tiny all-reduce) on
+port the OS picks (:class:`Rendezvous`) and the driver hands ``(host, port)`` to the other
+ranks: no hard-coded ports. Each rank joins the group in its loop thread
+(:meth:`DataParallelUpdates.open`). Every update, all ranks first agree (one tiny all-reduce) on
 whether everyone can update, whether anyone is stopping, and whether rank 0 has new
 parameters to broadcast (after averaging between groups); then gradients are averaged.
 Same initial parameters + same averaged gradients + same optimiser = identical parameters.
@@ -36,6 +37,21 @@ def open_store(host: str, world_size: int, timeout_s: float) -> torch.distribute
     return dist.TCPStore(
         host, 0, world_size, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
     )
+
+
+class Rendezvous:
+    """Where the ranks of a data-parallel group meet. Rank 0's opens the store on ``host`` as its
+    learner is created, so that the driver can read :attr:`address` and hand it to the other
+    ranks before it creates them; theirs is that ``address``. :meth:`close` drops rank 0's store
+    (it goes with the group, not at process exit)."""
+
+    def __init__(self, rank: int, world_size: int, host: str, address: tuple[str, int] | None, timeout_s: float):
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.store = open_store(host, world_size, timeout_s) if rank == 0 else None
+        self.address = (host, self.store.port) if self.store is not None else address
+
+    def close(self) -> None:
+        self.store = None
 
 
 class DataParallel:
@@ -129,6 +145,31 @@ class DataParallelUpdates:
     def __init__(self, dp: DataParallel):
         self.dp = dp
         self._stopped = False
+
+    @classmethod
+    def open(cls, rendezvous: Rendezvous, device: str) -> DataParallelUpdates:
+        """Join the group at ``rendezvous`` (blocks until every rank has joined) as the rank of a
+        learner on ``device``: NCCL's collectives on a CUDA device, gloo's otherwise."""
+        if rendezvous.address is None:
+            raise ValueError(f"rank {rendezvous.rank} of a data-parallel group needs the rendezvous store's address")
+        host, port = rendezvous.address
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dp = DataParallel(
+            rendezvous.rank,
+            rendezvous.world_size,
+            host,
+            port,
+            backend=backend,
+            device=device,
+            timeout_s=rendezvous.timeout_s,
+            store=rendezvous.store,
+        )
+        return cls(dp)
+
+    @property
+    def average_gradients(self):
+        """What the learner calls between backward and step: the gradients averaged over the ranks."""
+        return self.dp.average_gradients
 
     def running(self, stop_requested: bool) -> bool:
         return not self._stopped  # a stop request reaches the others through the next agreement

@@ -13,6 +13,8 @@ import collections
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tianji_dask.errors import HostLost
+
 if TYPE_CHECKING:
     from tianji_dask.roles.replay_state import ReplayState
 
@@ -23,11 +25,6 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its repr if it has none), for a one-line report."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else repr(exc)
-
-
-class HostLost(RuntimeError):
-    """A host stopped sending heartbeats, reported an error, or lost its worker beyond what
-    the restart policy admits; the message says which and why."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The evaluator process of a run that evaluates itself while it trains
 (``training_evaluation.TrainingEvaluations`` starts it: ``python -m
-tianji_dask.runtime.evaluator_process FD_IN FD_OUT``).
+tianji_dask.runtime.processes.evaluator_process FD_IN FD_OUT``).
 
 Protocol, over two pipes of ``multiprocessing.connection`` messages: first ``(config JSON,
 episodes, seed)``; then each message is a learner state packed by ``pack_state``, answered by

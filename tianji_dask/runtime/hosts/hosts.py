@@ -6,7 +6,7 @@ loop would freeze every host on that worker. The ``async def`` methods
 ``start``, ``stop``, ``stats`` and ``error`` run on the worker's event loop and
 stay callable while the loop runs.
 
-Each host is two parts: :class:`~tianji_dask.runtime.host_loop.HostLoop`, the loop thread with
+Each host is two parts: :class:`~tianji_dask.runtime.hosts.host_loop.HostLoop`, the loop thread with
 its heartbeats, and ``_LoopHost``, the Dask-facing ``async def`` methods around it.
 """
 
@@ -31,13 +31,13 @@ from tianji_dask.results.checkpoint import pack_state, unpack_state
 from tianji_dask.roles.buffer import ReplayBufferRole
 from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState
-from tianji_dask.runtime.gossip import GossipSync, GroupGossip
-from tianji_dask.runtime.host_loop import HostLoop, R
+from tianji_dask.runtime.hosts.gossip import GossipSync, close_peer_inboxes, open_peer_inboxes
+from tianji_dask.runtime.hosts.host_loop import HostLoop, R
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
-    from tianji_dask.runtime.dataparallel import DataParallelUpdates
+    from tianji_dask.runtime.hosts.dataparallel import DataParallelUpdates, Rendezvous
 
 IDLE_S = 0.0002  # a learner with nothing to train on yields this long before looking again
 
@@ -195,6 +195,8 @@ class LocalUpdates:
         """True if the learner updated."""
         return learner.step()
 
+    average_gradients = None  # alone in its group: nothing to average
+
     def close(self) -> None:
         pass
 
@@ -205,12 +207,12 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
     ``buffer`` is the handle of the :class:`BufferHost` it trains from, which must live on the
     same worker: the learner samples from that buffer's memory directly, with no copy between
     processes. Its step composes separate parts: snapshot requests (:class:`SnapshotRequests`),
-    gossip with the other groups (:class:`~tianji_dask.runtime.gossip.GossipSync`, rank 0 of each group
+    gossip with the other groups (:class:`~tianji_dask.runtime.hosts.gossip.GossipSync`, rank 0 of each group
     when there are several groups) and updates, alone (:class:`LocalUpdates`) or as one rank of
-    a data-parallel group (:class:`~tianji_dask.runtime.dataparallel.DataParallelUpdates`,
+    a data-parallel group (:class:`~tianji_dask.runtime.hosts.dataparallel.DataParallelUpdates`,
     ``world_size > 1``: rank 0 opens the rendezvous store in its constructor, the driver reads
     its host and port with :meth:`rendezvous_address` and gives them to the other ranks, which
-    may live on other hosts).
+    may live on other hosts). Each part builds its own channels and group; the host composes them.
     """
 
     role_name = "learner"
@@ -250,55 +252,32 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         self._args = (seed, obs_dim, action_space)
         self._subscribers = [tuple(s) for s in subscribers]
         self.rank, self.world_size = rank, world_size
-        self.address_host = get_address_host(self.worker.address)
-        self._store = None
-        self._store_address = store_address
-        if world_size > 1 and rank == 0:
-            from tianji_dask.runtime.dataparallel import open_store
+        self.rendezvous: Rendezvous | None = None
+        if world_size > 1:
+            from tianji_dask.runtime.hosts.dataparallel import Rendezvous
 
-            self._store = open_store(self.address_host, world_size, deployment_settings().timeouts.data_parallel)
-            self._store_address = (self.address_host, self._store.port)
+            timeout_s = deployment_settings().timeouts.data_parallel
+            host = get_address_host(self.worker.address)
+            self.rendezvous = Rendezvous(rank, world_size, host, store_address, timeout_s)
         self.snapshots = SnapshotRequests()
         self.publisher: TopicPublisher | None = None  # built in the loop thread (rank 0 only)
-        self.gossip_publisher: TopicPublisher | None = None
         self.updates: LocalUpdates | DataParallelUpdates = LocalUpdates()
         # gossip: {"group": g, "publish_to": [(address, channel)], "inboxes": {peer_group: channel}}
         self._gossip_spec = gossip_peers
         self.gossip: GossipSync | None = None
-        self._gossip_inboxes = {}
-        if gossip_peers:
-            service = ChannelService.current()
-            self._gossip_inboxes = {
-                int(g): service.open_latest(ch, replace=incarnation > 0) for g, ch in gossip_peers["inboxes"].items()
-            }
+        self._gossip_inboxes = open_peer_inboxes(gossip_peers, replace=incarnation > 0) if gossip_peers else {}
 
     async def rendezvous_address(self) -> tuple[str, int] | None:
         """(host, port) of this rank-0 learner's rendezvous store (None without data parallelism)."""
-        return self._store_address
+        return self.rendezvous.address if self.rendezvous is not None else None
 
     def _make_role(self) -> LearnerLoopRole:
         seed, obs_dim, action_space = self._args
         self.publisher = TopicPublisher(list(self._subscribers), **self._comm_kwargs()) if self.rank == 0 else None
-        average_gradients = None
-        if self.world_size > 1:
-            if self._store_address is None:
-                raise ValueError(f"learner {self.id}: rank {self.rank} of a data-parallel group needs store_address")
-            from tianji_dask.runtime.dataparallel import DataParallel, DataParallelUpdates
+        if self.rendezvous is not None:
+            from tianji_dask.runtime.hosts.dataparallel import DataParallelUpdates
 
-            store_host, store_port = self._store_address
-            device = self.cfg.learner.device
-            dp = DataParallel(
-                self.rank,
-                self.world_size,
-                store_host,
-                store_port,
-                backend="nccl" if device.startswith("cuda") else "gloo",
-                device=device,
-                timeout_s=deployment_settings().timeouts.data_parallel,
-                store=self._store,
-            )
-            self.updates = DataParallelUpdates(dp)
-            average_gradients = dp.average_gradients
+            self.updates = DataParallelUpdates.open(self.rendezvous, self.cfg.learner.device)
         role = spec_for(self.cfg).learner_role()(
             self.cfg,
             self.buffer,
@@ -308,18 +287,14 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             seed,
             learner_id=self.id,
             world_size=self.world_size,
-            average_gradients=average_gradients,
+            average_gradients=self.updates.average_gradients,
         )
         if self._restore is not None:
             role.restore(unpack_state(self._restore))
             self._restore = None
         if self._gossip_spec:
-            spec = self._gossip_spec
-            self.gossip_publisher = TopicPublisher([tuple(x) for x in spec["publish_to"]], **self._comm_kwargs())
             interval = self.cfg.topology.sync_interval_s
-            self.gossip = GossipSync(
-                GroupGossip(int(spec["group"]), self.gossip_publisher, self._gossip_inboxes, interval)
-            )
+            self.gossip = GossipSync.open(self._gossip_spec, self._gossip_inboxes, interval, **self._comm_kwargs())
             role.record_gossip(0, float("nan"))
         return role
 
@@ -331,7 +306,7 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         spec = self._gossip_spec or {}
         for subscribers, publisher in (
             (self._subscribers, self.publisher),
-            (spec.get("publish_to", []), self.gossip_publisher),
+            (spec.get("publish_to", []), self.gossip.publisher if self.gossip is not None else None),
         ):
             for k, (address, ch) in enumerate(subscribers):
                 if ch == channel and address != new_address:
@@ -359,10 +334,11 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             self.publisher.close(timeout=2.0)
         if self.gossip is not None:
             self.gossip.close()
-        for ch in (self._gossip_spec or {}).get("inboxes", {}).values():
-            ChannelService.for_worker(self.worker).close(ch)
+        if self._gossip_spec:
+            close_peer_inboxes(self._gossip_spec, self.worker)
         self.updates.close()
-        self._store = None  # rank 0's rendezvous store goes with the group, not at process exit
+        if self.rendezvous is not None:
+            self.rendezvous.close()
 
     async def parameters(self) -> dict:
         """The learner's current network parameters as numpy arrays (tests, diagnostics)."""

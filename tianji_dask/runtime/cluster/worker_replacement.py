@@ -7,9 +7,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from tianji_dask.runtime.placement import Placement
-from tianji_dask.runtime.restarts import HostLost
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.errors import HostLost
+from tianji_dask.runtime.cluster.placement import Placement
+from tianji_dask.runtime.cluster.workers import scheduler_workers
 
 TAKEOVER_WAIT_S = 15.0  # how long a lost worker's hosts wait for its replacement before sharing another
 TAKEOVER_POLL_S = 0.1  # how often that wait asks the scheduler for the replacement

@@ -4,9 +4,9 @@
 given client or starts a ``LocalCluster`` (127.0.0.1, one single-threaded worker
 process per actor plus one for the buffer and learner); on exit it releases
 every host and closes what it started, whatever happened in between. It composes the
-parts that keep the hosts alive meanwhile: the :class:`~tianji_dask.runtime.supervisor.Supervisor`
-(heartbeats, health), the :class:`~tianji_dask.runtime.recovery.Recovery` (re-creating lost
-hosts) and the :class:`~tianji_dask.runtime.snapshot_keeper.SnapshotKeeper` (what a rebuilt group
+parts that keep the hosts alive meanwhile: the :class:`~tianji_dask.runtime.cluster.supervisor.Supervisor`
+(heartbeats, health), the :class:`~tianji_dask.runtime.cluster.recovery.Recovery` (re-creating lost
+hosts) and the :class:`~tianji_dask.runtime.cluster.snapshot_keeper.SnapshotKeeper` (what a rebuilt group
 continues from).
 """
 
@@ -24,20 +24,26 @@ from distributed.deploy.spec import SpecCluster
 
 from tianji_dask.channels import ChannelPlugin
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime import dask_logs
-from tianji_dask.runtime.client_context import current_client
-from tianji_dask.runtime.cuda_mps import PrivateMps, cuda_processes, mps_control
-from tianji_dask.runtime.forked_workers import ForkedNanny, end_fork_server, start_fork_server, wait_for_fork_server
-from tianji_dask.runtime.host_builder import HostBuilder
-from tianji_dask.runtime.host_stopping import stop_all
-from tianji_dask.runtime.hosts import stop_event_name
-from tianji_dask.runtime.recovery import Recovery
-from tianji_dask.runtime.restarts import HostLost, Key, first_line
-from tianji_dask.runtime.run_hosts import RunHosts, StartAbandoned
-from tianji_dask.runtime.snapshot_keeper import SnapshotKeeper
-from tianji_dask.runtime.supervisor import Supervisor
-from tianji_dask.runtime.worker_deaths import death_reasons, watch_worker_deaths
-from tianji_dask.runtime.worker_signals import spawned_ignoring_driver_signals
+from tianji_dask.errors import HostLost, LearnerLost
+from tianji_dask.runtime.cluster import dask_logs
+from tianji_dask.runtime.cluster.host_builder import HostBuilder
+from tianji_dask.runtime.cluster.host_stopping import stop_all
+from tianji_dask.runtime.cluster.recovery import Recovery
+from tianji_dask.runtime.cluster.restarts import Key, first_line
+from tianji_dask.runtime.cluster.run_hosts import RunHosts, StartAbandoned
+from tianji_dask.runtime.cluster.snapshot_keeper import SnapshotKeeper
+from tianji_dask.runtime.cluster.supervisor import Supervisor
+from tianji_dask.runtime.cluster.worker_deaths import death_reasons, watch_worker_deaths
+from tianji_dask.runtime.hosts.hosts import stop_event_name
+from tianji_dask.runtime.processes.client_context import current_client
+from tianji_dask.runtime.processes.cuda_mps import PrivateMps, cuda_processes, mps_control
+from tianji_dask.runtime.processes.forked_workers import (
+    ForkedNanny,
+    end_fork_server,
+    start_fork_server,
+    wait_for_fork_server,
+)
+from tianji_dask.runtime.processes.worker_signals import spawned_ignoring_driver_signals
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
@@ -46,15 +52,11 @@ CLUSTER_START_TRIES = 3  # a LocalCluster whose worker process died while it sta
 FINAL_HEARTBEATS_S = 0.3  # how long the stopped hosts' last heartbeats (Dask log events) get to reach the client
 
 
-class LearnerLost(RuntimeError):
-    """The learner's worker was lost as the run stopped, before its final state was taken."""
-
-
 class TianjiLocalCluster(LocalCluster):
     """A LocalCluster whose ``close()`` (and ``with`` exit) also ends any worker process still
     alive: its workers ignore SIGTERM, so one left running would also hang multiprocessing's exit
     handler; whose nannies are never closed for a worker that left; and which keeps Dask's INFO
-    log quiet until the last of the process's clusters has closed (:mod:`~tianji_dask.runtime.dask_logs`)."""
+    log quiet until the last of the process's clusters has closed (:mod:`~tianji_dask.runtime.cluster.dask_logs`)."""
 
     def __init__(self, *args, **kwargs):
         dask_logs.acquire()
@@ -100,7 +102,7 @@ def local_cluster(
     single-threaded worker process each, workers that leave SIGINT and SIGTERM to the driver.
 
     ``preload_roles``: the workers import torch and gymnasium as they start
-    (``tianji_dask.runtime.worker_preload``); the channel benchmark, which measures the transport alone,
+    (``tianji_dask.runtime.processes.worker_preload``); the channel benchmark, which measures the transport alone,
     leaves them out. ``security`` (a ``distributed.Security``): scheduler, workers and nannies
     listen on tls:// only, with its certificates; the project's channels answer on the workers'
     own listeners, so they are TLS too. ``worker_env``: variables set in each worker process as
@@ -113,12 +115,15 @@ def local_cluster(
     # Dask's default memory limit splits the machine evenly between workers, and its nanny kills
     # a worker past 95 % of its share. The roles are not even: one buffer may hold a replay of
     # most of the machine beside small actors, so each worker may use it all
-    # (the run checks before it starts that the replay fits: driver.check_replay_fits).
+    # (the run checks before it starts that the replay fits: checks.check_replay_fits).
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
-    # (tianji_dask.runtime.worker_signals).
-    # Their processes fork from a server that imported the roles (tianji_dask.runtime.forked_workers);
+    # (tianji_dask.runtime.processes.worker_signals).
+    # Their processes fork from a server that imported the roles (tianji_dask.runtime.processes.forked_workers);
     # the channel benchmark's spawn without importing them.
-    preload = ["tianji_dask.runtime.worker_signals", *(["tianji_dask.runtime.worker_preload"] if preload_roles else [])]
+    preload = [
+        "tianji_dask.runtime.processes.worker_signals",
+        *(["tianji_dask.runtime.processes.worker_preload"] if preload_roles else []),
+    ]
     if preload_roles:
         start_fork_server()
     with spawned_ignoring_driver_signals():
@@ -264,7 +269,7 @@ class RunCluster:
 
     def _start_mps(self) -> None:
         """A private CUDA MPS daemon for the LocalCluster's workers, where the deployment
-        setting asks for one (:mod:`~tianji_dask.runtime.cuda_mps`). Under ``auto`` a daemon that
+        setting asks for one (:mod:`~tianji_dask.runtime.processes.cuda_mps`). Under ``auto`` a daemon that
         does not start leaves the workers to share the GPU by time slices."""
         setting = deployment_settings().local_cluster.cuda_mps
         control = mps_control(setting, self.cfg)
@@ -319,7 +324,7 @@ class RunCluster:
         add_heartbeat: Callable[[dict], None] = lambda hb: None,
     ) -> None:
         """Create and wire all hosts of all groups where :func:`placement.place` puts them,
-        then start their loops (:class:`~tianji_dask.runtime.host_builder.HostBuilder`);
+        then start their loops (:class:`~tianji_dask.runtime.cluster.host_builder.HostBuilder`);
         ``restore`` and ``prior`` continue a run (:meth:`HostBuilder.build_all`), a worker lost
         meanwhile is replaced (:meth:`Recovery.build_all`; ``totals`` and ``add_heartbeat`` as
         for :meth:`Recovery.recover`: hosts that had started carry their counts)."""
@@ -384,7 +389,7 @@ class RunCluster:
             raise RuntimeError("the run's hosts were used before they were started")
         return self.hosts
 
-    def learner_checkpoint(self, timeout: float = 60.0) -> tuple[bytes, dict] | None:
+    def learner_checkpoint(self, timeout: float) -> tuple[bytes, dict] | None:
         """The learner's final state, packed (:func:`~tianji_dask.results.checkpoint.pack_state`). A
         learner lost as the run stopped gives its newest snapshot instead, if there is one; with
         none, :class:`LearnerLost`."""

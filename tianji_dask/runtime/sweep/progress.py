@@ -22,7 +22,7 @@ from rich.text import Text
 from tianji_dask.progress import plain_console, stop_progress
 
 if TYPE_CHECKING:
-    from tianji_dask.runtime.sweep import SweepRun
+    from tianji_dask.runtime.sweep.runner import SweepRun
 
 
 def _fmt(x, spec: str = ".1f") -> str:

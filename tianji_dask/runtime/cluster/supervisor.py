@@ -8,14 +8,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.deployment import deployment_settings
-from tianji_dask.runtime.host_loop import metrics_topic
-from tianji_dask.runtime.restarts import HostLost, Key, LostWorker
-from tianji_dask.runtime.worker_deaths import death_reasons, removal_reason
-from tianji_dask.runtime.workers import scheduler_workers
+from tianji_dask.errors import HostLost
+from tianji_dask.runtime.cluster.restarts import Key, LostWorker
+from tianji_dask.runtime.cluster.worker_deaths import death_reasons, removal_reason
+from tianji_dask.runtime.cluster.workers import scheduler_workers
+from tianji_dask.runtime.hosts.host_loop import metrics_topic
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
-    from tianji_dask.runtime.run_hosts import RunHosts
+    from tianji_dask.runtime.cluster.run_hosts import RunHosts
 
 WORKER_CHECK_S = 1.0  # how often the run asks the scheduler whether its hosts' workers are still there
 ERROR_GRACE_S = 3.0  # how long a host's error waits for a lost worker that explains it
