@@ -318,7 +318,7 @@ def test_buffer_drops_rollouts_beyond_max_policy_lag_and_counts_transitions():
     assert _tags(buf.take(2)) == [2]  # lag exactly max_policy_lag is kept
     assert buf.take(2) == []
     assert buf.stale_dropped == 8
-    assert buf.heartbeat()["counters"]["stale_dropped"] == 8
+    assert buf.heartbeat().counters.stale_dropped == 8
     # a rollout that was used and later goes stale is not counted as dropped unused
     buf2, inbox2 = _buffer("algo.max_policy_lag=1", "algo.sample_reuse=2", "topology.actors=4")
     inbox2.push(_rollout(0, tag=1))
@@ -510,8 +510,8 @@ def test_actor_tags_each_rollout_with_the_version_it_started_with():
     assert first["obs"].shape == (8, 2, 4) and first["actions"].shape == (8, 2)
     assert first["last_values"].shape == (2,)
     assert float(second["created"]) >= float(first["created"])
-    hb = actor.heartbeat()["counters"]
-    assert hb["env_steps"] == 32 and hb["messages_sent"] == 2 and hb["param_version"] == 1
+    hb = actor.heartbeat().counters
+    assert hb.env_steps == 32 and hb.messages_sent == 2 and hb.param_version == 1
 
 
 def test_actor_bootstraps_truncated_steps_but_reports_the_env_return():
@@ -549,7 +549,7 @@ def test_actor_bootstraps_truncated_steps_but_reports_the_env_return():
     np.testing.assert_allclose(r["rewards"], expected, atol=1e-5)
     assert not np.allclose(r["rewards"][4], 1.0)
     assert np.all(r["rewards"][[0, 1, 2, 3, 5, 6, 7]] == 1.0)
-    episodes = actor.heartbeat()["episodes"]
+    episodes = actor.heartbeat().episodes
     assert [(ret, length) for ret, length, _ in episodes] == [(5.0, 5), (5.0, 5)]  # the env's own sum
 
 
