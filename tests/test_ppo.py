@@ -782,10 +782,11 @@ def _graph_on_the_cpu(learner: PPOLearner, calls: list) -> None:
 
     def graphed(inputs):
         calls.append({k: (tuple(v.shape), v.dtype) for k, v in inputs.items()})
-        learner._zero_grad()
+        learner.run.zero_grad()
         return learner._iteration(inputs)
 
-    learner._graphed_iteration = graphed  # type: ignore[assignment]
+    learner.run.graphs = True  # the host's side of a graphed learner, its launches the stand-in's
+    learner.run.captured["iteration"] = graphed  # type: ignore[assignment]
 
 
 @pytest.mark.timeout(60)
@@ -839,7 +840,7 @@ def test_iteration_graph_inputs_keep_their_shapes_as_the_frame_count_varies():
 def _minibatch_loss_and_grads(learner: PPOLearner, batch: dict[str, np.ndarray]):
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
     obs = t["frames"][t["obs_frames"].long()]
-    learner._zero_grad()
+    learner.run.zero_grad()
     loss, stats = ppo_loss(
         learner.net, obs, t["actions"], t["logp"], t["advantages"], t["returns"], 0.1, 0.5, 0.01, True
     )
@@ -954,7 +955,7 @@ def _graph_against_eager(precision: str) -> None:
         batch = _atari_frames_batch(256, s, extra_frames=extra)
         assert graphed.train(batch) == eager.train(batch, grad_hook=lambda: None), s
     _same_learners(graphed, eager)
-    assert graphed._graphed_iteration is not None and len(graphed._graphed_iteration._graphs) == 2
+    assert graphed.run.graphs and len(graphed.run.captured["iteration"]._graphs) == 2
     # the policy the graph trained acts in float32 as the eager learner's does
     obs = torch.from_numpy(_atari_frames_batch(64, 9)["frames"][:64].reshape(16, 4, 84, 84)).cuda()
     with torch.no_grad():
