@@ -255,8 +255,6 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             obs_dim=obs_dim,
             action_space=action_space,
             seed=seed,
-            learner_id=host_id,
-            world_size=world_size,
         )
         self._subscribers = [tuple(s) for s in subscribers]
         self.rank, self.world_size = rank, world_size
@@ -308,7 +306,12 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
             )
             self.updates = DataParallelUpdates(dp)
             average_gradients = dp.average_gradients
-        role = self._make_learner(publisher=self.publisher, average_gradients=average_gradients)
+        role = self._make_learner(
+            publisher=self.publisher,
+            learner_id=self.id,
+            world_size=self.world_size,
+            average_gradients=average_gradients,
+        )
         if self._restore is not None:
             role.restore(unpack_state(self._restore))
             self._restore = None
