@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tianji_dask.algos.ppo.spec import ppo_actor_role
+    from tianji_dask.algos.ppo.spec import PPOSpec
     from tianji_dask.channels import LocalQueue, LocalTopic
     from tianji_dask.config import load_config
     from tianji_dask.config.schema import PPOConfig
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{a.config} is not a PPO config (algo.name: {cfg.algo.name})")
     torch.set_num_threads(cfg.topology.torch_threads)
     queue, topic = LocalQueue(capacity_bytes=1 << 34), LocalTopic()
-    actor = ppo_actor_role(cfg, 0, cfg.seed, queue, topic.subscribe(), n_actors=1, balance=False)
+    actor = PPOSpec().make_actor(cfg, 0, cfg.seed, queue, topic.subscribe(), n_actors=1, balance=False)
     # the actor's own freshly initialised weights, as a learner's first version would be
     topic.publish(0, {"params": {k: v.cpu().numpy() for k, v in actor.policy.net.state_dict().items()}})
     actor.wait_for_params(5.0)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tianji_dask.algos.ppo.async_actor import PPOAsyncActorRole
-from tianji_dask.algos.ppo.spec import ppo_actor_role
+from tianji_dask.algos.ppo.spec import PPOSpec
 from tianji_dask.channels import LocalQueue, LocalTopic
 from tianji_dask.config import ConfigError, load_config
 from tianji_dask.envs import AtariTrainingSignals, make_atari_vector_env
@@ -28,7 +28,7 @@ BREAKOUT = ["env.id=ALE/Breakout-v5", "env.atari_threads=2"]
 def _actor(overrides: list[str], seed: int = 3, balance: bool = False):
     cfg = load_config(SMALL, [*BREAKOUT, *overrides], check_env=False)
     queue, topic = LocalQueue(capacity_bytes=1 << 33), LocalTopic()
-    actor = ppo_actor_role(cfg, 0, seed, queue, topic.subscribe(), n_actors=1, balance=balance)
+    actor = PPOSpec().make_actor(cfg, 0, seed, queue, topic.subscribe(), n_actors=1, balance=balance)
     params = {k: v.numpy().copy() for k, v in actor.policy.net.state_dict().items()}
     topic.publish(0, {"params": params, "consumed": 0})
     actor.wait_for_params(5.0)

@@ -348,7 +348,7 @@ def test_a_dqn_learner_trains_from_a_replay_on_its_device(replay, device):
         run.actor.step()  # the buffer's adds between updates
         run.actor.flush()
         run.buffer.ingest()
-    counters = run.learner.heartbeat()["counters"]
+    counters = run.learner.heartbeat().message()["counters"]
     assert counters["updates"] == 5 and np.isfinite(counters["loss"]) and np.isfinite(counters["q_mean"])
     run.actor.close()
 
@@ -375,8 +375,8 @@ def test_a_learner_on_a_device_replay_makes_updates_per_graph_a_launch_up_to_eac
         assert run.learner.step()
         seen.append((run.learner.counters.updates, run.learner.counters.param_version))
     assert seen == [(4, 0), (6, 6), (10, 6), (12, 12)]
-    counters = run.learner.heartbeat()["counters"]
-    assert counters["samples"] == 12 * 8 and np.isfinite(counters["loss"])
+    counters = run.learner.heartbeat().counters
+    assert counters.samples == 12 * 8 and np.isfinite(counters.loss)
     run.actor.close()
     with pytest.raises(ConfigError, match="replay_device=learner keeps a frame replay.*env.kind=atari"):
         load_config(CONFIG, ["algo.replay_device=learner"])

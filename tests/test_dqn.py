@@ -381,7 +381,7 @@ def test_dqn_learner_on_cuda_replays_draw_and_update_as_a_graph_that_trains_as_t
         got = graphed.update_sampled(lambda rows: dict(source)).clone()
         want = eager.update(batch)
         assert torch.equal(got, want), s
-    assert graphed._graphed is not None and len(graphed._graphed[1]._graphs) == 1
+    assert graphed.run.graphs and len(graphed.run.captured[1]._graphs) == 1
     _same_state(graphed, eager)
     assert graphed.updates == eager.updates == 6
 
@@ -476,9 +476,9 @@ def test_dqn_learner_on_cuda_makes_k_updates_in_one_launch_as_k_eager_updates(mo
     got, want = _four_a_launch_and_four_eager(graphed, eager, calls=9)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(g, w), f"call {i}"
-    assert graphed._graphed is not None and sorted(graphed._graphed) == [2, 4]
-    assert all(len(g._graphs) == 1 for g in graphed._graphed.values())  # captured, then replayed
-    assert eager._graphed is None
+    assert graphed.run.graphs and sorted(graphed.run.captured) == [2, 4]
+    assert all(len(g._graphs) == 1 for g in graphed.run.captured.values())  # captured, then replayed
+    assert not eager.run.graphs and not eager.run.captured
     assert graphed.updates == eager.updates == 36
     _same_state(graphed, eager)
 
@@ -524,9 +524,9 @@ def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread
     backward, without inductor's code generation, which takes half a minute of C++ compiling on
     this machine; inductor's kernels are checked on CUDA
     (:func:`test_a_compiled_cuda_learner_replays_k_updates_a_launch_as_the_eager_learner`)."""
-    import tianji_dask.algos.dqn.core as core
+    import tianji_dask.algos.graphed as graphed
 
-    monkeypatch.setattr(core, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(graphed, "COMPILE_BACKEND", "aot_eager")
     cfg = dqn_config(lr=1e-3, target_update_interval=3)
     frames = torch._dynamo.utils.counters["frames"]
     before = frames["ok"]
@@ -568,7 +568,7 @@ def test_a_compiled_cuda_learner_replays_k_updates_a_launch_as_the_eager_learner
     got, want = _four_a_launch_and_four_eager(fused, eager, calls=6)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g[0].item() == pytest.approx(w[0].item(), rel=2e-3), f"loss of call {i}"
-    assert fused._graphed is not None and all(len(g._graphs) == 1 for g in fused._graphed.values())
+    assert fused.run.graphs and all(len(g._graphs) == 1 for g in fused.run.captured.values())
     assert fused.updates == eager.updates == 24
     for comp in ("online", "target"):  # the target synced at update 24 from each learner's own online net
         mine, theirs = fused.state()[comp], eager.state()[comp]

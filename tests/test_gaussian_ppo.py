@@ -398,7 +398,7 @@ def test_a_gaussian_learner_on_cuda_replays_its_iteration_as_the_eager_minibatch
             learner.set_lr_for(1000 * s)
         got, want = graphed.train(batch), eager.train(batch, grad_hook=lambda: None)
         assert got == pytest.approx(want, rel=1e-5, abs=1e-6), s
-    assert graphed._graphed_iteration is not None and len(graphed._graphed_iteration._graphs) == 1
+    assert graphed.run.graphs and len(graphed.run.captured["iteration"]._graphs) == 1
     for comp in ("net", "optim_state"):
         mine, theirs = graphed.state()[comp], eager.state()[comp]
         for name, value in mine.items():

@@ -73,7 +73,7 @@ def test_mujoco_tasks_build_and_ppo_trains_on_a_rollout(env_id, obs_dim, action_
         actor.step()
     buffer.ingest()
     assert learner.step()
-    hb = learner.heartbeat()["counters"]
-    assert hb["samples"] == 32 and np.isfinite(hb["loss"])
+    hb = learner.heartbeat().counters
+    assert hb.samples == 32 and np.isfinite(hb.loss)
     assert learner.learner_core.net.obs_moments.moments().count == pytest.approx(32 + 1e-4)
     actor.close()

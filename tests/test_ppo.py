@@ -318,7 +318,7 @@ def test_buffer_drops_rollouts_beyond_max_policy_lag_and_counts_transitions():
     assert _tags(buf.take(2)) == [2]  # lag exactly max_policy_lag is kept
     assert buf.take(2) == []
     assert buf.stale_dropped == 8
-    assert buf.heartbeat()["counters"]["stale_dropped"] == 8
+    assert buf.heartbeat().counters.stale_dropped == 8
     # a rollout that was used and later goes stale is not counted as dropped unused
     buf2, inbox2 = _buffer("algo.max_policy_lag=1", "algo.sample_reuse=2", "topology.actors=4")
     inbox2.push(_rollout(0, tag=1))
@@ -510,8 +510,8 @@ def test_actor_tags_each_rollout_with_the_version_it_started_with():
     assert first["obs"].shape == (8, 2, 4) and first["actions"].shape == (8, 2)
     assert first["last_values"].shape == (2,)
     assert float(second["created"]) >= float(first["created"])
-    hb = actor.heartbeat()["counters"]
-    assert hb["env_steps"] == 32 and hb["messages_sent"] == 2 and hb["param_version"] == 1
+    hb = actor.heartbeat().counters
+    assert hb.env_steps == 32 and hb.messages_sent == 2 and hb.param_version == 1
 
 
 def test_actor_bootstraps_truncated_steps_but_reports_the_env_return():
@@ -549,7 +549,7 @@ def test_actor_bootstraps_truncated_steps_but_reports_the_env_return():
     np.testing.assert_allclose(r["rewards"], expected, atol=1e-5)
     assert not np.allclose(r["rewards"][4], 1.0)
     assert np.all(r["rewards"][[0, 1, 2, 3, 5, 6, 7]] == 1.0)
-    episodes = actor.heartbeat()["episodes"]
+    episodes = actor.heartbeat().episodes
     assert [(ret, length) for ret, length, _ in episodes] == [(5.0, 5), (5.0, 5)]  # the env's own sum
 
 
@@ -782,10 +782,11 @@ def _graph_on_the_cpu(learner: PPOLearner, calls: list) -> None:
 
     def graphed(inputs):
         calls.append({k: (tuple(v.shape), v.dtype) for k, v in inputs.items()})
-        learner._zero_grad()
+        learner.run.zero_grad()
         return learner._iteration(inputs)
 
-    learner._graphed_iteration = graphed  # type: ignore[assignment]
+    learner.run.graphs = True  # the host's side of a graphed learner, its launches the stand-in's
+    learner.run.captured["iteration"] = graphed  # type: ignore[assignment]
 
 
 @pytest.mark.timeout(60)
@@ -839,7 +840,7 @@ def test_iteration_graph_inputs_keep_their_shapes_as_the_frame_count_varies():
 def _minibatch_loss_and_grads(learner: PPOLearner, batch: dict[str, np.ndarray]):
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
     obs = t["frames"][t["obs_frames"].long()]
-    learner._zero_grad()
+    learner.run.zero_grad()
     loss, stats = ppo_loss(
         learner.net, obs, t["actions"], t["logp"], t["advantages"], t["returns"], 0.1, 0.5, 0.01, True
     )
@@ -954,7 +955,7 @@ def _graph_against_eager(precision: str) -> None:
         batch = _atari_frames_batch(256, s, extra_frames=extra)
         assert graphed.train(batch) == eager.train(batch, grad_hook=lambda: None), s
     _same_learners(graphed, eager)
-    assert graphed._graphed_iteration is not None and len(graphed._graphed_iteration._graphs) == 2
+    assert graphed.run.graphs and len(graphed.run.captured["iteration"]._graphs) == 2
     # the policy the graph trained acts in float32 as the eager learner's does
     obs = torch.from_numpy(_atari_frames_batch(64, 9)["frames"][:64].reshape(16, 4, 84, 84)).cuda()
     with torch.no_grad():

@@ -436,7 +436,7 @@ def test_a_restored_learner_counts_the_samples_of_the_state_it_came_from(h, conf
     first = _trained_serially(cfg, 20)
     second = _trained_serially(cfg, 20, restore=first.state())
     made = second.counters.samples  # the heartbeat's count: this role's own, which the recorder adds up
-    assert made > 0 and second.heartbeat()["counters"]["samples"] == made
+    assert made > 0 and second.heartbeat().counters.samples == made
     meta = second.checkpoint_meta()
     assert meta["samples"] == first.samples + made == meta["updates"] * _samples_per_update(cfg)
     assert second.state()["counters"]["samples"].item() == meta["samples"]

@@ -1,4 +1,10 @@
-"""A training step replayed as one CUDA graph.
+"""How a learner core's updates run on its device: eagerly, compiled, or replayed as CUDA graphs.
+
+A learner core holds the algorithm's math (its networks, its loss, what an update is) and hands
+the running of it to an :class:`Executor`, which owns the optimiser's step (backward, gradient
+clipping, Adam), the launches (eager, or each replayed from a CUDA graph), torch.compile, the side
+streams independent forwards fork to, and the bound on updates queued ahead of the device. An
+algorithm written this way gets every one of them by building its executor.
 
 A learner's minibatch step on small batches (PPO's 256 Atari frames) is bound by launching its
 few hundred kernels from Python, not by the GPU's arithmetic. Captured once as a CUDA graph
@@ -16,9 +22,12 @@ calling thread's current device is (a worker's host on its second GPU).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 
 import torch
+import torch.nn as nn
+
+from tianji_dask.config.machine import compiler_problem
 
 Inputs = dict[str, torch.Tensor]
 ShapeKey = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
@@ -111,6 +120,161 @@ class InFlight:
         self._events.append(event)
         if len(self._events) > self.limit:
             self._events.popleft().synchronize()
+
+
+#: The torch.compile backend of ``algo.compile``: inductor, which generates fused kernels.
+COMPILE_BACKEND = "inductor"
+
+
+def compiled(fn: Callable, device: torch.device) -> Callable:
+    """``fn`` through ``torch.compile`` (:data:`COMPILE_BACKEND`, static shapes); refused with
+    the fix where inductor has no compiler for ``device``
+    (:func:`~tianji_dask.config.machine.compiler_problem`)."""
+    problem = compiler_problem(device.type)
+    if problem:
+        raise RuntimeError(f"algo.compile=true: {problem}")
+    return torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
+
+
+class Executor:
+    """Runs a learner core's updates on ``device``.
+
+    - :meth:`adam` builds the core's optimiser; :meth:`apply` makes one step of it from a loss
+      (backward, the caller's gradient hook, clipping, Adam's step);
+    - :meth:`launch` runs an update function with gradients cleared first: eagerly, or where
+      ``graphs`` holds (CUDA only) replayed from a CUDA graph per key (:class:`GraphedStep`);
+      :meth:`eager` always eagerly;
+    - :meth:`compiled` puts a function through torch.compile where ``compile`` is set, and the
+      optimiser's step with it;
+    - :meth:`fork` runs a forward on one of ``side_streams`` streams (CUDA; in a capture a
+      concurrent branch of the graph), :meth:`join` orders the current stream after them;
+    - :meth:`mark` after each launch: at most ``max_in_flight`` of them queued on the device.
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        compile: bool = False,
+        graphs: bool = True,
+        side_streams: int = 0,
+        max_in_flight: int | None = None,
+    ):
+        self.device = device
+        self.compile = compile
+        cuda = device.type == "cuda"
+        self.graphs = graphs and cuda
+        #: the launches' graphs by key, captured against the current optimiser (a new one forgets them)
+        self.captured: dict[Hashable, GraphedStep] = {}
+        self.optim: torch.optim.Adam | None = None
+        self._params: list[nn.Parameter] = []
+        self._max_grad_norm = 0.0
+        self._optimizer_step: Callable[[], None] = self._clipped_step
+        self._in_flight = InFlight(max_in_flight, device) if cuda and max_in_flight is not None else None
+        self._side_streams: tuple[torch.cuda.Stream, ...] = ()
+        self._unjoined: list[torch.cuda.Stream] = []
+        if cuda and side_streams:
+            with torch.cuda.device(device):
+                self._side_streams = tuple(torch.cuda.Stream() for _ in range(side_streams))
+
+    def compiled(self, fn: Callable) -> Callable:
+        """``fn`` through :func:`compiled` where compiling, else ``fn`` itself."""
+        return compiled(fn, self.device) if self.compile else fn
+
+    def adam(self, params: Iterable[nn.Parameter], lr: float, max_grad_norm: float, **kwargs) -> torch.optim.Adam:
+        """The optimiser :meth:`apply` steps, gradients clipped to ``max_grad_norm`` first: Adam, fused
+        (one kernel per step), or when compiling multi-tensor, which the compiler fuses with the
+        clipping; on CUDA capturable, its learning rate a device tensor (:meth:`set_lr`). A new
+        optimiser forgets the graphs: a captured step keeps reading the state it was captured with."""
+        self._params = list(params)
+        self._max_grad_norm = max_grad_norm
+        cuda = self.device.type == "cuda"
+        lr_value = torch.tensor(lr, device=self.device) if cuda else lr
+        fused = not self.compile
+        self.optim = torch.optim.Adam(
+            self._params, lr=lr_value, capturable=cuda, fused=fused, foreach=not fused, **kwargs
+        )
+        self._optimizer_step = self.compiled(self._clipped_step)
+        self.captured = {}
+        return self.optim
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate from now on (in place on CUDA, where graphs read it)."""
+        assert self.optim is not None
+        for g in self.optim.param_groups:
+            if isinstance(g["lr"], torch.Tensor):
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
+
+    def zero_grad(self) -> None:
+        assert self.optim is not None
+        self.optim.zero_grad(set_to_none=True)
+
+    def apply(self, loss: torch.Tensor, grad_hook: Callable[[], None] | None = None) -> None:
+        """Backward from ``loss``, ``grad_hook()`` (data-parallel learners average gradients there),
+        then the clipped optimiser step; gradients must be cleared before. Never waits for the device."""
+        loss.backward()
+        if grad_hook is not None:
+            grad_hook()
+        self._optimizer_step()
+
+    def optimizer_step(self) -> None:
+        """The clipped optimiser step alone (compiled where compiling), on gradients already made."""
+        self._optimizer_step()
+
+    def _clipped_step(self) -> None:
+        assert self.optim is not None
+        nn.utils.clip_grad_norm_(self._params, self._max_grad_norm, foreach=True)
+        self.optim.step()
+
+    def launch(
+        self, key: Hashable, fn: Callable[[Inputs], torch.Tensor], inputs: Inputs, warmup: int = 2
+    ) -> torch.Tensor:
+        """``fn(inputs)``, gradients cleared first: replayed from the CUDA graph of ``key`` where
+        ``graphs`` holds (``fn`` and ``warmup`` are those of the first launch of ``key``;
+        :class:`GraphedStep`), else :meth:`eager`. A graph's result belongs to it: read it before
+        the next launch of ``key``."""
+        if not self.graphs:
+            return self.eager(fn, inputs)
+        step = self.captured.get(key)
+        if step is None:
+            step = self.captured[key] = GraphedStep(fn, self.zero_grad, warmup=warmup, device=self.device)
+        return step(inputs)
+
+    def eager(self, fn: Callable[[Inputs], torch.Tensor], inputs: Inputs) -> torch.Tensor:
+        """``fn(inputs)`` as it is, gradients cleared first."""
+        self.zero_grad()
+        return fn(inputs)
+
+    def fork(self, side: int, forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``forward(x)``, on CUDA queued on side stream ``side`` forked from the current stream (in
+        a capture: a concurrent branch of the graph); :meth:`join` must follow before its result
+        is used. The fork also orders the side stream after whatever the current stream did with
+        memory the side stream's allocations may reuse."""
+        if not self._side_streams:
+            return forward(x)
+        stream = self._side_streams[side]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            out = forward(x)
+        self._unjoined.append(stream)
+        return out
+
+    def join(self) -> None:
+        """Order the current stream after the forks not yet joined: what it queues next (and
+        what it frees or reuses) comes after their work."""
+        if not self._unjoined:
+            return
+        main = torch.cuda.current_stream(self.device)
+        for stream in self._unjoined:
+            main.wait_stream(stream)
+        self._unjoined.clear()
+
+    def mark(self) -> None:
+        """A launch was queued: on CUDA, wait for the oldest once more than ``max_in_flight`` are."""
+        if self._in_flight is not None:
+            self._in_flight.mark()
 
 
 def _cuda_device(device: torch.device | str | None) -> torch.device:

@@ -5,8 +5,9 @@ registry and the config schema tests the algorithm's name.
 Adding an algorithm: a folder ``algos/<name>/`` with its learner core (``core.py``: the
 :class:`~tianji_dask.roles.learner_core.LearnerCore` contract), its roles (``actor.py``, ``learner.py``,
 and ``buffer.py`` unless the shared :class:`~tianji_dask.roles.buffer.ReplayBufferRole` serves)
-and a ``spec.py`` implementing :class:`AlgorithmSpec`; its config
-section in :mod:`tianji_dask.config.schema`; one line in the registry (docs/algorithms.md).
+and a ``spec.py`` implementing :class:`AlgorithmSpec`, whose ``make_*`` methods build the roles;
+its config section in :mod:`tianji_dask.config.schema`, joining the ``AlgoConfig`` union; its spec in
+the registry (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 
 if TYPE_CHECKING:
+    import gymnasium as gym
     import numpy as np
+    import numpy.typing as npt
 
-    from tianji_dask.channels.ports import Inbox
-    from tianji_dask.config.schema import ExperimentConfig
+    from tianji_dask.channels.ports import Inbox, ParamSource, Publisher, Sender
+    from tianji_dask.config.schema import AlgoConfig, ExperimentConfig
+    from tianji_dask.roles.learner_base import AverageGradients
 
 
 class PlanFields(TypedDict):
@@ -33,6 +37,12 @@ class PlanFields(TypedDict):
 
 class AlgorithmSpec(Protocol):
     name: str
+
+    @property
+    def config(self) -> type[AlgoConfig]:
+        """Its section of the config (``algo``), whose ``name`` is the spec's."""
+        ...
+
     #: The planner may choose the learner's batch size (scaling what keeps the serial replay
     #: ratio); otherwise the batch is what the config's rollouts give.
     tunable_batch: bool
@@ -42,17 +52,53 @@ class AlgorithmSpec(Protocol):
     #: transition received) is a setting worth showing; an on-policy one learns each rollout once.
     off_policy: bool
 
-    # --- roles ------------------------------------------------------------------------------
-    def actor_role(self) -> Callable[..., ActorLoopRole]:
-        """The actor role class: ``(cfg, actor_id, seed, sender, params, *, balance, n_actors)``."""
+    # --- roles: built with the channels they use ------------------------------------------------
+    def make_actor(
+        self,
+        cfg: ExperimentConfig,
+        actor_id: int,
+        seed: int,
+        sender: Sender,
+        params: ParamSource,
+        *,
+        prior_env_steps: int = 0,
+        balance_prior_env_steps: int = 0,
+        balance: bool = True,
+        n_actors: int | None = None,
+        should_stop: Callable[[], bool] = ...,
+    ) -> ActorLoopRole:
+        """An actor pushing its messages to ``sender`` and taking parameters from ``params``
+        (:class:`~tianji_dask.roles.actor_base.ActorBase` says what the options mean)."""
         ...
 
-    def make_buffer_role(
-        self, cfg, inbox: Inbox, obs_shape: tuple[int, ...], obs_dtype, seed: int, buffer_id: int = 0
-    ) -> BufferLoopRole: ...
+    def make_buffer(
+        self,
+        cfg: ExperimentConfig,
+        inbox: Inbox,
+        obs_shape: tuple[int, ...],
+        obs_dtype: npt.DTypeLike,
+        seed: int,
+        buffer_id: int = 0,
+    ) -> BufferLoopRole:
+        """A buffer taking the actors' messages from ``inbox``."""
+        ...
 
-    def learner_role(self) -> Callable[..., LearnerLoopRole]:
-        """The learner role class: ``(cfg, buffer, publisher, obs_dim, action_space, seed, ...)``."""
+    def make_learner(
+        self,
+        cfg: ExperimentConfig,
+        buffer: BufferLoopRole,
+        publisher: Publisher | None,
+        obs_dim: int,
+        action_space: gym.Space,
+        seed: int,
+        *,
+        balance: bool = True,
+        learner_id: int = 0,
+        average_gradients: AverageGradients | None = None,
+        world_size: int = 1,
+    ) -> LearnerLoopRole:
+        """A learner training from its co-located ``buffer`` and publishing to ``publisher``
+        (:class:`~tianji_dask.roles.learner_base.LearnerBase` says what the options mean)."""
         ...
 
     def evaluation_policy(

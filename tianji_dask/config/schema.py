@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -446,8 +446,15 @@ class PPOConfig(_Section):
         )
 
 
+#: The algorithms' config sections, the one list of them: a new algorithm's section joins this
+#: union (pydantic picks the section by its ``name``; ``algos.registry`` maps the same names to
+#: the algorithms' specs).
+AlgoConfig = DQNConfig | PPOConfig
 #: Algorithm name -> config model.
-ALGO_CONFIGS: dict[str, type[_Section]] = {"dqn": DQNConfig, "ppo": PPOConfig}
+ALGO_CONFIGS: dict[str, type[AlgoConfig]] = {
+    get_args(model.model_fields["name"].annotation)[0]: model for model in get_args(AlgoConfig)
+}
+AlgoT = TypeVar("AlgoT", bound=AlgoConfig)
 
 
 class TopologyConfig(_Section):
@@ -640,10 +647,6 @@ class RunConfig(_Section):
                 f"metrics_interval"
             )
         return self
-
-
-AlgoConfig = DQNConfig | PPOConfig
-AlgoT = TypeVar("AlgoT", DQNConfig, PPOConfig)
 
 
 class ExperimentConfig(_Section):

@@ -29,6 +29,7 @@ from tianji_dask.envs import (
     training_signals,
 )
 from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat
+from tianji_dask.roles.loop import never
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import AlgoConfig, ExperimentConfig
@@ -38,21 +39,12 @@ SYNC_PARAMS_POLL_S = 0.0002  # how often a synchronous-mode actor looks for the 
 THROTTLE_S = 0.002  # one pause of an actor the balance controller holds
 
 
-def never() -> bool:
-    return False
-
-
 class ActorBase(ABC):
     algo: AlgoConfig  # the config's algo section; a subclass annotates its own section type
     counters_class: type[ActorCounters] = ActorCounters
     counters: ActorCounters
     learner_consumed = 0
     _learner_dropped: np.ndarray | None = None  # the rollouts of each actor its learner dropped unused
-    # env steps of the actor's predecessors when its host was re-created: its schedules continue
-    # from there (its counters begin again at 0), and so does the production the balance
-    # controller counts, unless its learner and buffer were re-created too
-    prior_env_steps = 0
-    balance_prior_env_steps = 0
     policy: Any  # set by the subclass's _setup: load(version, params) and the action rule
 
     def __init__(
@@ -63,15 +55,22 @@ class ActorBase(ABC):
         sender: Sender,
         params: ParamSource,
         *,
+        prior_env_steps: int = 0,
+        balance_prior_env_steps: int = 0,
         balance: bool = True,
         n_actors: int | None = None,
         should_stop: Callable[[], bool] = never,
     ):
         """The common half of an actor: its channels, controller switches, vector env and
-        counters; then the subclass's ``_setup(seed)``. The serial runner passes
-        ``balance=False`` (no controller, no synchronous waits); ``should_stop()`` (the host's
-        stop flag) ends a synchronous wait for parameters."""
+        counters; then the subclass's ``_setup(seed)``. ``prior_env_steps``: env steps of the
+        actor's predecessors (one re-created with its host), from which its schedules continue (its
+        counters begin again at 0); ``balance_prior_env_steps``: the part of them the balance
+        controller counts (none where its learner and buffer were re-created too). The serial
+        runner passes ``balance=False`` (no controller, no synchronous waits); ``should_stop()``
+        (the host's stop flag) ends a synchronous wait for parameters."""
         self.cfg = cfg
+        self.prior_env_steps = prior_env_steps
+        self.balance_prior_env_steps = balance_prior_env_steps
         self.algo = cfg.algo
         self.id = actor_id
         self.sender = sender
@@ -192,12 +191,12 @@ class ActorBase(ABC):
         """Env steps made but not yet handed to the channel; lost if the host dies now."""
         return 0
 
-    def heartbeat(self) -> dict:
+    def heartbeat(self) -> Heartbeat:
         sent = self.sender.stats()
         self.counters.blocked_s = float(sent["blocked_s"])
         self.counters.dropped = int(sent["dropped"])
         self.counters.unsent = self.unsent()
-        return Heartbeat("actor", self.id, self.counters, self.tracker.drain()).message()
+        return Heartbeat("actor", self.id, self.counters, self.tracker.drain())
 
     def close(self) -> None:
         self.env.close()

@@ -55,14 +55,14 @@ class BufferBase(ABC):
     def step(self) -> bool:
         return self.ingest(INGEST_WAIT_S) > 0
 
-    def heartbeat(self) -> dict:
+    def heartbeat(self) -> Heartbeat:
         counters = BufferCounters(
             received=self.received,
             received_bytes=self.received_bytes,
             seq_gaps=self.inbox.stats()["seq_gaps"],
             **self._fill(),
         )
-        return Heartbeat("buffer", self.id, counters).message()
+        return Heartbeat("buffer", self.id, counters)
 
     def close(self) -> None:  # noqa: B027 - part of LoopRole; a buffer owns nothing to close
         """The host closes the inbox."""

@@ -7,7 +7,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tianji_dask.roles.heartbeats import ActorCounters
+    from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat
+
+
+def never() -> bool:
+    """A stop flag that is never set (an actor's ``should_stop`` outside a host)."""
+    return False
 
 
 class LoopRole(Protocol):
@@ -15,9 +20,9 @@ class LoopRole(Protocol):
         """One unit of work; False when there was nothing to do or the role was held back."""
         ...
 
-    def heartbeat(self) -> dict:
-        """A :class:`~tianji_dask.roles.heartbeats.Heartbeat` as its ``message()``: cumulative counters
-        since the role was built, and the episodes finished since the previous heartbeat."""
+    def heartbeat(self) -> Heartbeat:
+        """Its cumulative counters since the role was built, and the episodes finished since the
+        previous heartbeat (the host sends its ``message()``)."""
         ...
 
     def close(self) -> None:
@@ -69,8 +74,6 @@ class ActorLoopRole(LoopRole, Protocol):
     """An actor role as its host, serial mode and the profile use it (``roles.actor_base.ActorBase``
     has it)."""
 
-    prior_env_steps: int  # env steps of its predecessors (a re-created host): schedules go on
-    balance_prior_env_steps: int  # the part of them the balance controller counts
     num_envs: int
     obs_shape: tuple[int, ...]
     obs_dtype: Any  # a numpy dtype or scalar type

@@ -36,19 +36,17 @@ class SerialRun:
         self.queue = LocalQueue(capacity_bytes=1 << 62, full_policy="wait")
         self.topic = LocalTopic()
         self.spec = spec_for(cfg)
-        self.actor = self.spec.actor_role()(
+        self.actor = self.spec.make_actor(
             cfg, 0, seeds.actors[0], self.queue, self.topic.subscribe(), balance=False, n_actors=1
         )
         obs_dim = int(np.prod(self.actor.obs_shape))
-        self.buffer = self.spec.make_buffer_role(
-            cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer
-        )
-        self.learner = self.spec.learner_role()(
+        self.buffer = self.spec.make_buffer(cfg, self.queue, self.actor.obs_shape, self.actor.obs_dtype, seeds.buffer)
+        self.learner = self.spec.make_learner(
             cfg, self.buffer, self.topic, obs_dim, self.actor.action_space, seeds.learner, balance=False
         )
 
     def heartbeats(self) -> list[dict]:
-        return [self.actor.heartbeat(), self.buffer.heartbeat(), self.learner.heartbeat()]
+        return [role.heartbeat().message() for role in (self.actor, self.buffer, self.learner)]
 
     def _train_round(self) -> None:
         """The serial algorithm's training between two collection phases."""

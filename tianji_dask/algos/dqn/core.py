@@ -18,9 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tianji_dask.algos.batches import BatchMover
-from tianji_dask.algos.graphed import GraphedStep, InFlight
+from tianji_dask.algos.graphed import Executor
 from tianji_dask.algos.networks import DuelingHead, NatureQNetwork, set_trunk_precision
-from tianji_dask.config.machine import compiler_problem
 from tianji_dask.envs import ATARI_OBS_SHAPE
 from tianji_dask.roles.learner_core import State, component, host_arrays, load_optimizer_state, optimizer_state
 
@@ -147,18 +146,11 @@ class DQNPolicy:
 MAX_UPDATES_IN_FLIGHT = 8
 
 
-#: The torch.compile backend of ``algo.compile``: inductor, which generates fused kernels.
-COMPILE_BACKEND = "inductor"
+def _values(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    def values(obs: torch.Tensor) -> torch.Tensor:
+        return net(obs)
 
-
-def compiled(fn: Callable, device: torch.device) -> Callable:
-    """``fn`` through ``torch.compile`` (:data:`COMPILE_BACKEND`, static shapes); refused with
-    the fix where inductor has no compiler for ``device``
-    (:func:`~tianji_dask.config.machine.compiler_problem`)."""
-    problem = compiler_problem(device.type)
-    if problem:
-        raise RuntimeError(f"algo.compile=true: {problem}")
-    return torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
+    return values
 
 
 def _no_grad_values(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -169,16 +161,32 @@ def _no_grad_values(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     return values
 
 
+def loss_and_stats(
+    q: torch.Tensor,
+    q_next_online: torch.Tensor,
+    q_next_target: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`double_dqn_loss`, its statistics (:attr:`DQNLearner.stat_names`) stacked."""
+    loss, q_taken, td = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts, weights)
+    return loss, torch.stack([loss.detach(), q_taken.detach().mean()]), td
+
+
 class DQNLearner:
     """Online + target network with Adam; ``update(batch)`` does one gradient step,
     ``update_sampled(sample, count)`` ``count`` of them on batches drawn on the device; both
     return their statistics as a device tensor, without waiting for the device.
 
-    On CUDA, Adam is fused and capturable (its learning rate a device tensor), so that
+    The math is :meth:`loss` and :meth:`_step`; its :class:`~tianji_dask.algos.graphed.Executor`
+    runs it: on CUDA, Adam is capturable (its learning rate a device tensor), so that
     ``update_sampled`` replays the draws from a device replay and the whole updates as one CUDA
-    graph (:class:`~tianji_dask.algos.graphed.GraphedStep`) per launch; at most
-    :data:`MAX_UPDATES_IN_FLIGHT` launches are queued on the device at a time. The trunk
-    computes as ``algo.precision`` says (:func:`~tianji_dask.algos.networks.trunk_features`)."""
+    graph per launch; at most :data:`MAX_UPDATES_IN_FLIGHT` launches are queued on the device at
+    a time; the forwards without autograd fork to side streams; ``algo.compile`` puts the
+    forwards, the loss and the clipped Adam step through torch.compile. The trunk computes as
+    ``algo.precision`` says (:func:`~tianji_dask.algos.networks.trunk_features`)."""
 
     #: What the statistics tensor an update returns holds, in order.
     stat_names = ("loss", "q_mean")
@@ -195,7 +203,6 @@ class DQNLearner:
     ):
         torch.manual_seed(seed)
         self.algo = algo
-        self._graphs = graphs
         self.device = torch.device(device)
         self._to_device = BatchMover(self.device)
         self.online = q_network(obs_dim, n_actions, algo.hidden_sizes, network, algo.dueling).to(self.device)
@@ -209,22 +216,18 @@ class DQNLearner:
             # eager warm-up updates) and keeps the fastest; its defaults at batch 32 are slower
             torch.backends.cudnn.benchmark = True
         self.updates = 0
-        self._in_flight = InFlight(MAX_UPDATES_IN_FLIGHT, self.device) if self.device.type == "cuda" else None
-        self._sample: Callable[[int], dict[str, torch.Tensor]] | None = None
-        self._q_values = compiled(self._eager_q_values, self.device) if algo.compile else self._eager_q_values
-        self._loss = compiled(self._eager_loss, self.device) if algo.compile else self._eager_loss
-        self._next_forwards = tuple(
-            compiled(values, self.device) if algo.compile else values
-            for values in (_no_grad_values(self.online), _no_grad_values(self.target))
-        )
         # the two forwards over the next observations need nothing of each other nor of the
-        # online forward with autograd: on CUDA each runs on a stream of its own, concurrent
+        # online forward with autograd: on CUDA each runs on a side stream of its own, concurrent
         # branches of a captured graph (at batch 32 one forward's kernels fill few of the SMs)
-        self._side_streams: tuple[torch.cuda.Stream, ...] = ()
-        self._unjoined: list[torch.cuda.Stream] = []
-        if self.device.type == "cuda":
-            with torch.cuda.device(self.device):
-                self._side_streams = (torch.cuda.Stream(), torch.cuda.Stream())
+        self.run = Executor(
+            self.device, compile=algo.compile, graphs=graphs, side_streams=2, max_in_flight=MAX_UPDATES_IN_FLIGHT
+        )
+        self._sample: Callable[[int], dict[str, torch.Tensor]] | None = None
+        self._q_values = self.run.compiled(_values(self.online))
+        self._loss = self.run.compiled(loss_and_stats)
+        self._next_forwards = tuple(
+            self.run.compiled(values) for values in (_no_grad_values(self.online), _no_grad_values(self.target))
+        )
         self._make_optimizer()
         if algo.compile:
             image = network == "nature_cnn"
@@ -232,30 +235,13 @@ class DQNLearner:
             self._compile_now(shape, torch.uint8 if image else torch.float32)
 
     def _make_optimizer(self) -> None:
-        """Adam, fused (one kernel per step: about 20 % less Python overhead on small nets), or
-        for ``algo.compile`` multi-tensor, which the compiler fuses with the clipping; on CUDA
-        capturable, with a new graph: a captured step keeps reading the optimiser state it was
-        captured with."""
-        graphed = self.device.type == "cuda"
-        lr = torch.tensor(self.algo.lr, device=self.device) if graphed else self.algo.lr
-        fused = not self.algo.compile
-        self.optim = torch.optim.Adam(
-            self.online.parameters(), lr=lr, capturable=graphed, fused=fused, foreach=not fused
-        )
-        self._optimizer_step = (
-            compiled(self._eager_optimizer_step, self.device) if self.algo.compile else self._eager_optimizer_step
-        )
-        # one graph per number of updates a launch makes
-        self._graphed: dict[int, GraphedStep] | None = {} if graphed and self._graphs else None
-
-    def _zero_grad(self) -> None:
-        self.optim.zero_grad(set_to_none=True)
+        self.optim = self.run.adam(self.online.parameters(), self.algo.lr, self.algo.max_grad_norm)
 
     def update(self, batch: Mapping[str, np.ndarray | torch.Tensor], grad_hook=None) -> torch.Tensor:
         """One gradient step on ``batch`` (numpy arrays, or tensors on the device);
         ``grad_hook()`` runs between backward and the optimiser step (data-parallel learners
         average gradients there). Returns the statistics (:attr:`stat_names`)."""
-        self._zero_grad()
+        self.run.zero_grad()
         stats = self._step(self._to_device(batch), grad_hook)
         self._stepped()
         return stats
@@ -274,7 +260,7 @@ class DQNLearner:
         total: torch.Tensor | None = None
         while count > 0:
             n = min(count, self.algo.target_update_interval - self.updates % self.algo.target_update_interval)
-            stats = self._launch(n)
+            stats = self.run.launch(n, partial(self._sampled_steps, n), {})
             self._stepped(n)
             count -= n
             if total is None and count == 0:
@@ -283,37 +269,24 @@ class DQNLearner:
         assert total is not None
         return total
 
-    def _launch(self, n: int) -> torch.Tensor:
-        """``n`` updates on fresh draws: a replay of their CUDA graph, or (on the CPU, or with
-        ``graphs=False``) the same work run as it is."""
-        if self._graphed is None:
-            self._zero_grad()
-            return self._sampled_steps(n, {})
-        graphed = self._graphed.get(n)
-        if graphed is None:
-            graphed = self._graphed[n] = GraphedStep(
-                partial(self._sampled_steps, n), self._zero_grad, device=self.device
-            )
-        return graphed({})
-
     def _sampled_steps(self, n: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """``n`` updates on one draw of batches (``inputs`` is empty: the draw reads the
         replay's own tensors), their statistics summed (gradients cleared before the first by the
-        caller, before each later one here). No target sync falls inside a launch, so the target
+        launch, before each later one here). No target sync falls inside a launch, so the target
         network's values of every batch's next observations come from one forward over the
         whole draw, forked to a side stream on CUDA; the online network's values of them follow
-        its updates, one forward an update (:meth:`_batch_loss`). A launch shorter than
+        its updates, one forward an update (:meth:`loss`). A launch shorter than
         ``algo.updates_per_graph`` (one ending at a publication or a target sync) still draws
         that many batches and uses the first ``n``: the target's forward keeps one shape, which
         a compiled learner compiles once, as it is built."""
         assert self._sample is not None
         rows = self.algo.batch_size
         drawn = self._sample(max(n, self.algo.updates_per_graph) * rows)
-        target_values = self._forked(self._next_forwards[1], drawn["next_obs"], 1)
+        target_values = self.run.fork(1, self._next_forwards[1], drawn["next_obs"])
         total: torch.Tensor | None = None
         for i in range(n):
             if i:
-                self._zero_grad()
+                self.run.zero_grad()
             batch = {k: v[i * rows : (i + 1) * rows] for k, v in drawn.items()}
             stats = self._step(batch, q_next_target=target_values[i * rows : (i + 1) * rows])
             total = stats if total is None else total + stats
@@ -326,15 +299,12 @@ class DQNLearner:
         """Loss, backward, ``grad_hook()``, clipping and Adam's step, with no wait for the device
         (gradients cleared before); ``q_next_target``: the target network's values of the next
         observations, where computed already."""
-        loss, stats, td = self._batch_loss(t, q_next_target)
+        loss, stats, td = self.loss(t, q_next_target)
         self._td_errors: torch.Tensor = td
-        loss.backward()
-        if grad_hook is not None:
-            grad_hook()
-        self._optimizer_step()
+        self.run.apply(loss, grad_hook)
         return stats
 
-    def _batch_loss(
+    def loss(
         self, t: dict[str, torch.Tensor], q_next_target: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, the statistics :attr:`stat_names`, the TD errors) of a batch. The online
@@ -343,52 +313,12 @@ class DQNLearner:
         batch. The forwards without autograd (the target's unless ``q_next_target`` is given)
         fork to side streams on CUDA and join only once the forward with autograd is queued, so
         the three run side by side."""
-        q_next_online = self._forked(self._next_forwards[0], t["next_obs"], 0)
+        q_next_online = self.run.fork(0, self._next_forwards[0], t["next_obs"])
         if q_next_target is None:
-            q_next_target = self._forked(self._next_forwards[1], t["next_obs"], 1)
+            q_next_target = self.run.fork(1, self._next_forwards[1], t["next_obs"])
         q = self._q_values(t["obs"])
-        self._join()
+        self.run.join()
         return self._loss(q, q_next_online, q_next_target, t["actions"], t["rewards"], t["discounts"], t.get("weights"))
-
-    def _forked(self, forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, side: int) -> torch.Tensor:
-        """``forward(x)``, on CUDA queued on side stream ``side`` forked from the current stream (in
-        a capture: a concurrent branch of the graph); :meth:`_join` must follow before its result
-        is used. The fork also orders the side stream after whatever the current stream did with
-        memory the side stream's allocations may reuse."""
-        if not self._side_streams:
-            return forward(x)
-        stream = self._side_streams[side]
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            out = forward(x)
-        self._unjoined.append(stream)
-        return out
-
-    def _join(self) -> None:
-        """Order the current stream after the forks not yet joined: what it queues next (and
-        what it frees or reuses) comes after their work."""
-        if not self._unjoined:
-            return
-        main = torch.cuda.current_stream(self.device)
-        for stream in self._unjoined:
-            main.wait_stream(stream)
-        self._unjoined.clear()
-
-    def _eager_q_values(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.online(obs)
-
-    def _eager_loss(
-        self,
-        q: torch.Tensor,
-        q_next_online: torch.Tensor,
-        q_next_target: torch.Tensor,
-        actions: torch.Tensor,
-        rewards: torch.Tensor,
-        discounts: torch.Tensor,
-        weights: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        loss, q_taken, td = double_dqn_loss(q, q_next_online, q_next_target, actions, rewards, discounts, weights)
-        return loss, torch.stack([loss.detach(), q_taken.detach().mean()]), td
 
     def _compile_now(self, obs_shape: tuple[int, ...], obs_dtype: torch.dtype) -> None:
         """Compile the loss, its backward and the Adam step on a batch of zeros, so that the
@@ -408,27 +338,22 @@ class DQNLearner:
             self._next_forwards[1](
                 torch.zeros((self.algo.updates_per_graph * n, *obs_shape), dtype=obs_dtype, device=device)
             )
-        loss, _, _ = self._batch_loss(batch)
+        loss, _, _ = self.loss(batch)
         loss.backward()
         for p in self.online.parameters():
             assert p.grad is not None
             p.grad.zero_()
-        self._optimizer_step()
+        self.run.optimizer_step()
         for state in self.optim.state.values():
             state["step"].zero_()
-        self._zero_grad()
-
-    def _eager_optimizer_step(self) -> None:
-        nn.utils.clip_grad_norm_(self.online.parameters(), self.algo.max_grad_norm, foreach=True)
-        self.optim.step()
+        self.run.zero_grad()
 
     def _stepped(self, n: int = 1) -> None:
         """``n`` updates made (a launch of them never crosses a target sync)."""
         self.updates += n
         if self.updates % self.algo.target_update_interval == 0:
             self.target.load_state_dict(self.online.state_dict())  # in place: graphs keep reading it
-        if self._in_flight is not None:
-            self._in_flight.mark()
+        self.run.mark()
 
     def td_errors(self) -> np.ndarray:
         """|TD error| of each transition of the last update's batch (prioritized replay's new

@@ -134,11 +134,11 @@ class DQNLearnerRole(LearnerBase):
             self.counters.throttled_s += time.perf_counter() - t
         return False
 
-    def heartbeat(self) -> dict:
+    def heartbeat(self) -> Heartbeat:
         c = self.counters
         c.loss = c.q_mean = math.nan
         if self._stat_sum is not None:
             c.loss, c.q_mean = (self._stat_sum / self._n).tolist()
         self._stat_sum = None
         self._n = 0
-        return Heartbeat("learner", self.id, c).message()
+        return Heartbeat("learner", self.id, c)

@@ -6,28 +6,55 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.schema import DQNConfig
-from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
+from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole, never
 
 if TYPE_CHECKING:
+    import gymnasium as gym
     import numpy as np
 
     from tianji_dask.algos.spec import PlanFields
-    from tianji_dask.channels.ports import Inbox
+    from tianji_dask.channels.ports import Inbox, ParamSource, Publisher, Sender
     from tianji_dask.config.schema import ExperimentConfig
+    from tianji_dask.roles.learner_base import AverageGradients
 
 
 class DQNSpec:
     name = "dqn"
+    config = DQNConfig
     tunable_batch = True
     keeps_replay = True
     off_policy = True
 
-    def actor_role(self) -> Callable[..., ActorLoopRole]:
+    def make_actor(
+        self,
+        cfg: ExperimentConfig,
+        actor_id: int,
+        seed: int,
+        sender: Sender,
+        params: ParamSource,
+        *,
+        prior_env_steps: int = 0,
+        balance_prior_env_steps: int = 0,
+        balance: bool = True,
+        n_actors: int | None = None,
+        should_stop: Callable[[], bool] = never,
+    ) -> ActorLoopRole:
         from tianji_dask.algos.dqn.actor import DQNActorRole
 
-        return DQNActorRole
+        return DQNActorRole(
+            cfg,
+            actor_id,
+            seed,
+            sender,
+            params,
+            prior_env_steps=prior_env_steps,
+            balance_prior_env_steps=balance_prior_env_steps,
+            balance=balance,
+            n_actors=n_actors,
+            should_stop=should_stop,
+        )
 
-    def make_buffer_role(
+    def make_buffer(
         self, cfg: ExperimentConfig, inbox: Inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
     ) -> BufferLoopRole:
         from tianji_dask.roles.buffer import ReplayBufferRole
@@ -51,10 +78,34 @@ class DQNSpec:
             device=cfg.learner.device if algo.replay_device == "learner" else None,
         )
 
-    def learner_role(self) -> Callable[..., LearnerLoopRole]:
+    def make_learner(
+        self,
+        cfg: ExperimentConfig,
+        buffer: BufferLoopRole,
+        publisher: Publisher | None,
+        obs_dim: int,
+        action_space: gym.Space,
+        seed: int,
+        *,
+        balance: bool = True,
+        learner_id: int = 0,
+        average_gradients: AverageGradients | None = None,
+        world_size: int = 1,
+    ) -> LearnerLoopRole:
         from tianji_dask.algos.dqn.learner import DQNLearnerRole
 
-        return DQNLearnerRole
+        return DQNLearnerRole(
+            cfg,
+            buffer,
+            publisher,
+            obs_dim,
+            action_space,
+            seed,
+            balance=balance,
+            learner_id=learner_id,
+            average_gradients=average_gradients,
+            world_size=world_size,
+        )
 
     def evaluation_policy(
         self,

@@ -13,6 +13,8 @@ same for both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import gymnasium as gym
@@ -22,7 +24,7 @@ import torch.nn as nn
 from torch.distributions import Categorical
 
 from tianji_dask.algos.batches import BatchMover
-from tianji_dask.algos.graphed import GraphedStep, Inputs
+from tianji_dask.algos.graphed import Executor, GraphedStep, Inputs
 from tianji_dask.algos.networks import AtariActorCritic, network_kind, set_trunk_precision
 from tianji_dask.algos.ppo.gaussian import GaussianActorCritic, GaussianPolicy
 from tianji_dask.algos.ppo.mlp import tanh_mlp
@@ -314,8 +316,49 @@ def ppo_loss(
     }
 
 
+def observations_of(t: Inputs) -> Callable[[slice | torch.Tensor], torch.Tensor]:
+    """``observations(idx)``: the batch's observations at ``idx`` (an index tensor or a
+    slice), Atari's stacks gathered from ``frames`` by their positions."""
+    if "frames" in t:
+        frames, positions = t["frames"], t["obs_frames"].long()
+
+        def stacked(idx) -> torch.Tensor:
+            return frames[positions[idx]]
+
+        return stacked
+    obs = t["obs"]
+
+    def flat(idx) -> torch.Tensor:
+        return obs[idx]
+
+    return flat
+
+
+def minibatch(t: Inputs, observations, prox_logp: torch.Tensor | None, idx: torch.Tensor) -> Inputs:
+    """The rows ``idx`` of the batch ``t``: what one minibatch step trains on."""
+    inputs = {
+        "obs": observations(idx),
+        "actions": t["actions"][idx],
+        "logp": t["logp"][idx],
+        "advantages": t["advantages"][idx],
+        "returns": t["returns"][idx],
+    }
+    if prox_logp is not None:
+        inputs["prox_logp"] = prox_logp[idx]
+    return inputs
+
+
 class PPOLearner:
-    """Owns the network and Adam; ``train(batch, progress)`` runs the minibatch epochs."""
+    """Owns the network and Adam; ``train(batch, progress)`` runs the minibatch epochs.
+
+    The math is :meth:`loss` and :meth:`_iteration`; its :class:`~tianji_dask.algos.graphed.Executor`
+    runs it: on CUDA, Adam is capturable (its learning rate a device tensor), so that the whole
+    iteration (``algo.cuda_graph: iteration``) or each minibatch step (``minibatch``) is replayed
+    as one CUDA graph. The iteration's graph warms up with one eager iteration (its 128 minibatch
+    steps create Adam's state and the libraries' handles), then captures."""
+
+    #: What the statistics of an update hold, in order.
+    stat_names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss")
 
     def __init__(
         self, obs_dim: int, n_actions: int, algo: PPOConfig, seed: int, device: str = "cpu", network: str = "mlp"
@@ -329,45 +372,21 @@ class PPOLearner:
         ).to(self.device)
         self.rng = np.random.default_rng(seed)
         self.updates = 0
-        self._stat_names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "loss")
         # running statistics the network carries, by name (the Gaussian policy's; none otherwise)
         self._statistics = {n: m for n, m in self.net.named_modules() if isinstance(m, RunningMoments)}
         set_trunk_precision(self.net, algo.precision, self.device)
         self._frames: torch.Tensor | None = None  # the iteration graph's frames, padded to a capacity
+        self.run = Executor(self.device)
         self._make_optimizer()
 
     def _make_optimizer(self) -> None:
-        """Adam, fused (one kernel per step, where the foreach Adam launches one per tensor list
-        and op); on CUDA also capturable with its learning rate a device tensor, so that the
-        whole iteration (``algo.cuda_graph: iteration``) or each minibatch step (``minibatch``)
-        is replayed as one CUDA graph (:class:`GraphedStep`). The iteration's graph warms up
-        with one eager iteration (its 128 minibatch steps create Adam's state and the libraries'
-        handles), then captures."""
-        graphed = self.device.type == "cuda"
-        lr = torch.tensor(self.algo.lr, device=self.device) if graphed else self.algo.lr
-        self.optim = torch.optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, fused=True, capturable=graphed)
-        self._graphed: GraphedStep | None = None
-        self._graphed_iteration: GraphedStep | None = None
-        if graphed and self.algo.cuda_graph == "iteration":
-            self._graphed_iteration = GraphedStep(self._iteration, self._zero_grad, warmup=1, device=self.device)
-        elif graphed:
-            self._graphed = GraphedStep(self._minibatch_step, self._zero_grad, device=self.device)
-
-    def _zero_grad(self) -> None:
-        self.optim.zero_grad(set_to_none=True)
-
-    def _set_lr(self, lr: float) -> None:
-        for g in self.optim.param_groups:
-            if isinstance(g["lr"], torch.Tensor):
-                g["lr"].fill_(lr)
-            else:
-                g["lr"] = lr
+        self.optim = self.run.adam(self.net.parameters(), self.algo.lr, self.algo.max_grad_norm, eps=1e-5)
 
     def set_lr_for(self, env_steps: int) -> float:
         algo = self.algo
         lr = algo.lr if algo.lr_anneal_steps is None else algo.lr * max(0.0, 1.0 - env_steps / algo.lr_anneal_steps)
         lr = max(lr, algo.lr * 0.05)  # never stop learning entirely when a run outlives the schedule
-        self._set_lr(lr)
+        self.run.set_lr(lr)
         return lr
 
     def train(self, batch: dict[str, np.ndarray], grad_hook=None) -> dict:
@@ -378,66 +397,39 @@ class PPOLearner:
         gradients there).
 
         The epochs' permutations are drawn first (the same draws, in the same order, as one per
-        epoch) and go to the device with the batch. Without a grad hook the iteration is
-        :meth:`_iteration`: on CUDA replayed as one CUDA graph (``algo.cuda_graph: iteration``),
-        on the CPU run as it is; with one (or ``cuda_graph: minibatch``), the minibatch loop
+        epoch) and go to the device with the batch. Without a grad hook (and ``algo.cuda_graph:
+        iteration`` on CUDA) the iteration is :meth:`_iteration`: on CUDA replayed as one CUDA
+        graph, on the CPU run as it is; with one (or ``cuda_graph: minibatch``), the minibatch loop
         below, each step eager or its own graph. Both give the same results."""
         algo = self.algo
         n = len(batch["actions"])
         perms = np.stack([self.rng.permutation(n) for _ in range(algo.epochs)])
         t = self._to_device({**batch, "perms": perms})
-        if grad_hook is None and self._graphed is None:
+        graphed_steps = self.run.graphs and algo.cuda_graph == "minibatch"
+        if grad_hook is None and not graphed_steps:
             means = self._run_iteration(t)
             self.updates += algo.epochs * algo.minibatches
-            return dict(zip(self._stat_names, means.tolist()))  # the one wait for the device
-        observations = self._observations(t)
+            return dict(zip(self.stat_names, means.tolist()))  # the one wait for the device
+        observations = observations_of(t)
         prox_logp = (
             self._proximal_logp(observations, t["actions"]) if algo.staleness_correction == "decoupled" else None
         )
-        step = self._graphed if self._graphed is not None and grad_hook is None else self._eager_step(grad_hook)
+        if graphed_steps and grad_hook is None:
+            step = partial(self.run.launch, "minibatch", self._minibatch_step)
+        else:
+            step = partial(self.run.eager, partial(self._minibatch_step, grad_hook=grad_hook))
         sums: torch.Tensor | None = None  # the minibatches' stats, summed on the device
         count = 0
         for perm in t["perms"]:
             # exactly `minibatches` steps per epoch whatever n is: data-parallel ranks, whose
             # batches may differ in size, must make the same number of all-reduce calls
             for idx in torch.tensor_split(perm, algo.minibatches):
-                stats = step(self._minibatch(t, observations, prox_logp, idx))
+                stats = step(minibatch(t, observations, prox_logp, idx))
                 sums = stats.clone() if sums is None else sums + stats
                 self.updates += 1
                 count += 1
         assert sums is not None  # epochs >= 1 and minibatches >= 1
-        return dict(zip(self._stat_names, (sums / count).tolist()))  # the one wait for the device
-
-    @staticmethod
-    def _observations(t: Inputs):
-        """``observations(idx)``: the batch's observations at ``idx`` (an index tensor or a
-        slice), Atari's stacks gathered from ``frames`` by their positions."""
-        if "frames" in t:
-            frames, positions = t["frames"], t["obs_frames"].long()
-
-            def stacked(idx) -> torch.Tensor:
-                return frames[positions[idx]]
-
-            return stacked
-        obs = t["obs"]
-
-        def flat(idx) -> torch.Tensor:
-            return obs[idx]
-
-        return flat
-
-    @staticmethod
-    def _minibatch(t: Inputs, observations, prox_logp: torch.Tensor | None, idx: torch.Tensor) -> Inputs:
-        inputs = {
-            "obs": observations(idx),
-            "actions": t["actions"][idx],
-            "logp": t["logp"][idx],
-            "advantages": t["advantages"][idx],
-            "returns": t["returns"][idx],
-        }
-        if prox_logp is not None:
-            inputs["prox_logp"] = prox_logp[idx]
-        return inputs
+        return dict(zip(self.stat_names, (sums / count).tolist()))  # the one wait for the device
 
     def _run_iteration(self, t: Inputs) -> torch.Tensor:
         """:meth:`_iteration` on the batch ``t`` (on the device, with ``perms``): replayed from
@@ -445,10 +437,10 @@ class PPOLearner:
         so Atari's frames, whose count varies from batch to batch, are copied into a buffer of a
         capacity with room to spare (grown, and a new graph captured, only when a batch holds
         more); the positions never point past a batch's own frames."""
-        if self._graphed_iteration is None:
-            self._zero_grad()
-            return self._iteration(t)
-        inputs = {k: t[k] for k in self._iteration_fields(t)}
+        if not self.run.graphs:
+            return self.run.eager(self._iteration, t)
+        obs: tuple[str, ...] = ("frames", "obs_frames") if "frames" in t else ("obs",)
+        inputs = {k: t[k] for k in (*obs, "actions", "logp", "advantages", "returns", "perms")}
         if "frames" in inputs:
             frames = inputs["frames"]
             if self._frames is None or len(self._frames) < len(frames) or self._frames.shape[1:] != frames.shape[1:]:
@@ -456,11 +448,7 @@ class PPOLearner:
                 self._frames = torch.zeros((capacity, *frames.shape[1:]), dtype=frames.dtype, device=self.device)
             self._frames[: len(frames)].copy_(frames)
             inputs["frames"] = self._frames
-        return self._graphed_iteration(inputs)
-
-    def _iteration_fields(self, t: Inputs) -> tuple[str, ...]:
-        obs: tuple[str, ...] = ("frames", "obs_frames") if "frames" in t else ("obs",)
-        return (*obs, "actions", "logp", "advantages", "returns", "perms")
+        return self.run.launch("iteration", self._iteration, inputs, warmup=1)
 
     def _iteration(self, t: Inputs) -> torch.Tensor:
         """One training iteration on the batch ``t`` (its fields on the device, ``perms`` the
@@ -471,32 +459,32 @@ class PPOLearner:
         iteration to iteration as data in the graph's buffer, not as Python values). The same
         operations in the same order as the minibatch loop of :meth:`train`."""
         algo = self.algo
-        observations = self._observations(t)
+        observations = observations_of(t)
         prox_logp = (
             self._proximal_logp(observations, t["actions"]) if algo.staleness_correction == "decoupled" else None
         )
         sums: torch.Tensor | None = None
         for perm in t["perms"]:
             for idx in torch.tensor_split(perm, algo.minibatches):
-                self._zero_grad()  # in a capture: the next backward allocates (in the graph's pool) and writes
-                stats = self._minibatch_step(self._minibatch(t, observations, prox_logp, idx))
+                self.run.zero_grad()  # in a capture: the next backward allocates (in the graph's pool) and writes
+                stats = self._minibatch_step(minibatch(t, observations, prox_logp, idx))
                 sums = stats.clone() if sums is None else sums + stats
         assert sums is not None  # epochs >= 1 and minibatches >= 1
         return sums / (algo.epochs * algo.minibatches)
 
-    def _eager_step(self, grad_hook=None):
-        def step(inputs: Inputs) -> torch.Tensor:
-            self._zero_grad()
-            return self._minibatch_step(inputs, grad_hook)
-
-        return step
-
     def _minibatch_step(self, inputs: Inputs, grad_hook=None) -> torch.Tensor:
-        """Loss, backward, ``grad_hook()``, clipping and Adam's step on one minibatch, without
-        waiting for the device; returns the stats (:attr:`_stat_names`) stacked. Gradients must
-        be cleared before."""
+        """:meth:`loss`, backward, ``grad_hook()``, clipping and Adam's step on one minibatch,
+        without waiting for the device; returns the stats (:attr:`stat_names`) stacked. Gradients
+        must be cleared before."""
+        loss, st = self.loss(inputs)
+        self.run.apply(loss, grad_hook)
+        st["loss"] = loss.detach()
+        return torch.stack([st[k] for k in self.stat_names])
+
+    def loss(self, inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:func:`ppo_loss` of one minibatch under the config's coefficients."""
         algo = self.algo
-        loss, st = ppo_loss(
+        return ppo_loss(
             self.net,
             inputs["obs"],
             inputs["actions"],
@@ -510,13 +498,6 @@ class PPOLearner:
             prox_logp=inputs.get("prox_logp"),
             weight_max=algo.behaviour_weight_max,
         )
-        loss.backward()
-        if grad_hook is not None:
-            grad_hook()
-        nn.utils.clip_grad_norm_(self.net.parameters(), algo.max_grad_norm, foreach=True)
-        self.optim.step()
-        st["loss"] = loss.detach()
-        return torch.stack([st[k] for k in self._stat_names])
 
     @torch.no_grad()
     def _proximal_logp(self, observations, actions: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -564,10 +545,10 @@ class PPOLearner:
         """Continue from ``state()`` of a learner of the same config: the learning rate in
         effect and the generator that shuffles minibatches come back too."""
         self.net.load_state_dict(component(state, "net", "PPO"))
-        # a new optimiser and graph: a captured step keeps reading the state tensors it was captured with
+        # a new optimiser and graphs: a captured step keeps reading the state tensors it was captured with
         self._make_optimizer()
         load_optimizer_state(self.optim, component(state, "optim_state", "PPO"))
         schedule = component(state, "schedule", "PPO")
         self.updates = int(schedule["updates"])
-        self._set_lr(float(schedule["lr"]))
+        self.run.set_lr(float(schedule["lr"]))
         restore_generator(self.rng, component(state, "minibatch_rng", "PPO"))

@@ -151,7 +151,7 @@ class PPOLearnerRole(LearnerBase):
         super().restore(state)
         self._prior_iterations = self.learner_core.updates // (self.algo.epochs * self.algo.minibatches)
 
-    def heartbeat(self) -> dict:
+    def heartbeat(self) -> Heartbeat:
         c, n = self.counters, self._n
         c.loss = self._stats.get("loss", math.nan) / n if n else math.nan
         c.approx_kl = self._stats.get("approx_kl", math.nan) / n if n else math.nan
@@ -162,4 +162,4 @@ class PPOLearnerRole(LearnerBase):
         c.policy_lag_max = float(max(self._lags)) if self._lags else math.nan
         c.sample_age_s = float(np.mean(self._ages)) if self._ages else math.nan
         self._stats, self._n, self._lags, self._ages = {}, 0, [], []
-        return Heartbeat("learner", self.id, c).message()
+        return Heartbeat("learner", self.id, c)

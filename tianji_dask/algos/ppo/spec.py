@@ -7,36 +7,93 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tianji_dask.config.schema import PPOConfig
-from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
+from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole, never
 
 if TYPE_CHECKING:
+    import gymnasium as gym
     import numpy as np
 
     from tianji_dask.algos.spec import PlanFields
-    from tianji_dask.channels.ports import Inbox
+    from tianji_dask.channels.ports import Inbox, ParamSource, Publisher, Sender
     from tianji_dask.config.schema import ExperimentConfig
+    from tianji_dask.roles.learner_base import AverageGradients
 
 
 class PPOSpec:
     name = "ppo"
+    config = PPOConfig
     tunable_batch = False
     keeps_replay = False
     off_policy = False
 
-    def actor_role(self) -> Callable[..., ActorLoopRole]:
-        return ppo_actor_role
+    def make_actor(
+        self,
+        cfg: ExperimentConfig,
+        actor_id: int,
+        seed: int,
+        sender: Sender,
+        params: ParamSource,
+        *,
+        prior_env_steps: int = 0,
+        balance_prior_env_steps: int = 0,
+        balance: bool = True,
+        n_actors: int | None = None,
+        should_stop: Callable[[], bool] = never,
+    ) -> ActorLoopRole:
+        """On an asynchronous vector env where ``env.async_batch`` is set
+        (:mod:`tianji_dask.algos.ppo.async_actor`), else stepping all its envs together."""
+        from tianji_dask.algos.ppo.actor import PPOActorRole
+        from tianji_dask.algos.ppo.async_actor import PPOAsyncActorRole
 
-    def make_buffer_role(
+        role = PPOAsyncActorRole if cfg.env.async_batch else PPOActorRole
+        return role(
+            cfg,
+            actor_id,
+            seed,
+            sender,
+            params,
+            prior_env_steps=prior_env_steps,
+            balance_prior_env_steps=balance_prior_env_steps,
+            balance=balance,
+            n_actors=n_actors,
+            should_stop=should_stop,
+        )
+
+    def make_buffer(
         self, cfg: ExperimentConfig, inbox: Inbox, obs_shape, obs_dtype, seed: int, buffer_id: int = 0
     ) -> BufferLoopRole:
         from tianji_dask.algos.ppo.buffer import RolloutBufferRole
 
         return RolloutBufferRole(cfg, inbox, buffer_id)
 
-    def learner_role(self) -> Callable[..., LearnerLoopRole]:
+    def make_learner(
+        self,
+        cfg: ExperimentConfig,
+        buffer: BufferLoopRole,
+        publisher: Publisher | None,
+        obs_dim: int,
+        action_space: gym.Space,
+        seed: int,
+        *,
+        balance: bool = True,
+        learner_id: int = 0,
+        average_gradients: AverageGradients | None = None,
+        world_size: int = 1,
+    ) -> LearnerLoopRole:
         from tianji_dask.algos.ppo.learner import PPOLearnerRole
 
-        return PPOLearnerRole
+        return PPOLearnerRole(
+            cfg,
+            buffer,
+            publisher,
+            obs_dim,
+            action_space,
+            seed,
+            balance=balance,
+            learner_id=learner_id,
+            average_gradients=average_gradients,
+            world_size=world_size,
+        )
 
     def evaluation_policy(
         self,
@@ -104,15 +161,3 @@ class PPOSpec:
         # parameters it acted with; beyond max_policy_lag it is dropped.
         algo = cfg.algo_as(PPOConfig)
         return algo.max_policy_lag * algo.rollouts_per_update
-
-
-def ppo_actor_role(cfg: ExperimentConfig, *args, **kwargs) -> ActorLoopRole:
-    """The PPO actor of ``cfg``: on an asynchronous vector env where ``env.async_batch`` is set
-    (:mod:`tianji_dask.algos.ppo.async_actor`), else stepping all its envs together."""
-    if cfg.env.async_batch:
-        from tianji_dask.algos.ppo.async_actor import PPOAsyncActorRole
-
-        return PPOAsyncActorRole(cfg, *args, **kwargs)
-    from tianji_dask.algos.ppo.actor import PPOActorRole
-
-    return PPOActorRole(cfg, *args, **kwargs)

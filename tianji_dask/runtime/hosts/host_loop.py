@@ -96,14 +96,15 @@ class HostLoop(ABC, Generic[R]):
 
     def _beat(self) -> None:
         if self.role is None:
-            hb = Heartbeat(self.role_name, self.id, COUNTERS[self.role_name]()).message()
+            beat = Heartbeat(self.role_name, self.id, COUNTERS[self.role_name]())
         else:
-            hb = self.role.heartbeat()
+            beat = self.role.heartbeat()
         with self._proc.oneshot():  # one read of /proc for the three figures
             proc = self._proc
-            hb["counters"].update(
-                rss_mb=proc.memory_info().rss / 1e6, open_fds=proc.num_fds(), threads=proc.num_threads()
-            )
+            beat.counters.rss_mb = proc.memory_info().rss / 1e6
+            beat.counters.open_fds = proc.num_fds()
+            beat.counters.threads = proc.num_threads()
+        hb = beat.message()
         if self._error:
             hb["error"] = self._error
         hb["run"] = self.run_id

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from tianji_dask.config.deployment import deployment_settings
 from tianji_dask.devices import on_slot_gpu
 from tianji_dask.results.checkpoint import pack_state, unpack_state
 from tianji_dask.roles.buffer import ReplayBufferRole
-from tianji_dask.roles.loop import ActorLoopRole, LearnerLoopRole, LoopRole
+from tianji_dask.roles.loop import ActorLoopRole, BufferLoopRole, LearnerLoopRole
 from tianji_dask.roles.replay_state import ReplayMark, ReplayState
 from tianji_dask.runtime.hosts.gossip import GossipSync, close_peer_inboxes, open_peer_inboxes
 from tianji_dask.runtime.hosts.host_loop import HostLoop, R
@@ -108,7 +109,7 @@ class _LoopHost(HostLoop[R]):
         return self._error
 
 
-class BufferHost(_LoopHost[LoopRole]):
+class BufferHost(_LoopHost[BufferLoopRole]):
     """Receives trajectory chunks on channel ``channel`` of its worker into replay memory."""
 
     role_name = "buffer"
@@ -134,7 +135,7 @@ class BufferHost(_LoopHost[LoopRole]):
             channel, self.cfg.channel.capacity_bytes * max(1, n_senders), replace=incarnation > 0
         )
         self.channel = channel
-        self.role = spec_for(self.cfg).make_buffer_role(
+        self.role = spec_for(self.cfg).make_buffer(
             self.cfg, inbox, tuple(obs_shape), np.dtype(obs_dtype), seed, host_id
         )
         if replay is not None:
@@ -142,7 +143,7 @@ class BufferHost(_LoopHost[LoopRole]):
                 raise TypeError(f"buffer {host_id}: a replay state given to a {type(self.role).__name__}")
             self.role.restore_replay(replay)
 
-    def _make_role(self) -> LoopRole:
+    def _make_role(self) -> BufferLoopRole:
         return self._built
 
     def _torch_threads(self) -> int:  # shares the learner's process: the same process-wide setting
@@ -248,8 +249,15 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
                 f"LearnerHost {host_id} of run {run_id} must be placed on the worker of its BufferHost "
                 f"({buffer.key}): {self.worker.address} does not hold it"
             )
-        self.buffer = buffer_host.role
-        self._args = (seed, obs_dim, action_space)
+        self.buffer = buffer_host._built  # built with its host
+        self._make_learner = functools.partial(
+            spec_for(self.cfg).make_learner,
+            self.cfg,
+            self.buffer,
+            obs_dim=obs_dim,
+            action_space=action_space,
+            seed=seed,
+        )
         self._subscribers = [tuple(s) for s in subscribers]
         self.rank, self.world_size = rank, world_size
         self.rendezvous: Rendezvous | None = None
@@ -272,19 +280,13 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
         return self.rendezvous.address if self.rendezvous is not None else None
 
     def _make_role(self) -> LearnerLoopRole:
-        seed, obs_dim, action_space = self._args
         self.publisher = TopicPublisher(list(self._subscribers), **self._comm_kwargs()) if self.rank == 0 else None
         if self.rendezvous is not None:
             from tianji_dask.runtime.hosts.dataparallel import DataParallelUpdates
 
             self.updates = DataParallelUpdates.open(self.rendezvous, self.cfg.learner.device)
-        role = spec_for(self.cfg).learner_role()(
-            self.cfg,
-            self.buffer,
-            self.publisher,
-            obs_dim,
-            action_space,
-            seed,
+        role = self._make_learner(
+            publisher=self.publisher,
             learner_id=self.id,
             world_size=self.world_size,
             average_gradients=self.updates.average_gradients,
@@ -423,32 +425,34 @@ class ActorHost(_LoopHost[ActorLoopRole]):
         ``balance_from_zero`` (its learner and buffer were re-created too and count from 0).
         ``buffer_id``: the global id of the buffer it feeds, whose learner's GPU it uses."""
         super().__init__(run_id, config_json, host_id, incarnation, gpu_slot=buffer_id)
-        self._prior_env_steps = prior_env_steps
-        self._balance_prior = 0 if balance_from_zero else prior_env_steps
         self.params_channel = params_channel
         self.params = ChannelService.current().open_latest(params_channel, replace=incarnation > 0)
-        self._args = (seed, buffer_address, traj_channel)
+        self.buffer_address, self.traj_channel = buffer_address, traj_channel
+        self._make_actor = functools.partial(
+            spec_for(self.cfg).make_actor,
+            self.cfg,
+            host_id,
+            seed,
+            params=self.params,
+            prior_env_steps=prior_env_steps,
+            balance_prior_env_steps=0 if balance_from_zero else prior_env_steps,
+            should_stop=self._stop.is_set,
+        )
 
     def _device(self) -> str:
         return self.cfg.actor.device
 
     def _make_role(self) -> ActorLoopRole:
-        seed, buffer_address, traj_channel = self._args
         c = self.cfg.channel
         self.sender = QueueSender(
-            buffer_address,
-            traj_channel,
+            self.buffer_address,
+            self.traj_channel,
             f"actor-{self.id}",
             c.capacity_bytes,
             full_policy=c.full_policy,
             **self._comm_kwargs(),
         )
-        role = spec_for(self.cfg).actor_role()(
-            self.cfg, self.id, seed, self.sender, self.params, should_stop=self._stop.is_set
-        )
-        role.prior_env_steps = self._prior_env_steps
-        role.balance_prior_env_steps = self._balance_prior
-        return role
+        return self._make_actor(sender=self.sender)
 
     def _before_loop(self) -> None:
         # the only wait of an actor: for the first parameters; heartbeats go on meanwhile
