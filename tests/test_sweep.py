@@ -267,6 +267,9 @@ def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
         said.append(line)
         if line.startswith("[1/4] stop.max_seconds=3: max_seconds after"):
             first.send_signal(signal.SIGINT)
+            # a sweep that has not ended 20 s after the signal prints every thread's stack
+            # (SIGUSR1, faulthandler) into its output, which the assertion below shows
+            threading.Timer(20, lambda: first.poll() is None and first.send_signal(signal.SIGUSR1)).start()
     assert first.wait(60) == 130, "".join(said)
     said_first = "".join(said)
     runs = {name: out / f"stop.max_seconds={name}" for name in ("3", "20", "4", "5")}
