@@ -147,7 +147,8 @@ class QueueSender:
             raise ValueError(f"item of {nbytes} bytes exceeds capacity_bytes={self.capacity_bytes} of {self._where}")
         window = self._window
         with window.cond:
-            window.check_usable()
+            if window.error is not None or window.closing:  # the check inline: push is per item
+                window.check_usable()
             if self._future is None:
                 self._start()
             if not window.add(nbytes, payload, self):

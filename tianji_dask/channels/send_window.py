@@ -61,7 +61,7 @@ class SendWindow:
         """Queue one pushed item within the capacity (waiting for credit, or dropping, as the
         policy says); False when ``drop_oldest`` dropped this very item. ``owner``: the sender,
         named in the error of a wait on an event loop."""
-        if self.outstanding() + nbytes > self.capacity_bytes:
+        if self.pending_bytes + self.inflight_bytes + nbytes > self.capacity_bytes:  # outstanding(), inline
             if self.full_policy == "wait":
                 self._wait_for_room(nbytes, owner)
             elif self.inflight_bytes + nbytes > self.capacity_bytes:
