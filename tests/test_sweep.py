@@ -244,6 +244,12 @@ def _status(run_dir):
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
+def _as_a_scripts_background_job() -> None:
+    """SIGINT ignored, as a non-interactive shell starts ``cmd &`` (and as a test runner's
+    worker may pass it on): ``kill -INT`` must stop the sweep all the same."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
     """The real thing: ``tianji-dask sweep`` of four short runs two at a time, SIGINT once the
     first has ended; ``sweep --resume`` then continues the stopped ones from their checkpoints,
@@ -260,6 +266,7 @@ def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
+        preexec_fn=_as_a_scripts_background_job,
     )
     said = []
     assert first.stdout is not None

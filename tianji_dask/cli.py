@@ -908,7 +908,9 @@ def _report(result) -> None:
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, scancel, a batch system's time limit) ends a command like Ctrl-C does; a
     # run's worker processes ignore both (tianji_dask.runtime.processes.worker_signals): the driver stops them.
+    # SIGINT too, even where it came ignored (a job a script started with `&`): `kill -INT` stops it
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     # `kill -USR1 PID`: every thread's stack on stderr, for a command that seems stuck; it goes on
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
