@@ -14,6 +14,7 @@ import sys
 import threading
 
 import pytest
+import xarray as xr
 from conftest import ROOT, cli_here, wait_until
 from rich.console import Console
 
@@ -321,3 +322,29 @@ def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
     assert table.getvalue() in second.stdout, (table.getvalue(), second.stdout)
     assert f"sweep: {4 - len(left)} of 4 runs finished" in said_first and "sweep: 4 of 4 runs finished" in second.stdout
     print(said_first, said_second, sep="\n---- sweep --resume\n")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_run_stopped_as_it_started_starts_again_when_the_sweep_resumes(tmp_path):
+    """Ctrl-C while a run's cluster starts leaves it stopped with no checkpoint (nothing trained):
+    ``sweep --resume`` starts it again in its own directory instead of refusing to continue it."""
+    from tianji_dask.runtime.driver import train
+    from tianji_dask.runtime.sweep.runner import resume_sweep
+
+    planned = plan_sweep(CONFIG, ["seed=0"], ["stop.max_env_steps=2000", "stop.target_return=null"], tmp_path / "s")
+    planned.write_manifest(parallel=1)
+    (only,) = planned.runs
+    run = train(only.cfg, out=only.run_dir)
+    run.stop()  # at once: before its learner's first update
+    assert run.wait(timeout=120).status == "stopped"
+    assert not (only.run_dir / "checkpoint").exists()
+
+    resumed = resume_sweep(tmp_path / "s")
+    assert [r.continues for r in resumed.runs] == [False]
+    done = resumed.run(1)
+    (again,) = done.runs
+    assert again.status == "max_env_steps", again.error
+    with xr.open_dataset(again.run_dir / "metrics.nc", engine="netcdf4") as ds:
+        assert ds.attrs["status"] == "max_env_steps" and int(ds["env_steps"].values[-1]) >= 2000
+    assert (again.run_dir / "checkpoint").is_dir()

@@ -185,7 +185,8 @@ def plan_sweep(
 def resume_sweep(out: str | Path) -> Sweep:
     """The sweep in ``out`` as its manifest planned it, each run's status read from its files:
     finished ones keep theirs (and are never touched), stopped and failed ones will continue
-    from their checkpoints (``continues``), those never started wait. Nothing written; a
+    from their checkpoints (``continues``), those never started, or stopped as they started
+    (no update, no checkpoint), wait to start. Nothing written; a
     :class:`ConfigError` naming the fix for a directory that is not a sweep's, or a run that
     cannot go on."""
     from tianji_dask.results.resumable import check_resumable
@@ -207,6 +208,8 @@ def resume_sweep(out: str | Path) -> Sweep:
         if status in FINISHED:
             r.status = status
             continue
+        if status == "stopped" and _never_trained(r.run_dir):
+            continue  # stopped as it started: nothing to continue, it starts again
         try:
             check_resumable(r.run_dir)
         except ConfigError as exc:
@@ -216,6 +219,19 @@ def resume_sweep(out: str | Path) -> Sweep:
             ) from None
         r.status, r.continues = status, True
     return Sweep(out, runs, manifest.config, manifest.config_path, manifest.axes, manifest.overrides, manifest.parallel)
+
+
+UNTRAINED_FILES = ("config.yaml", "metrics.nc", "episodes.nc")  # all a run stopped as it started wrote
+
+
+def _never_trained(run_dir: Path) -> bool:
+    """A run stopped as it started: no checkpoint, and its learner made no update."""
+    import xarray as xr
+
+    if (run_dir / "checkpoint").exists() or not set(p.name for p in run_dir.iterdir()) <= set(UNTRAINED_FILES):
+        return False
+    with xr.open_dataset(run_dir / "metrics.nc", engine="netcdf4") as ds:
+        return "updates" not in ds or ds.sizes.get("time", 0) == 0 or float(ds["updates"].max()) == 0
 
 
 def _recorded_status(run_dir: Path) -> str | None:
@@ -333,8 +349,11 @@ class _Runner:
             if r.continues:
                 r.handle = resume(r.run_dir, self.slots[slot], on_row=on_row)
             else:
-                if (r.run_dir / "config.yaml").is_file() and not (r.run_dir / "metrics.nc").exists():
-                    (r.run_dir / "config.yaml").unlink()  # a run stopped as it started: only its config, rewritten
+                if r.run_dir.is_dir() and (
+                    not (r.run_dir / "metrics.nc").exists() or _never_trained(r.run_dir)
+                ):  # a run stopped as it started: what it wrote is written again
+                    for name in UNTRAINED_FILES:
+                        (r.run_dir / name).unlink(missing_ok=True)
                 r.handle = train(r.cfg, self.slots[slot], out=r.run_dir, on_row=on_row)
         except Exception as exc:  # noqa: BLE001 - a run that cannot start is recorded, the others go on
             r.status, r.error = "failed", f"{type(exc).__name__}: {exc}"
