@@ -15,7 +15,7 @@ import xarray as xr
 from conftest import CONFIG, cli_here
 from gymnasium.spaces import Discrete
 
-from tianji_dask.algos.dqn.actor import DQNActorRole
+from tianji_dask.algos.dqn.actor import DQNActorRole, NStepWindow
 from tianji_dask.algos.dqn.core import DQNLearner, DQNPolicy
 from tianji_dask.algos.networks import AtariActorCritic, NatureQNetwork, network_kind
 from tianji_dask.algos.ppo.actor import PPOActorRole
@@ -26,7 +26,6 @@ from tianji_dask.config import ConfigError, check_env, load_config
 from tianji_dask.envs import ATARI_OBS_SHAPE, AtariTrainingSignals, make_atari_vector_env, next_observations
 from tianji_dask.roles.buffer import ReplayBufferRole
 from tianji_dask.roles.frame_replay import FrameReplay, FrameStreams
-from tianji_dask.roles.replay import NStepWindow
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -35,13 +35,13 @@ from tianji_dask.channels import (
     wire,
 )
 from tianji_dask.channels.owned_tcp import owned_socket
-from tianji_dask.channels.owned_tcp.queue_link import QueueLink
-from tianji_dask.channels.owned_tcp.receive_loop import (
+from tianji_dask.channels.owned_tcp.receiving import (
     ARRAY_WAIT_S,
     BUFFER_BYTES,
     FILL_AFTER_LARGE_BYTES,
     STRAIGHT_BYTES,
     FrameReader,
+    QueueLink,
     ReceiveLoop,
 )
 from tianji_dask.channels.ports import Item
@@ -197,10 +197,10 @@ class Subscriber:
 
 
 def set_credit_linger(seconds: float) -> float:
-    """Set this worker's ``queue_link.CREDIT_LINGER_S``; returns the value it had."""
-    from tianji_dask.channels.owned_tcp import queue_link
+    """Set this worker's ``receiving.CREDIT_LINGER_S``; returns the value it had."""
+    from tianji_dask.channels.owned_tcp import receiving
 
-    old, queue_link.CREDIT_LINGER_S = queue_link.CREDIT_LINGER_S, seconds
+    old, receiving.CREDIT_LINGER_S = receiving.CREDIT_LINGER_S, seconds
     return old
 
 

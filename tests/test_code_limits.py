@@ -1,10 +1,12 @@
 """Issue 67's limits on the code a reader meets: no package folder of more than 15 modules, no
 class of more than 15 methods in ``runtime/`` or ``channels/``, no function of more than 60 lines
-in the package, a README of at most 250 lines. Each failure names the offenders and their sizes."""
+in the package, a README of at most 250 lines, a DQN transition through at most 14 files (as
+docs/architecture.md walks it). Each failure names the offenders and their sizes."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import ROOT
@@ -15,6 +17,7 @@ MAX_METHODS = 15
 THIN_PACKAGES = ("runtime", "channels")
 MAX_FUNCTION_LINES = 60
 MAX_README_LINES = 250
+MAX_TRANSITION_FILES = 14
 
 
 def modules_per_folder(package: Path) -> dict[str, int]:
@@ -102,3 +105,43 @@ def test_the_readme_is_at_most_250_lines():
     reference goes to docs/."""
     lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines (at most {MAX_README_LINES}): move detail to docs/"
+
+
+def transition_steps(doc: str) -> list[tuple[str, str]]:
+    """The numbered steps of the doc's "one DQN transition" walk: (the file a step opens with,
+    the first name it gives after it)."""
+    section = doc.split("## Data flow: one DQN transition", 1)[1].split("\n## ", 1)[0]
+    steps = []
+    for match in re.finditer(r"^\d+\. `([\w/]+\.py)`(.*?)(?=^\d+\. |^$)", section, re.M | re.S):
+        names = re.findall(r"`([A-Za-z_]\w*)(?:\.\w+)?`", match.group(2))
+        steps.append((match.group(1), names[0] if names else ""))
+    return steps
+
+
+def defines(path: Path, name: str) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    return any(isinstance(node, kinds) and node.name == name for node in ast.walk(tree))
+
+
+def test_a_dqn_transition_crosses_at_most_14_files_each_defining_what_its_step_names():
+    """The walk in docs/architecture.md lists each file the path crosses once, in order; each step's
+    first name (``QueueSender.push``) is defined in the file the step names, so moving code out of
+    a file breaks the walk here rather than silently in the doc."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    steps = transition_steps(doc)
+    files = [f for f, _ in steps]
+    assert len(files) == len(set(files)), f"a file listed twice: {files}"
+    assert f"the path crosses these {len(files)} files" in doc, f"the walk's count is not {len(files)}"
+    assert len(files) <= MAX_TRANSITION_FILES, f"{len(files)} files on the path: {files}"
+    wrong = [(f, name) for f, name in steps if not name or not defines(PACKAGE / f, name)]
+    assert not wrong, f"steps whose first name is not defined in their file: {wrong}"
+
+
+def test_the_transition_walk_is_read_as_written():
+    doc = (
+        "## Data flow: one DQN transition, x\n\nthe path crosses these 2 files:\n\n"
+        "1. `a/b.py` `Thing.step`: more\n   `Other` on a second line.\n"
+        "2. `c.py` then `helper`, `Later.x`.\n\nAfter.\n\n## Next\n3. `d.py` `No`\n"
+    )
+    assert transition_steps(doc) == [("a/b.py", "Thing"), ("c.py", "helper")]

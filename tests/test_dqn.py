@@ -256,7 +256,7 @@ def test_target_syncs_every_target_update_interval():
 
 
 def test_batch_mover_on_cpu_keeps_values_and_dtypes():
-    from tianji_dask.algos.batches import BatchMover
+    from tianji_dask.algos.executor import BatchMover
 
     batch = {
         "obs": np.arange(12, dtype=np.uint8).reshape(3, 4),
@@ -271,7 +271,7 @@ def test_batch_mover_on_cpu_keeps_values_and_dtypes():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_batch_mover_on_cuda_reuses_pinned_buffers():
-    from tianji_dask.algos.batches import BatchMover
+    from tianji_dask.algos.executor import BatchMover
 
     mover = BatchMover(torch.device("cuda"))
     a = {"obs": np.ones((4, 2), np.float32)}
@@ -286,7 +286,7 @@ def test_batch_mover_on_cuda_reuses_pinned_buffers():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_batch_mover_on_cuda_reuses_pinned_buffers_for_fields_of_varying_length():
-    from tianji_dask.algos.batches import BatchMover
+    from tianji_dask.algos.executor import BatchMover
 
     mover = BatchMover(torch.device("cuda"))
     frames = mover({"frames": np.arange(40, dtype=np.uint8).reshape(10, 2, 2)})["frames"]
@@ -524,9 +524,9 @@ def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread
     backward, without inductor's code generation, which takes half a minute of C++ compiling on
     this machine; inductor's kernels are checked on CUDA
     (:func:`test_a_compiled_cuda_learner_replays_k_updates_a_launch_as_the_eager_learner`)."""
-    import tianji_dask.algos.graphed as graphed
+    import tianji_dask.algos.executor as executor
 
-    monkeypatch.setattr(graphed, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(executor, "COMPILE_BACKEND", "aot_eager")
     cfg = dqn_config(lr=1e-3, target_update_interval=3)
     frames = torch._dynamo.utils.counters["frames"]
     before = frames["ok"]

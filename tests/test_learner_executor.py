@@ -117,9 +117,9 @@ def learner_at_start(cfg: DQNConfig) -> DQNLearner:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_compiled_dqn_learner_trains_as_the_plain_loop(one_torch_thread, monkeypatch):
-    import tianji_dask.algos.graphed as graphed
+    import tianji_dask.algos.executor as executor
 
-    monkeypatch.setattr(graphed, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(executor, "COMPILE_BACKEND", "aot_eager")
     cfg = DQNConfig(
         name="dqn",
         hidden_sizes=[16],

@@ -7,8 +7,8 @@ import pytest
 
 from tianji_dask.algos.registry import spec_for
 from tianji_dask.config import ConfigError, check_env, load_config
+from tianji_dask.roles.buffer import ReplayMemory
 from tianji_dask.roles.frame_replay import FrameReplay
-from tianji_dask.roles.replay import ReplayMemory
 from tianji_dask.runtime.checks import check_replay_fits
 
 GIB = 2**30

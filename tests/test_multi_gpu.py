@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tianji_dask.algos.graphed import GraphedStep
+from tianji_dask.algos.executor import GraphedStep
 from tianji_dask.config import load_config
 from tianji_dask.devices import bind_thread
 from tianji_dask.runtime.driver import train

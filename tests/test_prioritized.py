@@ -8,8 +8,8 @@ from conftest import CONFIG
 
 from tianji_dask.algos.dqn.core import double_dqn_loss
 from tianji_dask.config import load_config
+from tianji_dask.roles.buffer import ReplayMemory
 from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings, importance_weights
-from tianji_dask.roles.replay import ReplayMemory
 from tianji_dask.roles.sum_tree import SumTree
 
 

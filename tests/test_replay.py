@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tianji_dask.roles.replay import FIELDS, ReplayMemory
+from tianji_dask.roles.buffer import FIELDS, ReplayMemory
 
 OBS_SHAPE = (3,)
 

@@ -236,7 +236,7 @@ def test_what_a_lost_host_takes_with_it_comes_from_its_last_heartbeat():
 
 
 def test_a_rebuilt_buffer_loses_only_what_it_received_after_its_kept_replay():
-    from tianji_dask.roles.replay import ReplayMemory
+    from tianji_dask.roles.buffer import ReplayMemory
 
     memory = ReplayMemory(100, (1,))
     kept = memory.state()

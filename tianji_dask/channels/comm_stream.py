@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .common import BYE_TIMEOUT_S, logger
-from .owned_tcp.queue_link import CLOSED_GRACE_S
-from .send_window import SendWindow
+from .owned_tcp.receiving import CLOSED_GRACE_S
 
 if TYPE_CHECKING:
     from .queue_inbox import QueueInbox, SenderConn
-    from .queue_sender import QueueSender
+    from .queue_sender import QueueSender, SendWindow
 
 
 # ---------------------------------------------------------------------------- the inbox's end
@@ -103,7 +102,7 @@ class StreamSend:
 
     async def _say_bye(self, comm, stream, reader: asyncio.Task) -> None:
         """Close handshake: "bye", then go on reading (and dropping) credit until the receiver,
-        having read everything before the "bye", closes its end (see ``sender_threads``).
+        having read everything before the "bye", closes its end (see ``queue_sender.SenderThreads``).
         Cancelling the reader is no way out: distributed's ``TCP.read`` aborts the comm when
         cancelled."""
         with self._window.cond:

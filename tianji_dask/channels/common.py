@@ -1,14 +1,10 @@
-"""Pieces shared by every channel module: byte accounting, the wire constants, the event-loop
-helpers and the newest-version slot."""
+"""Pieces shared by every channel module: the wire constants and the event-loop helpers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any
-
-from dask.sizeof import sizeof
 
 logger = logging.getLogger("tianji_dask.channels")
 
@@ -21,24 +17,6 @@ FULL_POLICIES = ("wait", "drop_oldest")
 # less than handing each item's arrays to the socket as buffers of their own.
 SMALL_ITEM_BYTES = 64 << 10
 BYE_TIMEOUT_S = 60.0  # how long a closing sender waits for the receiver to read its last messages
-
-
-def payload_nbytes(payload: dict) -> int:
-    """Bytes an item counts against channel capacity: array/tensor/buffer sizes, plus
-    ``dask.sizeof`` of anything else.  Sender and receiver use the sender's number, so the
-    credit accounting of both ends agrees exactly."""
-    if not isinstance(payload, dict):
-        raise TypeError(f"channel payloads are dicts, got {type(payload).__name__}")
-    total = 0
-    for value in payload.values():
-        nbytes = getattr(value, "nbytes", None)  # numpy, torch (Tensor.nbytes), memoryview
-        if isinstance(nbytes, int):
-            total += nbytes
-        elif isinstance(value, (bytes, bytearray)):
-            total += len(value)
-        else:
-            total += int(sizeof(value))
-    return total
 
 
 def on_event_loop() -> bool:
@@ -95,58 +73,3 @@ def finish_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -
             future.set_result(None)
 
     call_soon(loop, finish)
-
-
-class LatestSlot:
-    """The newest-version-wins slot behind both ``LatestInbox`` and ``LocalSubscription``.
-
-    ``offer(version, payload)`` from the delivering side (a version not newer than the one
-    held is counted ``stale`` and ignored); ``probe()`` from the consuming thread returns the
-    newest version once and then drops the payload. Thread-safe."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._version: int | None = None  # newest arrived
-        self._payload: dict | None = None  # held only until probed
-        self._fresh = False
-        self._probed_version: int | None = None
-        self._received = 0
-        self._replaced = 0
-        self._stale = 0
-
-    def offer(self, version: int, payload: dict) -> bool:
-        """Store a version; True when it replaced an unprobed one (conflation)."""
-        with self._lock:
-            self._received += 1
-            if self._version is not None and version <= self._version:
-                self._stale += 1
-                return False
-            replaced = self._fresh
-            self._replaced += replaced
-            self._version, self._payload, self._fresh = version, payload, True
-            return replaced
-
-    def probe(self) -> tuple[int, dict] | None:
-        with self._lock:
-            if not self._fresh:
-                return None
-            self._fresh = False
-            self._probed_version = self._version
-            payload, self._payload = self._payload, None
-            assert self._version is not None and payload is not None  # fresh: a version was offered
-            return self._version, payload
-
-    def clear(self) -> None:
-        with self._lock:
-            self._fresh = False
-            self._payload = None
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {
-                "received": self._received,
-                "replaced": self._replaced,
-                "version": self._version,
-                "probed_version": self._probed_version,
-                "stale": self._stale,
-            }

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 
 from distributed.comm import CommClosedError
 
 from tianji_dask.errors import ChannelError
 
-from .common import LatestSlot, call_soon, logger
+from .common import call_soon, logger
 
 CLOSE_DRAIN_S = 10.0  # how long the publishers may read the close error before their comms are cut
 
@@ -116,3 +117,58 @@ class LatestInbox:
             self._comms.discard(comm)
             if not comm.closed():
                 await comm.close()
+
+
+class LatestSlot:
+    """The newest-version-wins slot behind both ``LatestInbox`` and ``LocalSubscription``.
+
+    ``offer(version, payload)`` from the delivering side (a version not newer than the one
+    held is counted ``stale`` and ignored); ``probe()`` from the consuming thread returns the
+    newest version once and then drops the payload. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._version: int | None = None  # newest arrived
+        self._payload: dict | None = None  # held only until probed
+        self._fresh = False
+        self._probed_version: int | None = None
+        self._received = 0
+        self._replaced = 0
+        self._stale = 0
+
+    def offer(self, version: int, payload: dict) -> bool:
+        """Store a version; True when it replaced an unprobed one (conflation)."""
+        with self._lock:
+            self._received += 1
+            if self._version is not None and version <= self._version:
+                self._stale += 1
+                return False
+            replaced = self._fresh
+            self._replaced += replaced
+            self._version, self._payload, self._fresh = version, payload, True
+            return replaced
+
+    def probe(self) -> tuple[int, dict] | None:
+        with self._lock:
+            if not self._fresh:
+                return None
+            self._fresh = False
+            self._probed_version = self._version
+            payload, self._payload = self._payload, None
+            assert self._version is not None and payload is not None  # fresh: a version was offered
+            return self._version, payload
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fresh = False
+            self._payload = None
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "received": self._received,
+                "replaced": self._replaced,
+                "version": self._version,
+                "probed_version": self._probed_version,
+                "stale": self._stale,
+            }

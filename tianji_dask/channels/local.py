@@ -24,9 +24,11 @@ import time
 
 from tianji_dask.errors import ChannelError
 
-from .common import FULL_POLICIES, LatestSlot, on_event_loop, payload_nbytes
-from .credit_queue import CreditQueue
+from .common import FULL_POLICIES, on_event_loop
+from .latest_inbox import LatestSlot
 from .ports import Item, LocalQueueStats, PublisherStats
+from .queue_inbox import CreditQueue
+from .wire import payload_nbytes
 
 LOCAL_SENDER = "local"
 

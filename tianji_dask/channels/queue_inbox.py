@@ -22,19 +22,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Callable
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from tianji_dask.errors import ChannelError
 
 from . import wire
 from .comm_stream import serve_stream
 from .common import call_soon, logger, on_event_loop
-from .credit_queue import CreditQueue
-from .malloc import fit_allocator
 from .owned_tcp import owned_socket
-from .owned_tcp.queue_link import QueueLink, serve_owned
-from .owned_tcp.receive_loop import ReceiveLoop
-from .ports import Item, QueueInboxStats
+from .owned_tcp.receiving import QueueLink, ReceiveLoop, serve_owned
+from .ports import InboxStats, Item, QueueInboxStats
+from .wire import fit_allocator
 
 
 class Malformed(Exception):
@@ -46,7 +47,7 @@ class SenderConn:
 
     ``wake`` tells whoever writes this sender's credit that there is something to write: an
     ``asyncio.Event`` for a comm served on the event loop, a ``threading.Event`` for an owned
-    socket (``queue_link``); ``kick`` sets it from any thread."""
+    socket (``owned_tcp.receiving.QueueLink``); ``kick`` sets it from any thread."""
 
     __slots__ = (
         "sender",
@@ -192,7 +193,7 @@ class QueueInbox:
 
         ``owned``: the sender offered to go on in a socket the inbox owns (it waits for the
         inbox's first message on it before sending items). On a plain tcp:// comm the inbox
-        accepts, says so in its reply and serves the sender with ``queue_link``'s threads;
+        accepts, says so in its reply and serves the sender with a ``QueueLink``'s threads;
         otherwise (tls://) the items go on the comm's tornado stream, read on the event loop.
         ``capacity``: the sender's own ``capacity_bytes`` (0: not told), which bounds how much
         credit the inbox lets pile up before it writes it (``control``)."""
@@ -305,3 +306,104 @@ def _lingering_credit(conn: SenderConn) -> int:
 def _describe(obj) -> str:
     text = repr(obj)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+# ---------------------------------------------------------------------------- the credit queue
+#: Where an item's credit goes back: a remote sender's connection, or nothing in process.
+Origin = TypeVar("Origin")
+
+
+class CreditQueue(Generic[Origin]):
+    """The credit-queue core of both queue inboxes, ``QueueInbox`` (remote senders) and ``LocalQueue``
+    (in-process): the items waiting for their consumer, each with where its credit goes back, their
+    bytes, and what has been received.
+
+    The owner shares :attr:`CreditQueue.cond` with everything else it guards; every method but
+    :meth:`wait` expects the caller to hold it (``wait`` too, and releases it while waiting)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.items: deque[tuple[Item, Origin]] = deque()
+        self.closed = False
+        self.queued_bytes = 0
+        self.max_queued_bytes = 0
+        self.received_items = 0
+        self.received_bytes = 0
+        self.seq_gaps = 0
+        self.senders: Counter[str] = Counter()
+
+    def receive(self, sender: str, entries: Iterable[tuple[int, int, dict]], origin: Origin, next_seq: int) -> int:
+        """Queue ``entries`` ((seq, nbytes, payload) of one message, in order) and count them as
+        received; returns the next sequence number expected of ``sender`` (a higher one is a gap:
+        items it dropped). Wakes the consumer."""
+        now = time.time()
+        items = self.items
+        for seq, nbytes, payload in entries:
+            if seq > next_seq:
+                self.seq_gaps += seq - next_seq
+            next_seq = seq + 1
+            items.append((Item(sender, seq, payload, nbytes, now), origin))
+            self.queued_bytes += nbytes
+            self.received_items += 1
+            self.received_bytes += nbytes
+            self.senders[sender] += 1
+        self.max_queued_bytes = max(self.max_queued_bytes, self.queued_bytes)
+        self.cond.notify_all()
+        return next_seq
+
+    def put(self, item: Item, origin: Origin) -> None:
+        """Queue ``item`` without counting it as received (``LocalQueue`` counts on take:
+        :meth:`count`). Wakes the consumer."""
+        self.items.append((item, origin))
+        self.queued_bytes += item.nbytes
+        self.max_queued_bytes = max(self.max_queued_bytes, self.queued_bytes)
+        self.cond.notify_all()
+
+    def drop_oldest(self) -> Item:
+        item, _ = self.items.popleft()
+        self.queued_bytes -= item.nbytes
+        return item
+
+    def count(self, items: Iterable[Item], next_seq: int) -> int:
+        """Count ``items`` (one sender's, in order) as received; returns the next sequence number
+        expected, as :meth:`receive` does."""
+        for item in items:
+            if item.seq > next_seq:
+                self.seq_gaps += item.seq - next_seq
+            next_seq = item.seq + 1
+            self.received_items += 1
+            self.received_bytes += item.nbytes
+            self.senders[item.sender] += 1
+        return next_seq
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds until an item is queued or the queue is closed."""
+        deadline = time.monotonic() + timeout
+        while not self.items and not self.closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.cond.wait(remaining)
+
+    def take(self, max_items: int | None) -> list[tuple[Item, Origin]]:
+        """Up to ``max_items`` of the oldest items (all if None), with their origins."""
+        n = len(self.items) if max_items is None else min(max_items, len(self.items))
+        taken = [self.items.popleft() for _ in range(n)]
+        for item, _ in taken:
+            self.queued_bytes -= item.nbytes
+        return taken
+
+    def close(self) -> None:
+        self.closed = True
+        self.cond.notify_all()
+
+    def stats(self) -> InboxStats:
+        return {
+            "received_items": self.received_items,
+            "received_bytes": self.received_bytes,
+            "queued_items": len(self.items),
+            "queued_bytes": self.queued_bytes,
+            "max_queued_bytes": self.max_queued_bytes,
+            "seq_gaps": self.seq_gaps,
+            "senders": dict(self.senders),
+        }

@@ -27,7 +27,7 @@ Wire protocol on one comm to the receiving worker (see ``queue_inbox`` for the o
     sender   -> {"bye": True}, then reads (and drops) credit until the receiver closes, then closes
 
 With "owned", the sender too takes its end of the socket from tornado once the cue came, and
-threads of its own write the items and read the credit (``owned_tcp.sender_threads``). With
+threads of its own write the items and read the credit (:class:`SenderThreads`). With
 ``full_policy="wait"``, ``push`` encodes an item of half a batch or more for that thread when
 nothing waits before it, so that the writer's Python a message is next to nothing. Without
 "owned" (tls://), everything goes through the event loop (``comm_stream``). The window, the
@@ -41,7 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import selectors
+import socket
 import threading
+import time
+from collections import deque
 
 from distributed.comm import connect
 
@@ -50,20 +54,21 @@ from tianji_dask.errors import ChannelError
 from . import wire
 from .comm_stream import StreamSend
 from .common import (
+    BYE_TIMEOUT_S,
     FULL_POLICIES,
     HANDLER_OP,
     QUEUE_KIND,
     SMALL_ITEM_BYTES,
     call_soon,
+    finish_soon,
     logger,
     on_event_loop,
-    payload_nbytes,
     resolve_loop,
 )
-from .malloc import fit_allocator
-from .owned_tcp.sender_threads import SenderThreads
+from .owned_tcp import owned_socket
+from .owned_tcp.receiving import FrameReader
 from .ports import QueueSenderStats
-from .send_window import SendWindow
+from .wire import fit_allocator, payload_nbytes
 
 TEARDOWN_S = 5.0  # how long a close that timed out waits for the cancelled run to let go of its socket
 
@@ -302,3 +307,302 @@ def _pickles(payload: dict) -> bool:
     except Exception:  # noqa: BLE001 - whatever the pickler raises
         return False
     return True
+
+
+class SendWindow:
+    """A queue sender's window: what it holds and what it has in flight, under one condition.
+
+    The pushing threads, the connection's writer (a thread of its own on an owned tcp:// socket, the
+    event loop on tls://) and whoever applies the receiver's credit share one :class:`SendWindow`;
+    :class:`QueueSender` explains the rules it keeps. Its fields
+    are those parts' common state: they read and write them holding :attr:`SendWindow.cond` (the
+    writer thread pops :attr:`SendWindow.ready` without it, see :class:`SenderThreads`)."""
+
+    def __init__(self, where: str, capacity_bytes: int, full_policy: str, max_batch_bytes: int, max_batch_items: int):
+        self.where = where  # "queue channel 'x' at tcp://...", for the errors
+        self.capacity_bytes = capacity_bytes
+        self.full_policy = full_policy
+        self.max_batch_bytes = max_batch_bytes
+        self.max_batch_items = max_batch_items
+        self.cond = threading.Condition()
+        self.pending: deque[tuple[int, int, dict]] = deque()  # (seq, nbytes, payload), unwritten
+        self.pending_bytes = 0
+        # Items push encoded for the writer thread (``_hand_to_writer``), each a message (pieces,
+        # bytes), in order and before everything pending; only that thread pops them.
+        self.ready: deque[tuple[list, int]] = deque()
+        self.inflight_bytes = 0  # ready, or written with credit not yet returned
+        self.window = capacity_bytes
+        self.next_seq = 0
+        self.error: ChannelError | None = None
+        self.closing = False
+        self.bye_sent = False
+        self.writer_thread = False  # items go from a thread of the sender (an owned connection)
+        # The sent counts: stats() reads them under cond; the connection's one writer (its thread
+        # or the event loop) writes them without it.
+        self.sent_items = 0
+        self.sent_bytes = 0
+        self.messages = 0
+        self.dropped = 0
+        self.blocked_s = 0.0
+        self.errors = 0
+
+    def outstanding(self) -> int:
+        return self.pending_bytes + self.inflight_bytes
+
+    def check_usable(self) -> None:
+        if self.error is not None:
+            raise ChannelError(str(self.error))
+        if self.closing:
+            raise ChannelError(f"{self.where}: sender closed")
+
+    def add(self, nbytes: int, payload: dict, owner: object) -> bool:
+        """Queue one pushed item within the capacity (waiting for credit, or dropping, as the
+        policy says); False when ``drop_oldest`` dropped this very item. ``owner``: the sender,
+        named in the error of a wait on an event loop."""
+        if self.pending_bytes + self.inflight_bytes + nbytes > self.capacity_bytes:  # outstanding(), inline
+            if self.full_policy == "wait":
+                self._wait_for_room(nbytes, owner)
+            elif self.inflight_bytes + nbytes > self.capacity_bytes:
+                self.next_seq += 1
+                self.dropped += 1
+                return False
+            else:
+                while self.outstanding() + nbytes > self.capacity_bytes:
+                    _, dropped_bytes, _ = self.pending.popleft()
+                    self.pending_bytes -= dropped_bytes
+                    self.dropped += 1
+        if not (self.writer_thread and self._hand_to_writer(nbytes, payload)):
+            self.pending.append((self.next_seq, nbytes, payload))
+            self.pending_bytes += nbytes
+        self.next_seq += 1
+        return True
+
+    def _wait_for_room(self, nbytes: int, owner: object) -> None:
+        if on_event_loop():
+            raise RuntimeError(
+                f"{owner!r}: push() would block the event loop waiting for credit; "
+                "push from the role's own thread or use full_policy='drop_oldest'"
+            )
+        start = time.monotonic()
+        try:
+            while self.outstanding() + nbytes > self.capacity_bytes:
+                self.cond.wait()
+                self.check_usable()
+        finally:
+            self.blocked_s += time.monotonic() - start
+
+    def _hand_to_writer(self, nbytes: int, payload: dict) -> bool:
+        """Encode an item of half a batch or more as a message of its own and queue it for the
+        writer thread, when nothing is pending before it and it fits the window; False otherwise
+        (it waits in the pending queue for the writer to take it).
+
+        Each microsecond of Python the writer spends a message adds to the connection's time a
+        message, its system call doing the rest of the work, while the pushing thread's Python
+        runs beside that call (docs/benchmarks.md): so the pushing thread encodes. Smaller items
+        go several to a message, as the writer takes them: each message costs the receiver a
+        parse of its own. With ``drop_oldest`` items stay pending, where a later push may drop
+        them, until the writer takes them."""
+        if nbytes < max(SMALL_ITEM_BYTES, self.max_batch_bytes / 2) or self.full_policy != "wait":
+            return False
+        if self.pending or self.error is not None:
+            return False
+        if self.inflight_bytes and self.inflight_bytes + nbytes > min(self.window, self.capacity_bytes):
+            return False
+        try:
+            pieces = wire.encode({"items": [(self.next_seq, nbytes, payload)]}, out_of_band=True)
+        except Exception:  # noqa: BLE001 - the writer encodes it again and fails the channel with the reason
+            return False
+        self.ready.append((pieces, nbytes))
+        self.inflight_bytes += nbytes
+        return True
+
+    def take_batch(self) -> tuple[list[tuple[int, int, dict]], int]:
+        """Move the head of the pending queue into flight, within window and batch size: the
+        items and their bytes."""
+        batch: list[tuple[int, int, dict]] = []
+        batch_bytes = 0
+        if self.error is not None:
+            return batch, 0
+        window = min(self.window, self.capacity_bytes)
+        while self.pending:
+            nbytes = self.pending[0][1]
+            if batch and (batch_bytes + nbytes > self.max_batch_bytes or len(batch) >= self.max_batch_items):
+                break
+            if batch and (nbytes < SMALL_ITEM_BYTES) != (batch[0][1] < SMALL_ITEM_BYTES):
+                break  # a message carries small items or large ones, in order
+            fits = self.inflight_bytes + batch_bytes + nbytes <= window
+            if not fits and (batch or self.inflight_bytes):
+                break
+            batch.append(self.pending.popleft())
+            batch_bytes += nbytes
+        self.pending_bytes -= batch_bytes
+        self.inflight_bytes += batch_bytes
+        return batch, batch_bytes
+
+    def count_written(self, items: int, nbytes: int, messages: int = 1) -> None:
+        """Count written items and messages; only the connection's writer calls it, without cond."""
+        self.sent_items += items
+        self.sent_bytes += nbytes
+        self.messages += messages
+
+    def credit(self, msg: dict) -> None:
+        """Apply a credit/window message of the receiver (taking cond) and wake waiting pushers."""
+        with self.cond:
+            self.inflight_bytes -= int(msg.get("credit", 0))
+            if "window" in msg:
+                self.window = int(msg["window"])
+            self.cond.notify_all()
+
+    def fail(self, reason: ChannelError | str) -> None:
+        """Record the channel's first error (taking cond) and release what can never be written."""
+        with self.cond:
+            if self.error is None:
+                self.error = reason if isinstance(reason, ChannelError) else ChannelError(f"{self.where}: {reason}")
+                self.errors += 1
+                self.pending.clear()
+                self.ready.clear()
+                self.pending_bytes = 0
+            self.cond.notify_all()
+
+    def stats(self) -> QueueSenderStats:
+        with self.cond:
+            return {
+                "sent_items": self.sent_items,
+                "sent_bytes": self.sent_bytes,
+                "messages": self.messages,
+                "dropped": self.dropped,
+                "blocked_s": self.blocked_s,
+                "outstanding_bytes": self.outstanding(),
+                "errors": self.errors,
+                "window": self.window,
+            }
+
+
+class SenderThreads:
+    """A queue sender's end of an owned tcp:// connection: once the inbox's cue came, the sender takes
+    its socket from tornado (``owned_socket``) and a thread of its own writes the items (``sendmsg``,
+    what is ready up to ``max_batch_bytes`` a call) and the "bye", another reads the credit; the
+    event loop only starts them and awaits their end."""
+
+    def __init__(self, sender: QueueSender, window: SendWindow, loop: asyncio.AbstractEventLoop):
+        self._sender = sender
+        self._window = window
+        self._loop = loop
+
+    async def run(self, comm, stream) -> None:
+        """Take the socket from tornado, then write the items and the "bye" from one thread and
+        read the credit on another, until both ended; closes the socket."""
+        sender, window = self._sender, self._window
+        while owned_socket.read_ahead(comm):  # what the inbox sent just after its cue (a window)
+            if not sender.apply(await wire.read(stream)):
+                return
+        sock = owned_socket.take(comm)
+        written: asyncio.Future[None] = self._loop.create_future()
+        read: asyncio.Future[None] = self._loop.create_future()
+        label = f"{sender.channel} {sender.sender_id}"
+        threads = [
+            threading.Thread(target=run, args=(sock, end), name=f"tianji-channel-{role} {label}", daemon=True)
+            for run, end, role in ((self._write_loop, written, "send"), (self._credit_loop, read, "credit"))
+        ]
+        with window.cond:
+            window.writer_thread = True
+        for thread in threads:
+            thread.start()
+        try:
+            await asyncio.shield(written)
+            with window.cond:
+                said_bye = window.bye_sent
+            if said_bye:
+                try:
+                    await asyncio.wait_for(asyncio.shield(read), BYE_TIMEOUT_S)
+                except TimeoutError:
+                    logger.warning("%r: the receiver did not close within %.0f s of 'bye'", sender, BYE_TIMEOUT_S)
+        except asyncio.CancelledError:  # close() timed out: say so before the threads see the shutdown
+            sender.fail("closed before everything queued was written")
+            raise
+        finally:
+            owned_socket.shut_down(sock)  # ends whichever thread still waits on the socket
+            await asyncio.shield(asyncio.gather(written, read))
+            for thread in threads:
+                thread.join()  # each has only its return left
+            sock.close()
+
+    def _write_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
+        """Write until everything queued before ``close`` is written, then the "bye"; return
+        early when the channel failed. The messages ``push`` encoded go without a turn of the
+        window's condition; only when there are none does the writer take a batch of pending
+        items under it, or wait."""
+        window = self._window
+        try:
+            while True:
+                if window.ready:
+                    self._write_ready(sock)
+                    continue
+                batch: list[tuple[int, int, dict]] = []
+                batch_bytes = 0
+                with window.cond:
+                    while True:
+                        if window.ready:
+                            break
+                        batch, batch_bytes = window.take_batch()
+                        if batch or window.error is not None or (window.closing and not window.pending):
+                            break
+                        window.cond.wait()
+                    if not (window.ready or batch):
+                        if window.error is not None:
+                            return
+                        window.bye_sent = True
+                        break
+                if batch:
+                    wire.send(sock, self._sender.encode_batch(batch))
+                    window.count_written(len(batch), batch_bytes)
+            wire.send(sock, wire.encode({"bye": True}, out_of_band=False))
+        except (OSError, ChannelError) as exc:
+            self._sender.fail(exc if isinstance(exc, ChannelError) else f"connection lost: {exc!r}")
+            owned_socket.shut_down(sock)
+        finally:
+            finish_soon(self._loop, done)
+
+    def _write_ready(self, sock: socket.socket) -> None:
+        """Write the messages ``push`` encoded, up to ``max_batch_bytes`` of them (at least one)
+        in one system call."""
+        window = self._window
+        ready = window.ready
+        try:
+            pieces, nbytes = ready.popleft()
+            items = 1
+            while ready and nbytes + ready[0][1] <= window.max_batch_bytes:
+                more, more_bytes = ready.popleft()
+                pieces = pieces + more
+                nbytes += more_bytes
+                items += 1
+        except IndexError:  # the channel failed meanwhile and cleared them
+            return
+        wire.send(sock, pieces)
+        window.count_written(items, nbytes, messages=items)
+
+    def _credit_loop(self, sock: socket.socket, done: asyncio.Future[None]) -> None:
+        """Apply the receiver's credit and window messages until it closes its end, which after
+        the "bye" is the normal end. Reading on after the "bye" matters: a socket closed with
+        unread data resets the connection, which discards the part of the last messages the
+        receiver has not read yet. The messages are parsed as the inbox parses its senders'
+        (``FrameReader``), the thread waiting on a selector between them."""
+        reader = FrameReader(sock)
+        selector = selectors.DefaultSelector()
+        selector.register(sock, selectors.EVENT_READ)
+        try:
+            while True:
+                selector.select()
+                for msg in reader.pump():
+                    if not self._sender.apply(msg):
+                        owned_socket.shut_down(sock)  # the receiver's error: nothing more can be delivered
+                        return
+        except (OSError, wire.WireError) as exc:  # ConnectionError: the receiver closed its end
+            with self._window.cond:
+                said_bye = self._window.bye_sent
+            if not said_bye:
+                self._sender.fail(f"connection lost (receiving worker gone?): {exc!r}")
+                owned_socket.shut_down(sock)
+        finally:
+            selector.close()
+            finish_soon(self._loop, done)

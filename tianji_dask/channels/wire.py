@@ -14,21 +14,41 @@ A plain contiguous array is pickled as its buffer, dtype string and shape (:func
 in a third of the time numpy's own reduction takes, which pickles the dtype object.
 
 On plain tcp:// the inbox takes the socket from tornado after the handshake (``owned_socket``)
-and reads this framing on its receive loop (``receive_loop.FrameReader``); its credit then comes
+and reads this framing on its receive loop (``owned_tcp.receiving.FrameReader``); its credit then comes
 back in this framing too, on the same socket, which the sender takes from tornado as well and
 reads on a thread with a ``FrameReader`` of its own. On tls:// both directions stay on the
 tornado stream.
+
+**Bytes.** An item counts against a channel's capacity with :func:`payload_nbytes`, the sender's
+number, used by both ends.
+
+**The allocator.** glibc allocator settings for processes that move large messages.
+
+Dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``.  Setting any glibc threshold turns
+off glibc's dynamic mmap threshold, so every buffer of 128 KiB or more is a fresh ``mmap`` and
+its ``munmap`` on free: a 512 KiB message costs 128 page faults on each side (docs/benchmarks.md
+has what that costs a receive).  Small messages keep Dask's setting (it holds a
+CartPole learner's process under its memory budget); the first large message a process
+handles raises the thresholds, at run time through ``mallopt``, just enough for that size to
+be served from the reused heap, with a trim threshold that keeps what a channel may hold in
+flight mapped (its capacity, and a few buffers more): a lower one returns the heap to the system
+each time a consumer catches up, and the next messages fault every page of it in again.
 """
 
 from __future__ import annotations
 
 import copyreg
+import ctypes
+import ctypes.util
 import io
 import pickle
 import socket
 import struct
+import sys
+import threading
 
 import numpy as np
+from dask.sizeof import sizeof
 
 from tianji_dask.errors import ChannelError
 
@@ -163,3 +183,87 @@ def decode(header: bytes | bytearray, buffers: list[np.ndarray]) -> dict:
     if not isinstance(msg, dict):
         raise WireError(f"its header unpickles to a {type(msg).__name__}, not a message dict")
     return msg
+
+
+# ---------------------------------------------------------------------------- bytes
+def payload_nbytes(payload: dict) -> int:
+    """Bytes an item counts against channel capacity: array/tensor/buffer sizes, plus
+    ``dask.sizeof`` of anything else.  Sender and receiver use the sender's number, so the
+    credit accounting of both ends agrees exactly."""
+    if not isinstance(payload, dict):
+        raise TypeError(f"channel payloads are dicts, got {type(payload).__name__}")
+    total = 0
+    for value in payload.values():
+        nbytes = getattr(value, "nbytes", None)  # numpy, torch (Tensor.nbytes), memoryview
+        if isinstance(nbytes, int):
+            total += nbytes
+        elif isinstance(value, (bytes, bytearray)):
+            total += len(value)
+        else:
+            total += int(sizeof(value))
+    return total
+
+
+# ---------------------------------------------------------------------------- the allocator
+LARGE_MESSAGE_BYTES = 128 << 10  # glibc's default mmap threshold
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_KEEP_BUFFERS = 8  # the trim threshold lets this many buffers of the largest size stay mapped
+_KEEP_MAX_BYTES = 512 << 20  # and at most this much in all
+
+_lock = threading.Lock()
+_mmap_threshold = 0  # what this module last set; 0 = untouched
+_in_flight_fit = 0  # the most in-flight bytes the trim threshold was set for
+_libc = None
+
+
+def _mallopt():
+    global _libc
+    if _libc is None:
+        if not sys.platform.startswith("linux"):
+            _libc = False
+        else:
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                _libc = libc.mallopt if hasattr(libc, "mallopt") else False
+            except OSError:
+                _libc = False
+    return _libc
+
+
+def fit_allocator(nbytes: int, in_flight_bytes: int = 0) -> int:
+    """Make buffers of ``nbytes`` come from the heap and keep ``in_flight_bytes`` (the channel's
+    capacity) of freed heap mapped; returns the mmap threshold in force (0 when nothing was
+    changed: small message, or not glibc).  Cheap after the first call."""
+    if nbytes < LARGE_MESSAGE_BYTES or (nbytes <= _mmap_threshold // 2 and in_flight_bytes <= _in_flight_fit):
+        return _mmap_threshold
+    return _raise_thresholds(nbytes, in_flight_bytes)
+
+
+def threshold_for(nbytes: int) -> int:
+    """The mmap threshold that keeps buffers of ``nbytes`` on the heap: the next power of two
+    at or above twice the size, at most glibc's ceiling (larger buffers stay mmapped)."""
+    return min(_MMAP_THRESHOLD_MAX, 1 << (2 * nbytes - 1).bit_length())
+
+
+def trim_threshold_for(mmap_threshold: int, in_flight_bytes: int) -> int:
+    """Free heap kept mapped: what is in flight and a few of the largest buffers, within bounds."""
+    return min(_KEEP_MAX_BYTES, in_flight_bytes + mmap_threshold * _KEEP_BUFFERS)
+
+
+def _raise_thresholds(nbytes: int, in_flight_bytes: int) -> int:
+    global _mmap_threshold, _in_flight_fit
+    with _lock:
+        want = max(threshold_for(nbytes), _mmap_threshold)
+        in_flight = max(in_flight_bytes, _in_flight_fit)
+        if want == _mmap_threshold and in_flight == _in_flight_fit:
+            return _mmap_threshold
+        mallopt = _mallopt()
+        if not mallopt:
+            return 0
+        if mallopt(_M_MMAP_THRESHOLD, want) != 1:
+            return _mmap_threshold
+        mallopt(_M_TRIM_THRESHOLD, trim_threshold_for(want, in_flight))
+        _mmap_threshold, _in_flight_fit = want, in_flight
+        return want

@@ -3,11 +3,19 @@ holds, counting it, the loop step and the heartbeat; a subclass stores one paylo
 and reports its fill (``_fill``). :class:`ReplayBufferRole` is the buffer of off-policy
 algorithms: a bounded replay memory the learner in the same process samples from (Atari runs
 use :class:`~tianji_dask.roles.frame_replay.FrameReplay`: each frame stored once), uniform or
-prioritized (:class:`~tianji_dask.roles.prioritized.PrioritizedReplay`)."""
+prioritized (:class:`~tianji_dask.roles.prioritized.PrioritizedReplay`).
+
+:class:`ReplayMemory` keeps the transitions of a uniform replay: a ring buffer of preallocated
+numpy arrays. Memory is fixed by ``capacity`` at construction (``nbytes``), insertion overwrites
+the oldest transitions and sampling is O(batch) with vectorised indexing. ``state()``/``restore()``
+copy its filled part out and back (:mod:`tianji_dask.roles.replay_state`), or only what changed
+since an earlier state.
+"""
 
 from __future__ import annotations
 
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +26,7 @@ from tianji_dask.channels.ports import Inbox
 from tianji_dask.roles.frame_replay import FrameReplay
 from tianji_dask.roles.heartbeats import BufferCounters, Heartbeat
 from tianji_dask.roles.prioritized import PrioritizedReplay, PrioritySettings
-from tianji_dask.roles.replay import ReplayMemory
-from tianji_dask.roles.replay_state import ReplayMark, ReplayState
+from tianji_dask.roles.replay_state import ReplayMark, ReplayState, mark_for, put_ring, take_arrays
 
 INGEST_WAIT_S = 0.05  # how long one loop step waits for the inbox
 
@@ -175,3 +182,107 @@ class ReplayBufferRole(BufferBase):
 
     def _fill(self) -> dict[str, Any]:
         return {"size": len(self.replay), "capacity": self.replay.capacity}
+
+
+# ---------------------------------------------------------------------------- the replay memory
+FIELDS = ("obs", "next_obs", "actions", "rewards", "discounts")
+
+
+class ReplayMemory:
+    """Uniform replay of transitions ``(obs, action, reward, next_obs, discount)``.
+
+    ``discount`` is the bootstrap factor of the transition: ``gamma**n`` for an n-step
+    transition that did not end its episode, 0 for one that terminated it.
+
+    ``add(batch)`` takes a dict of equally long arrays keyed by :data:`FIELDS`;
+    ``sample(n, rng)`` returns a dict of ``n`` transitions drawn uniformly with
+    replacement. Not thread-safe: the buffer host serialises access.
+    """
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], obs_dtype=np.float32):
+        if capacity < 1:
+            raise ValueError(f"replay capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self._data = {
+            "obs": np.zeros((capacity, *obs_shape), dtype=obs_dtype),
+            "next_obs": np.zeros((capacity, *obs_shape), dtype=obs_dtype),
+            "actions": np.zeros(capacity, dtype=np.int64),
+            "rewards": np.zeros(capacity, dtype=np.float32),
+            "discounts": np.zeros(capacity, dtype=np.float32),
+        }
+        self._pos = 0
+        self._size = 0
+        self.added = 0
+        self.written = 0  # rows written into the ring: the next goes to written % capacity
+        self.token = uuid.uuid4().hex  # names these contents for state(since=...)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @staticmethod
+    def nbytes_for(capacity: int, obs_shape: tuple[int, ...], obs_dtype=np.float32) -> int:
+        """Bytes of a memory of ``capacity`` transitions (what ``nbytes`` reports once built)."""
+        obs = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+        return int(capacity) * (2 * obs + 8 + 4 + 4)  # obs, next_obs, action, reward, discount
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._data.values())
+
+    def add(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Store ``batch``; returns the ring indices written and the batch rows they hold."""
+        n = len(batch["actions"])
+        self.added += n
+        rows = np.arange(n)[-self.capacity :]  # keep only the newest transitions
+        idx = (self._pos + np.arange(len(rows))) % self.capacity
+        for k in FIELDS:
+            self._data[k][idx] = batch[k][rows] if len(rows) < n else batch[k]
+        self._pos = int((self._pos + len(rows)) % self.capacity)
+        self._size = min(self._size + len(rows), self.capacity)
+        self.written += len(rows)
+        return idx, rows
+
+    def filled_nbytes(self) -> int:
+        """Bytes of the filled part: what a full :meth:`state` copies."""
+        return self._size * (self.nbytes // self.capacity)
+
+    def state(self, since: ReplayMark | None = None, extra: dict[str, np.ndarray] | None = None) -> ReplayState:
+        """The contents up to the fill, the write position and the counters; with ``since`` (a
+        mark of an earlier state of this memory) only the transitions written after it.
+        ``extra``: more arrays indexed by ring row, carried with the transitions (a wrapper's)."""
+        arrays = {**self._data, **(extra or {})}
+        ring = take_arrays(arrays, self.capacity, self.written, mark_for(self.token, since, "transitions"))
+        return ReplayState("uniform", self.token, {"transitions": ring}, {"added": self.added})
+
+    def restore(self, state: ReplayState, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Hold exactly what ``state`` (a full one) held; ``extra`` as in :meth:`state`."""
+        if state.kind != "uniform":
+            raise ValueError(f"a {state.kind!r} replay state cannot restore a uniform replay memory")
+        arrays = {**self._data, **(extra or {})}
+        ring = state.rings["transitions"]
+        if set(ring.arrays) != set(arrays):
+            raise ValueError(f"replay state fields {sorted(ring.arrays)} differ from the memory's {sorted(arrays)}")
+
+        def put(rows: np.ndarray, values: dict[str, np.ndarray]) -> None:
+            for k, a in arrays.items():
+                a[rows] = values[k]
+
+        put_ring(ring, put, self.capacity)
+        self.written = ring.total
+        self._pos = ring.total % self.capacity
+        self._size = ring.rows
+        self.added = int(state.values["added"])
+        self.token = state.token
+
+    def valid(self, idx: np.ndarray) -> np.ndarray:
+        """Every stored transition is whole (the frame replay's can lose frames)."""
+        return np.ones(len(idx), bool)
+
+    def get(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The transitions at ring indices ``idx``."""
+        return {k: v[idx] for k, v in self._data.items()}
+
+    def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if self._size == 0:
+            raise ValueError("cannot sample from an empty replay memory")
+        return self.get(rng.integers(0, self._size, size=n))

@@ -157,7 +157,7 @@ class FrameStreams:
 class FrameReplay:
     """Uniform replay of frame-stack transitions, each frame stored once (see the module doc).
 
-    Same protocol as :class:`~tianji_dask.roles.replay.ReplayMemory`: ``add(chunk)`` with the keys
+    Same protocol as :class:`~tianji_dask.roles.buffer.ReplayMemory`: ``add(chunk)`` with the keys
     ``frames, frame_ids, obs, next_obs, actions, rewards, discounts`` (``obs``/``next_obs`` as
     ``(n, stack)`` frame ids); ``sample(n, rng)`` returns ``obs``/``next_obs`` as uint8
     ``(n, stack, H, W)`` stacks plus ``actions, rewards, discounts``. Not thread-safe.

@@ -1,5 +1,5 @@
 """Proportional prioritized replay (Schaul et al. 2016; Ape-X, Horgan et al. 2018) over either
-replay memory (:class:`~tianji_dask.roles.replay.ReplayMemory`,
+replay memory (:class:`~tianji_dask.roles.buffer.ReplayMemory`,
 :class:`~tianji_dask.roles.frame_replay.FrameReplay`).
 
 Transition i is drawn with probability P(i) = p_i^alpha / sum_k p_k^alpha, where p_i = |delta_i|

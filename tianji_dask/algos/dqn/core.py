@@ -17,8 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tianji_dask.algos.batches import BatchMover
-from tianji_dask.algos.graphed import Executor
+from tianji_dask.algos.executor import BatchMover, Executor
 from tianji_dask.algos.networks import DuelingHead, NatureQNetwork, set_trunk_precision
 from tianji_dask.envs import ATARI_OBS_SHAPE
 from tianji_dask.roles.learner_core import State, component, host_arrays, load_optimizer_state, optimizer_state
@@ -180,7 +179,7 @@ class DQNLearner:
     ``update_sampled(sample, count)`` ``count`` of them on batches drawn on the device; both
     return their statistics as a device tensor, without waiting for the device.
 
-    The math is :meth:`loss` and :meth:`_step`; its :class:`~tianji_dask.algos.graphed.Executor`
+    The math is :meth:`loss` and :meth:`_step`; its :class:`~tianji_dask.algos.executor.Executor`
     runs it: on CUDA, Adam is capturable (its learning rate a device tensor), so that
     ``update_sampled`` replays the draws from a device replay and the whole updates as one CUDA
     graph per launch; at most :data:`MAX_UPDATES_IN_FLIGHT` launches are queued on the device at

@@ -23,8 +23,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
-from tianji_dask.algos.batches import BatchMover
-from tianji_dask.algos.graphed import Executor, GraphedStep, Inputs
+from tianji_dask.algos.executor import BatchMover, Executor, GraphedStep, Inputs
 from tianji_dask.algos.networks import AtariActorCritic, network_kind, set_trunk_precision
 from tianji_dask.algos.ppo.gaussian import GaussianActorCritic, GaussianPolicy
 from tianji_dask.algos.ppo.mlp import tanh_mlp
@@ -351,7 +350,7 @@ def minibatch(t: Inputs, observations, prox_logp: torch.Tensor | None, idx: torc
 class PPOLearner:
     """Owns the network and Adam; ``train(batch, progress)`` runs the minibatch epochs.
 
-    The math is :meth:`loss` and :meth:`_iteration`; its :class:`~tianji_dask.algos.graphed.Executor`
+    The math is :meth:`loss` and :meth:`_iteration`; its :class:`~tianji_dask.algos.executor.Executor`
     runs it: on CUDA, Adam is capturable (its learning rate a device tensor), so that the whole
     iteration (``algo.cuda_graph: iteration``) or each minibatch step (``minibatch``) is replayed
     as one CUDA graph. The iteration's graph warms up with one eager iteration (its 128 minibatch

@@ -111,7 +111,7 @@ def local_cluster(
 
     # Dask's MALLOC_TRIM_THRESHOLD_ stays: it keeps the small-message processes' memory low, and
     # the channels raise glibc's thresholds themselves once large messages arrive
-    # (channels/malloc.py; docs/benchmarks.md has both measurements).
+    # (channels/wire.py, the allocator; docs/benchmarks.md has both measurements).
     # Dask's default memory limit splits the machine evenly between workers, and its nanny kills
     # a worker past 95 % of its share. The roles are not even: one buffer may hold a replay of
     # most of the machine beside small actors, so each worker may use it all

@@ -11,13 +11,13 @@ import textwrap
 
 import pytest
 
-from tianji_dask.channels import malloc
+from tianji_dask.channels import wire
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
 MALLINFO = textwrap.dedent("""
     import ctypes, json, sys
-    from tianji_dask.channels.malloc import fit_allocator
+    from tianji_dask.channels.wire import fit_allocator
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in
@@ -64,10 +64,10 @@ def test_large_buffers_leave_mmap_after_fit():
 
 
 def test_threshold_rounds_up_and_is_capped():
-    assert malloc.threshold_for(128 << 10) == 256 << 10
-    assert malloc.threshold_for(600_000) == 2 << 20
-    assert malloc.threshold_for(4 << 20) == 8 << 20
-    assert malloc.threshold_for(64 << 20) == 32 << 20
+    assert wire.threshold_for(128 << 10) == 256 << 10
+    assert wire.threshold_for(600_000) == 2 << 20
+    assert wire.threshold_for(4 << 20) == 8 << 20
+    assert wire.threshold_for(64 << 20) == 32 << 20
 
 
 TRIM_PROBE = textwrap.dedent("""
@@ -94,6 +94,6 @@ def test_freed_heap_of_a_channels_capacity_stays_mapped(in_flight):
 
 
 def test_trim_threshold_keeps_what_is_in_flight_within_bounds():
-    assert malloc.trim_threshold_for(1 << 20, 0) == 8 << 20
-    assert malloc.trim_threshold_for(1 << 20, 16 << 20) == 24 << 20
-    assert malloc.trim_threshold_for(32 << 20, 4 << 30) == 512 << 20
+    assert wire.trim_threshold_for(1 << 20, 0) == 8 << 20
+    assert wire.trim_threshold_for(1 << 20, 16 << 20) == 24 << 20
+    assert wire.trim_threshold_for(32 << 20, 4 << 30) == 512 << 20
