@@ -34,15 +34,14 @@ still gets a time to target.
 
 usage: python3 ppo_sb3.py [--env Pendulum-v1] [--seed 0] [--target -200] [--max-seconds 600]
                           [--max-env-steps 1000000] [--threads 0]
-Prints a final JSON line: seconds_to_target (from just before the envs and the model are built;
-imports excluded) and env steps then (null if not reached, or with no --target), wall_s,
-env_steps, env_steps_per_s, return_mean_100 at the end, and the 100-episode mean return after
-each episode as a curve of (seconds, env steps, mean).
+Prints a final JSON line, the record of ``time_to_target_record.py`` beside it: seconds_to_target
+(from just before the envs and the model are built; imports excluded) and env steps then (null if
+not reached, or with no --target), wall_s, env_steps, env_steps_per_s, return_mean_100 at the end,
+the best full window's mean, and the 100-episode mean return after each episode as a curve of
+(seconds, env steps, mean).
 """
 
 import argparse
-import collections
-import json
 import time
 
 import torch
@@ -51,6 +50,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
+from time_to_target_record import TimeToTarget, print_record
 
 #: env id -> (n_envs, normalize, PPO's keyword arguments)
 ZOO = {
@@ -94,29 +94,19 @@ ZOO = {
 }
 
 
-class TimeToTarget(BaseCallback):
-    """Stops training once the mean return of the last 100 episodes (at least 100 of them, as
-    tianji-dask's stop.target_return) reaches ``target``, or after ``max_seconds``."""
+class StopAtTarget(BaseCallback):
+    """Feeds each finished episode to ``tracker`` and stops training once the mean return of the
+    last 100 episodes reaches its target, or after its ``max_seconds``."""
 
-    def __init__(self, t0: float, target: float | None, max_seconds: float):
+    def __init__(self, tracker: TimeToTarget):
         super().__init__()
-        self.t0, self.target, self.max_seconds = t0, target, max_seconds
-        self.window: collections.deque = collections.deque(maxlen=100)
-        self.curve: list[tuple[float, int, float]] = []
-        self.seconds_to_target: float | None = None
-        self.env_steps_to_target: int | None = None
+        self.tracker = tracker
 
     def _on_step(self) -> bool:
-        now = time.perf_counter() - self.t0
         for info in self.locals["infos"]:
             if "episode" in info:  # Monitor's record of a finished episode
-                self.window.append(info["episode"]["r"])
-                mean = sum(self.window) / len(self.window)
-                self.curve.append((now, self.num_timesteps, mean))
-                reached = self.target is not None and len(self.window) == 100 and mean >= self.target
-                if reached and self.seconds_to_target is None:
-                    self.seconds_to_target, self.env_steps_to_target = now, self.num_timesteps
-        return self.seconds_to_target is None and now < self.max_seconds
+                self.tracker.episode(info["episode"]["r"], self.num_timesteps)
+        return not self.tracker.reached and not self.tracker.out_of_time()
 
 
 def main() -> None:
@@ -130,28 +120,20 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
+    tracker = TimeToTarget(time.perf_counter(), args.target, args.max_seconds)
     n_envs, normalize, hyperparameters = ZOO[args.env]
     env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
     if normalize:
         env = VecNormalize(env, gamma=hyperparameters["gamma"])
     model = PPO("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **hyperparameters)
-    cb = TimeToTarget(t0, args.target, args.max_seconds)
-    model.learn(total_timesteps=args.max_env_steps, callback=cb)
-    wall = time.perf_counter() - t0
-    steps = int(model.num_timesteps)
-    result = {
-        "seconds_to_target": cb.seconds_to_target,
-        "env_steps_to_target": cb.env_steps_to_target,
-        "wall_s": wall,
-        "env_steps": steps,
-        "env_steps_per_s": steps / wall,
-        "return_mean_100": sum(cb.window) / len(cb.window) if cb.window else None,
-        "torch_threads": torch.get_num_threads(),
-        "hyperparameters": {"n_envs": n_envs, "normalize": normalize, **hyperparameters},
-        "curve": cb.curve,
-    }
-    print(json.dumps(result, default=str), flush=True)
+    model.learn(total_timesteps=args.max_env_steps, callback=StopAtTarget(tracker))
+    print_record(
+        tracker.record(
+            int(model.num_timesteps),
+            torch_threads=torch.get_num_threads(),
+            hyperparameters={"n_envs": n_envs, "normalize": normalize, **hyperparameters},
+        )
+    )
 
 
 if __name__ == "__main__":
