@@ -121,15 +121,18 @@ def binary_args() -> list[str]:
 
 
 def pip_download(spec: str, dest: Path, pip_args: list[str]) -> Path | None:
-    """The cp312 wheel of ``spec`` fetched into ``dest``, else its sdist; None if neither exists."""
+    """The cp312 wheel of ``spec`` fetched into ``dest``, else its sdist; None if neither exists
+    (pip's last words printed)."""
+    name = canonicalize_name(Requirement(spec).name)
+    said = ""
     for how in (binary_args(), ["--no-binary=:all:"]):
-        before = set(dest.iterdir())
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *how, *pip_args, "-d", str(dest), spec]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        new = set(dest.iterdir()) - before
-        if done.returncode == 0:
-            name = canonicalize_name(Requirement(spec).name)
-            return new.pop() if new else next(p for p in dest.iterdir() if dist_name(p) == name)
+        found = [p for p in dest.iterdir() if dist_name(p) == name]
+        if done.returncode == 0 and found:
+            return max(found, key=lambda p: p.stat().st_mtime)
+        said = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}, nothing saved"]
+    print(f"wheels.py: {spec}: {said[0]}", file=sys.stderr)
     return None
 
 
@@ -219,7 +222,9 @@ def fetch_closure(peer: Peer, dest: Path, pip_args: list[str], self_contained: b
             if not new_extras:
                 continue
         else:
-            path = pip_download(str(req), dest, pip_args)
+            bare = Requirement(str(req))
+            bare.marker = None  # evaluated above for the machine; pip would evaluate it for this one
+            path = pip_download(str(bare), dest, pip_args)
             if path is None:
                 got.missing.append(said)
                 continue
