@@ -39,7 +39,7 @@ the settings' ``train_for_env_steps`` (and with it the learning-rate decay) stay
 also ends where those settings end it. Episode returns come from Sample Factory's episodic-stats
 hook (``Runner.register_episodic_stats_handler``): the raw full-game return of gymnasium's
 ``RecordEpisodeStatistics`` where the env has it (the Atari envs, under reward clipping and
-episodic life: the same return tianji-dask records), else the episode's summed reward.
+episodic life: the same return tianji-dask records; the gymnasium ids get that wrapper too).
 
 Env steps, as tianji-dask counts them: one step of the policy (on Atari one agent step, 4
 emulator frames). Sample Factory counts the steps its learner trained on, times the frame skip
@@ -110,10 +110,13 @@ def published_settings(settings: str) -> dict[str, Any]:
 
 
 def make_gym_env(full_env_name, cfg=None, env_config=None, render_mode=None):
-    """A gymnasium id made as ``sf_examples/mujoco/mujoco_utils.make_mujoco_env`` makes its ids."""
+    """A gymnasium id made as ``sf_examples/mujoco/mujoco_utils.make_mujoco_env`` makes its ids,
+    in gymnasium's ``RecordEpisodeStatistics`` (which changes no observation or reward), as
+    ``atari_utils.make_atari_env`` does: Sample Factory's own episode sums start over after its
+    start-up's decorrelation steps, so each env's first episode would count from the middle."""
     import gymnasium as gym
 
-    return gym.make(full_env_name, render_mode=render_mode)
+    return gym.wrappers.RecordEpisodeStatistics(gym.make(full_env_name, render_mode=render_mode))
 
 
 def make_atari_env(full_env_name, cfg=None, env_config=None, render_mode=None):
