@@ -21,7 +21,8 @@ group) and recorded as failed. ``--peer-arg sf=--settings=atari_faster`` passes 
 to a peer's runner.
 
 Peers: ``sf``: Sample Factory 2.1.1's APPO (``peers/sf_appo.py``, its Atari or MuJoCo example
-settings); ``sb3``: stable-baselines3's PPO with rl-baselines3-zoo's settings (``peers/ppo_sb3.py``).
+settings); ``sb3``: stable-baselines3's PPO with rl-baselines3-zoo's settings (``peers/ppo_sb3.py``: its
+``atari`` entry on Pong, its tuned HalfCheetah entry).
 
 ``--continue`` adds seeds to the race already in the folder (same task, config, overrides, target,
 limits and peers); without it a folder that holds a race is refused. One seed a call fits a device
@@ -85,7 +86,7 @@ def sb3(env: str) -> Callable[[int], list[str]]:
 
 
 TASKS = {
-    "pong": Task("configs/pong_ppo.yaml", 18.0, None, {"sf": sf("atari_pong")}),
+    "pong": Task("configs/pong_ppo.yaml", 18.0, None, {"sf": sf("atari_pong"), "sb3": sb3("PongNoFrameskip-v4")}),
     "halfcheetah": Task(
         "configs/halfcheetah_ppo_16core.yaml",
         None,

@@ -159,6 +159,16 @@ def test_sb3_ppo_records_pendulum_as_the_other_runners():
     assert rec["reached"] and rec["hyperparameters"]["n_steps"] == 1024
 
 
+@needs("sb3")
+@pytest.mark.slow
+def test_sb3_ppo_plays_pong_with_the_zoos_atari_entry():
+    rec = run_runner("sb3", "ppo_sb3.py", "--env", "PongNoFrameskip-v4", "--target", "18", "--max-seconds", "30",
+                     "--threads", "2")  # fmt: skip
+    check_record(rec)
+    assert rec["hyperparameters"]["learning_rate"] == "lin_0.00025" and rec["hyperparameters"]["n_envs"] == 8
+    assert all(-21 <= c[2] <= 21 for c in rec["curve"]), "not full-game Pong returns"
+
+
 # --- wheels.py ----------------------------------------------------------------------------------
 
 
@@ -241,8 +251,8 @@ def test_wheels_refuses_a_part_larger_than_a_call_and_a_folder_in_use(tmp_path, 
 @pytest.mark.parametrize(
     "argv, said",
     [
-        (["pong"], "give at least one --peer: sf race pong"),
-        (["pong", "--peer", "nope"], "--peer nope: 'nope' is not one of sf"),
+        (["pong"], "give at least one --peer: sb3, sf race pong"),
+        (["pong", "--peer", "nope"], "--peer nope: 'nope' is not one of sb3, sf"),
         (["cartpole", "--peer", "sf=/nowhere/bin/python"], "--peer sf: interpreter /nowhere/bin/python not found"),
         (["cartpole", "--peer", "sf", "--peer-arg", "sb3=--x"], "--peer-arg sb3=--x: 'sb3' is not one of sf"),
     ],
