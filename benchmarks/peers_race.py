@@ -153,16 +153,17 @@ def run_peer(name: str, cmd: list[str], seed: int, log: Path, timeout: float) ->
     """One peer run; its record (the last JSON line of its output) as a race row."""
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        killed = ""
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return {"system": name, "seed": seed, "error": f"still running {timeout:.0f} s after its start: killed"}
+            rc = proc.wait()
+            killed = f"still running {timeout:.0f} s after its start: killed"
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
-    if rc != 0 or not lines:
-        return {"system": name, "seed": seed, "error": f"exit {rc}, see {portable_path(log)}"}
-    res = json.loads(lines[-1])
+    if not lines or (rc != 0 and not killed):
+        return {"system": name, "seed": seed, "error": killed or f"exit {rc}, see {portable_path(log)}"}
+    res = json.loads(lines[-1])  # a runner killed in its shutdown printed its record as it stopped
     t, steps, mean = zip(*res["curve"], strict=True) if res["curve"] else ((), (), ())
 
     def nan(x):
@@ -181,6 +182,7 @@ def run_peer(name: str, cmd: list[str], seed: int, log: Path, timeout: float) ->
         "episodes": res.get("episodes"),
         "settings_source": res.get("settings_source", SB3_SOURCE if name == "sb3" else None),
         "settings": res.get("settings", res.get("hyperparameters")),
+        "killed": killed or None,
         "curve": {"time": list(t), "env_steps": list(steps), "return": list(mean)},
     }
 

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from functools import cache
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_sf_appo_reaches_a_small_cartpole_target_with_its_mujoco_settings():
     assert rec["reached"], f"CartPole's 100-episode mean never reached 25: best {rec['best_return_mean_100']}"
     assert rec["settings_name"] == "mujoco" and "mujoco_params.py" in rec["settings_source"]
     assert rec["settings"]["num_workers"] == 2 and rec["settings"]["rollout"] == 64  # the file's, but the workers
-    assert rec["sf_env_steps"] == rec["env_steps"] and rec["frames_per_env_step"] == 1
+    assert rec["sf_env_steps"] == rec["env_steps"] and rec["frames_per_env_step"] == 1 and rec["status"] == 0
 
 
 @needs("sf")
@@ -262,6 +263,22 @@ def test_the_race_refuses_bad_peers_before_any_run(argv, said, tmp_path, capsys)
         peers_race.main([*argv, "--out", str(tmp_path)])
     assert stop.value.code == 2 and said in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_peer_killed_in_its_shutdown_keeps_the_record_it_printed_as_it_stopped(tmp_path):
+    rec = record_module.TimeToTarget(0.0, target=None, max_seconds=1.0).record(env_steps=10)
+    rec["curve"] = [[0.5, 10, -1.0]]
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text(f"import json, time\nprint(json.dumps({rec!r}), flush=True)\ntime.sleep(600)\n")
+    t0 = time.monotonic()
+    row = peers_race.run_peer("sf", [sys.executable, str(hangs)], 3, tmp_path / "sf.log", timeout=3.0)
+    assert time.monotonic() - t0 < 30
+    assert row["killed"] == "still running 3 s after its start: killed" and "error" not in row
+    assert (row["seed"], row["env_steps"], row["curve"]["return"]) == (3, 10, [-1.0])
+    silent = tmp_path / "silent.py"
+    silent.write_text("import time\ntime.sleep(600)\n")
+    row = peers_race.run_peer("sf", [sys.executable, str(silent)], 3, tmp_path / "sf2.log", timeout=2.0)
+    assert row == {"system": "sf", "seed": 3, "error": "still running 2 s after its start: killed"}
 
 
 @needs("sf")

@@ -151,8 +151,9 @@ class StopAtTarget:
     """Sample Factory's ``AlgoObserver`` and episodic-stats handler in one: feeds the tracker each
     finished episode, and ends the run once the target, the step budget or the time cap is met."""
 
-    def __init__(self, tracker: TimeToTarget, max_env_steps: int):
-        self.tracker, self.max_env_steps = tracker, max_env_steps
+    def __init__(self, tracker: TimeToTarget, max_env_steps: int, extra: dict[str, Any]):
+        self.tracker, self.max_env_steps, self.extra = tracker, max_env_steps, extra
+        self.stopping = False
         self.steps_per_sf_step = 1  # Sample Factory's steps (frames where it counts frames) per env step
         self.frames_per_env_step = 1
 
@@ -179,10 +180,24 @@ class StopAtTarget:
 
     def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
         t = self.tracker
-        if t.reached or t.out_of_time() or self.env_steps(runner) >= self.max_env_steps:
+        if not self.stopping and (t.reached or t.out_of_time() or self.env_steps(runner) >= self.max_env_steps):
+            self.stopping = True
             # Runner._should_end_training runs right after the observers: a budget of no steps
             # ends the run through Sample Factory's own stop (final checkpoint, workers joined)
             runner.cfg.train_for_env_steps = 0
+            # the record now too: should the shutdown hang and the race kill it, this one stands
+            print_record(self.record(runner, status="stopping"))
+
+    def record(self, runner, status: int | str) -> dict[str, Any]:
+        return self.tracker.record(
+            self.env_steps(runner),
+            system="sample-factory APPO",
+            status=status,
+            sf_env_steps=runner.env_steps.get(0, 0),
+            sf_env_steps_per_env_step=self.steps_per_sf_step,
+            frames_per_env_step=self.frames_per_env_step,
+            **self.extra,
+        )
 
     def extra_summaries(self, runner, policy_id, env_steps, writer) -> None: ...
 
@@ -230,27 +245,20 @@ def main(argv: list[str] | None = None) -> int:
 
     tracker = TimeToTarget(time.perf_counter(), args.target, args.max_seconds)
     cfg, runner = make_runner(cfg)
-    stop = StopAtTarget(tracker, args.max_env_steps)
+    extra = {
+        "settings_name": settings_name,
+        "settings_source": f"{SOURCE}: {SETTINGS_FILES[settings_name]}",
+        "settings": {**settings, "num_workers": args.workers, "device": args.device, "seed": args.seed},
+        "compat_patches": PATCHES,
+        "torch_threads": torch.get_num_threads(),
+    }
+    stop = StopAtTarget(tracker, args.max_env_steps, extra)
     runner.register_episodic_stats_handler(stop.episodes)
     runner.register_observer(stop)
     status = runner.init()
     if status == 0:
         status = runner.run()
-    print_record(
-        tracker.record(
-            stop.env_steps(runner),
-            system="sample-factory APPO",
-            status=int(status),
-            sf_env_steps=runner.env_steps.get(0, 0),
-            sf_env_steps_per_env_step=stop.steps_per_sf_step,
-            frames_per_env_step=stop.frames_per_env_step,
-            settings_name=settings_name,
-            settings_source=f"{SOURCE}: {SETTINGS_FILES[settings_name]}",
-            settings={**settings, "num_workers": args.workers, "device": args.device, "seed": args.seed},
-            compat_patches=PATCHES,
-            torch_threads=torch.get_num_threads(),
-        )
-    )
+    print_record(stop.record(runner, int(status)))
     return 0 if status == 0 else 1
 
 
