@@ -56,8 +56,8 @@ normalisation wrapper: the entry sets no ``normalize``; HalfCheetah: ``normalize
 ``--max-env-steps`` rather than the zoo's n_timesteps, so that a Pendulum seed that needs longer
 still gets a time to target.
 
-usage: python3 ppo_sb3.py [--env Pendulum-v1] [--seed 0] [--target -200] [--max-seconds 600]
-                          [--max-env-steps 1000000] [--threads 0]
+usage: python3 ppo_sb3.py [--env Pendulum-v1|HalfCheetah-v5|PongNoFrameskip-v4] [--seed 0]
+                          [--target -200] [--max-seconds 600] [--max-env-steps N] [--threads 0]
 Prints a final JSON line, the record of ``time_to_target_record.py`` beside it: seconds_to_target
 (from just before the envs and the model are built; imports excluded) and env steps then (null if
 not reached, or with no --target), wall_s, env_steps, env_steps_per_s, return_mean_100 at the end,
@@ -175,15 +175,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=None, help="stop at this 100-episode mean (default: none)")
     p.add_argument("--max-seconds", type=float, default=600.0)
-    p.add_argument("--max-env-steps", type=int, default=1_000_000)
+    p.add_argument("--max-env-steps", type=int, help="default: the zoo's n_timesteps on Atari, else 1M")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     tracker = TimeToTarget(time.perf_counter(), args.target, args.max_seconds)
     model, schedule_steps, hyperparameters = make_model(args.env, args.seed)
-    total = max(schedule_steps, args.max_env_steps)
-    model.learn(total_timesteps=total, callback=StopAtTarget(tracker, args.max_env_steps))
+    budget = args.max_env_steps or schedule_steps or 1_000_000
+    model.learn(total_timesteps=max(schedule_steps, budget), callback=StopAtTarget(tracker, budget))
     print_record(
         tracker.record(
             int(model.num_timesteps),
