@@ -142,7 +142,8 @@ def run_single(seed: int, args, log: Path) -> dict:
 def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
     cmd = [sys.executable, "-u", str(HERE / "time_to_target.py"), args.config, "--modes", "distributed"]
     cmd += ["--seeds", str(seed), "--out", str(out), "--runs", str(out / "runs")]
-    for s in [f"stop.target_return={args.target}", f"stop.max_seconds={args.max_seconds}", *args.overrides]:
+    target = "null" if args.target is None else args.target  # None: no target (a budget of env steps)
+    for s in [f"stop.target_return={target}", f"stop.max_seconds={args.max_seconds}", *args.overrides]:
         cmd += ["--set", s]
     with log.open("w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
@@ -158,6 +159,7 @@ def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
             "return": ds.return_mean_100.values.tolist(),
         }
         rates = in_run_rates(ds)
+        best = float(ds.return_mean_100.where(ds.episodes >= 100).max()) if "episodes" in ds else math.nan
     return {
         "system": "tianji",
         "seed": seed,
@@ -166,6 +168,8 @@ def run_tianji(seed: int, args, out: Path, log: Path) -> dict:
         "wall_s": row["wall_s"],
         "env_steps": row["env_steps"],
         "env_steps_per_s": row["env_steps"] / row["wall_s"],
+        "return_mean_100": row["return_mean_100"],
+        "best_return_mean_100": best,
         "run_dir": row["run_dir"],
         "curve": curve,
         **rates,
@@ -240,7 +244,7 @@ def system_seed_grid(rows: list[dict], systems: tuple[str, ...], seeds: list[int
 
 def alternate(
     seeds: list[int],
-    systems: tuple[str, str],
+    systems: tuple[str, ...],
     run: Callable[[str, int], dict],
     save: Callable[[list[dict]], dict],
     rows: list[dict] | None = None,
@@ -273,12 +277,21 @@ def alternate(
 RACE_KEYS = ("config", "overrides", "target", "max_seconds", "single_max_seconds")
 
 
-def continued(out: Path, meta: dict, seeds: list[int], go_on: bool) -> tuple[list[dict], list[int], list[dict]]:
+def continued(
+    out: Path,
+    meta: dict,
+    seeds: list[int],
+    go_on: bool,
+    *,
+    name: str = "vs_single.json",
+    systems: tuple[str, ...] = SYSTEMS,
+    keys: tuple[str, ...] = RACE_KEYS,
+) -> tuple[list[dict], list[int], list[dict]]:
     """(the runs kept, the seeds still to run, the raw ALE measurements kept) for a race into
-    ``out``: nothing kept for a new race. An ``out`` holding a race is continued only with
-    ``go_on`` (``--continue``) and only if it is the same race (``RACE_KEYS`` of ``meta``);
-    anything else is a ``SystemExit`` naming the fix, before any run."""
-    path = out / "vs_single.json"
+    ``out`` (its ``name``, of ``systems``): nothing kept for a new race. An ``out`` holding a race
+    is continued only with ``go_on`` (``--continue``) and only if it is the same race (``keys`` of
+    ``meta``); anything else is a ``SystemExit`` naming the fix, before any run."""
+    path = out / name
     if not path.exists():
         return [], seeds, []
     if not go_on:
@@ -288,12 +301,12 @@ def continued(out: Path, meta: dict, seeds: list[int], go_on: bool) -> tuple[lis
         old_meta, rows = old["meta"], old["runs"]
     except (ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"--continue: {path} is not a race's result ({exc!r}): give another --out") from None
-    differs = [k for k in RACE_KEYS if old_meta.get(k) != meta.get(k)]
+    differs = [k for k in keys if old_meta.get(k) != meta.get(k)]
     if differs:
         said = ", ".join(f"{k} {old_meta.get(k)!r} there, {meta.get(k)!r} now" for k in differs)
         raise SystemExit(f"--continue: the race in {out} is another one ({said}): give the same flags or another --out")
     finished = {(r["seed"], r["system"]) for r in rows if "error" not in r}
-    ran = {seed for seed, _ in finished if all((seed, system) in finished for system in SYSTEMS)}
+    ran = {seed for seed, _ in finished if all((seed, system) in finished for system in systems)}
     rows = [
         r for r in rows if r["seed"] in ran and "error" not in r
     ]  # a seed with a failed run runs again, both systems
