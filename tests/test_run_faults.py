@@ -26,6 +26,18 @@ def _workers() -> dict[int, psutil.Process]:
     return {p.pid: p for p in worker_processes()}
 
 
+def _kill_a_new_worker(before: set[int], kills: list[str], moment: str) -> bool:
+    """SIGKILL the first worker process not in ``before`` that is still there; False if none is."""
+    for pid in sorted(set(_workers()) - before):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        kills.append(moment)
+        return True
+    return False
+
+
 def _pid_of(client: Client, address: str) -> int:
     """The process id of the worker at ``address``, as the worker itself tells it."""
     return client.run(os.getpid, workers=[address])[address]
@@ -76,9 +88,9 @@ def test_a_worker_killed_at_any_moment_of_the_run_is_survived(h, tmp_path):
         assert ok, f"killed {kills}; result {run.result}; events:\n" + "\n".join(events)
 
     with h.ending(run):
-        # 1. as the LocalCluster starts: its first worker process, once it exists
-        until(lambda: set(_workers()) - before, interval=0.01)
-        kill(min(set(_workers()) - before), "cluster start")
+        # 1. as the LocalCluster starts: its first worker process, once it exists (found and
+        # killed in one look: a process seen once may be gone by a second look)
+        until(lambda: _kill_a_new_worker(before, kills, "cluster start"), interval=0.01)
         # 2. while the hosts are created: on_event kills the actor's worker once they are placed
         # 3. during a re-creation: once the run produces, the actor's worker; on_event kills its
         # replacement as the run re-creates the actor there

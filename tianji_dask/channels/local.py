@@ -115,7 +115,7 @@ class LocalQueue:
             self._blocked_s += time.monotonic() - start
 
     def _take(self, max_items: int | None) -> list[Item]:
-        taken = [item for item, _ in self._queue.take(max_items)]
+        taken, _ = self._queue.take(max_items)
         self._expected_seq = self._queue.count(taken, self._expected_seq)
         if taken:
             self._takes += 1

@@ -138,15 +138,12 @@ class QueueInbox:
             }
 
     def _take(self, max_items: int | None) -> tuple[list[Item], list[SenderConn]]:
-        taken: list[Item] = []
-        credited: dict[SenderConn, None] = {}
-        for item, conn in self._queue.take(max_items):
-            taken.append(item)
-            if conn.live:
-                conn.credit_due += item.nbytes
-                credited[conn] = None
+        taken, credit = self._queue.take(max_items)
         kicks: list[SenderConn] = []
-        for conn in credited:
+        for conn, nbytes in credit.items():
+            if not conn.live:
+                continue
+            conn.credit_due += nbytes
             if not conn.kick_scheduled:
                 conn.kick_scheduled = True
                 kicks.append(conn)
@@ -385,13 +382,19 @@ class CreditQueue(Generic[Origin]):
                 break
             self.cond.wait(remaining)
 
-    def take(self, max_items: int | None) -> list[tuple[Item, Origin]]:
-        """Up to ``max_items`` of the oldest items (all if None), with their origins."""
-        n = len(self.items) if max_items is None else min(max_items, len(self.items))
-        taken = [self.items.popleft() for _ in range(n)]
-        for item, _ in taken:
-            self.queued_bytes -= item.nbytes
-        return taken
+    def take(self, max_items: int | None) -> tuple[list[Item], dict[Origin, int]]:
+        """Up to ``max_items`` of the oldest items (all if None), and the bytes taken from each
+        origin: the credit due back to it."""
+        items = self.items
+        n = len(items) if max_items is None else min(max_items, len(items))
+        taken: list[Item] = []
+        credit: dict[Origin, int] = {}
+        for _ in range(n):  # one pass an item: the consumer's side of a tiny item's cost
+            item, origin = items.popleft()
+            taken.append(item)
+            credit[origin] = credit.get(origin, 0) + item.nbytes
+        self.queued_bytes -= sum(credit.values())
+        return taken, credit
 
     def close(self) -> None:
         self.closed = True
