@@ -119,6 +119,36 @@ def test_sf_appo_reaches_a_small_cartpole_target_with_its_mujoco_settings():
 
 
 @needs("sf")
+def test_sf_appo_sizes_synchronous_settings_to_the_workers_as_sample_factory_requires():
+    """The published synchronous files are sized for 8 workers; with 16 Sample Factory refuses to
+    start unless an iteration trains on a whole number of rollouts: the minibatches double, and
+    nothing else of the settings changes (asynchronous settings stay as they are)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import sf_appo\n"
+        "out = {f'{s} {w}': sf_appo.fit_to_workers(sf_appo.published_settings(s), w)\n"
+        "       for s in ('atari', 'mujoco', 'atari_faster') for w in (8, 16, 12)}\n"
+        "out['published'] = {s: sf_appo.published_settings(s) for s in ('atari', 'mujoco', 'atari_faster')}\n"
+        "print(json.dumps(out))"
+    )
+    cmd = [peer_python("sf"), "-c", code, str(BENCH / "peers")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    published = got.pop("published")
+    for key, fitted in got.items():
+        settings, workers = key.split()
+        s = published[settings]
+        rollout = int(workers) * s["num_envs_per_worker"] * s["rollout"]
+        if not s["async_rl"]:
+            assert (fitted["batch_size"] * fitted["num_batches_per_epoch"]) % rollout == 0, (key, fitted)
+        changed = {k for k in fitted if fitted[k] != s.get(k)}
+        assert changed <= {"num_batches_per_epoch"}, (key, changed)
+    assert got["atari 8"] == published["atari"] and got["mujoco 8"] == published["mujoco"]
+    assert got["atari 16"]["num_batches_per_epoch"] == got["mujoco 16"]["num_batches_per_epoch"] == 8
+    assert got["atari_faster 16"] == published["atari_faster"]
+
+
+@needs("sf")
 def test_sf_appo_stops_at_its_budget_of_env_steps_on_pendulum():
     rec = run_runner("sf", "sf_appo.py", "--env", "Pendulum-v1", "--max-env-steps", "4096", "--max-seconds", "90",
                      "--workers", "2", "--device", "cpu")  # fmt: skip

@@ -13,7 +13,9 @@ gymnasium changed under Sample Factory 2.1.1, at run time.
 The settings are Sample Factory's own, read from the installed package (PyPI's sample-factory
 2.1.1 = alex-petrenko/sample-factory tag v2.1.1, commit 91e5893614759d5d73f4949ec654fa59201ab7b2;
 both files are unchanged at master 1894bd1e of 2025-11-14), with ``--algo=APPO`` as its docs and
-launcher scripts run them, unchanged except ``num_workers`` (``--workers``, the machine's cores):
+launcher scripts run them, unchanged except ``num_workers`` (``--workers``, the machine's cores)
+and, for synchronous settings with more workers than the 8 they are sized for, as many more
+minibatches an iteration as Sample Factory then needs (:func:`fit_to_workers`):
 
 * ``--settings atari`` (Atari ids such as ``atari_pong``): ``sf_examples/atari/atari_params.py``
   ``atari_override_defaults``, the settings of ``sf_examples/atari/experiments/atari_envs.py``,
@@ -107,6 +109,23 @@ def published_settings(settings: str) -> dict[str, Any]:
         if settings == "atari_faster":
             caught.values.update(ATARI_FASTER)
     return caught.values
+
+
+def fit_to_workers(settings: dict[str, Any], workers: int) -> dict[str, Any]:
+    """The settings for ``workers`` workers. Synchronous settings (``async_rl=False``) train each
+    iteration on what one rollout of every worker collected, and Sample Factory refuses to start
+    unless the samples of an iteration (``batch_size x num_batches_per_epoch``) are a whole
+    multiple of a rollout's (``workers x num_envs_per_worker x rollout``): the published files are
+    sized for 8 workers. With more, the iteration takes as many more minibatches of the same size
+    as that needs (the epochs, the minibatch and the rollout stay); asynchronous settings are kept."""
+    if settings.get("async_rl", True):
+        return settings
+    rollout = workers * settings.get("num_envs_per_worker", 2) * settings.get("rollout", 32)
+    batch = settings.get("batch_size", 1024)
+    batches = settings.get("num_batches_per_epoch", 1)
+    while (batch * batches) % rollout:
+        batches += 1
+    return {**settings, "num_batches_per_epoch": batches}
 
 
 def make_gym_env(full_env_name, cfg=None, env_config=None, render_mode=None):
@@ -234,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.env not in {spec.name for spec in ATARI_ENVS}:
             p.error(f"--env {args.env}: not one of Sample Factory's Atari names (atari_pong, atari_breakout, ...)")
     register_env(args.env, make_atari_env if atari else make_gym_env)
-    settings = published_settings(settings_name)
+    settings = fit_to_workers(published_settings(settings_name), args.workers)
     train_dir = args.train_dir or Path(tempfile.mkdtemp(prefix="sf-appo-"))
 
     cfg = parse_config(args, settings, train_dir)
