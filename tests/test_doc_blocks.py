@@ -246,6 +246,7 @@ def shell_without_a_venv(venv: Path) -> dict[str, str]:
         p for p in env.get("PATH", "").split(os.pathsep) if p not in venvs and ".venv" not in p
     )
     env["TIANJI_VENV"] = str(venv)
+    env["TIANJI_TEST_PROCESSES"] = "0"  # the README's ./dev test, collected in one process rather than two
     return env
 
 
@@ -294,8 +295,11 @@ def test_the_readme_shell_blocks_run_as_pasted_from_a_fresh_clone(tmp_path):
             f"{where}\nexit 127, a command the shell does not find: spell it ./dev COMMAND\n{r.stderr[-2000:]}"
         )
         assert r.returncode == 0, f"{where}\nexit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    # what the blocks made in the clone: the sweep's runs, the plot, the plan
-    assert len(list(clone.glob("runs/sweeps/*/*/metrics.nc"))) >= 2
+    # what the blocks made in the clone: every combination of the sweep's grid a run, its manifest
+    # for sweep --resume, the plot, the plan
+    (sweep,) = clone.glob("runs/sweeps/*/sweep.yaml")
+    combinations = {f"seed={s}__algo.lr={lr}" for s in (0, 1) for lr in ("1e-4", "3e-4")}
+    assert {p.parent.name for p in sweep.parent.glob("*/metrics.nc")} == combinations
     assert [p.read_bytes()[:8] for p in clone.glob("runs/*.png")] == [b"\x89PNG\r\n\x1a\n"]
     assert list(clone.glob("runs/plans/*.yaml"))
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_here, doc_python_block
+from conftest import doc_python_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -259,35 +259,6 @@ def test_readme_python_api_block_runs_as_a_script(tmp_path):
     status, ok, run_dir = res.stdout.split()[:3]
     assert (status, ok) == ("target_reached", "True"), res.stdout
     assert Path(run_dir).parent == tmp_path / "runs" and (Path(run_dir) / "metrics.nc").is_file()
-
-
-def _readme_command(program: str) -> list[str]:
-    """The README's one-line shell block that runs ``./dev PROGRAM`` on a LocalCluster, split."""
-    text = README.read_text(encoding="utf-8")
-    found = [c for c in re.findall(rf"```bash\n(\./dev {program} [^\n]*)\n```", text) if "--slurm" not in c]
-    assert len(found) == 1, f"README.md shows {len(found)} `./dev {program}` blocks, one expected"
-    return shlex.split(found[0])
-
-
-@pytest.mark.integration
-def test_readme_sweep_and_eval_commands_run_as_written(tmp_path):
-    """The README's sweep, with a small budget and its directory in the temporary folder, makes
-    every combination's run; its eval command, given one of them, writes eval.nc."""
-
-    sweep = _readme_command("sweep")
-    out = tmp_path / "sweep"
-    r = cli_here(
-        *sweep[1:], "--set", "stop.max_env_steps=1500", "--set", "stop.target_return=null", "--out", out, cwd=ROOT
-    )
-    assert r.returncode == 0, (r.stdout, r.stderr)
-    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
-    assert runs == ["seed=0__algo.lr=1e-4", "seed=0__algo.lr=3e-4", "seed=1__algo.lr=1e-4", "seed=1__algo.lr=3e-4"]
-    assert (out / "sweep.yaml").is_file()  # what sweep --resume reads
-    evaluate = _readme_command("eval")
-    run_dir = out / runs[0]
-    r = cli_here(*[run_dir if a.startswith("runs/") else a for a in evaluate[1:]], cwd=ROOT)
-    assert r.returncode == 0, (r.stdout, r.stderr)
-    assert (run_dir / "eval.nc").is_file() and "20 episodes: return" in r.stdout
 
 
 def test_readme_states_the_configs_run_intervals():

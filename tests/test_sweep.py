@@ -259,7 +259,7 @@ def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
     out = tmp_path / "sweep"
     env = {**os.environ, "COLUMNS": "160"}
     first = subprocess.Popen(
-        [sys.executable, "-m", "tianji_dask.cli", "sweep", CONFIG, "--grid", "stop.max_seconds=3,20,4,5"]
+        [sys.executable, "-m", "tianji_dask.cli", "sweep", CONFIG, "--grid", "stop.max_seconds=3,10,4,5"]
         + ["--parallel", "2", "--set", "stop.target_return=null", "--out", str(out)],
         cwd=ROOT,
         env=env,
@@ -280,8 +280,8 @@ def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
             threading.Timer(20, lambda: first.poll() is None and first.send_signal(signal.SIGUSR1)).start()
     assert first.wait(60) == 130, "".join(said)
     said_first = "".join(said)
-    runs = {name: out / f"stop.max_seconds={name}" for name in ("3", "20", "4", "5")}
-    assert _status(runs["3"])[0] == "max_seconds" and _status(runs["20"])[0] == "stopped", said_first
+    runs = {name: out / f"stop.max_seconds={name}" for name in ("3", "10", "4", "5")}
+    assert _status(runs["3"])[0] == "max_seconds" and _status(runs["10"])[0] == "stopped", said_first
     assert not runs["5"].exists(), said_first  # its turn never came
     left = {n for n, d in runs.items() if not (d / "metrics.nc").exists() or _status(d)[0] not in FINISHED}
     assert f"to finish the {len(left)} left: tianji-dask sweep --resume {out}" in said_first
@@ -314,7 +314,7 @@ def test_an_interrupted_sweep_resumes_exactly_the_runs_left(tmp_path):
     assert (out / "sweep.yaml").read_bytes() == manifest
     for text in (said_first, said_second):
         assert " - INFO - " not in text and "distributed.scheduler" not in text, text
-    progress = r"\] stop.max_seconds=20: [\d,]+ env steps, return\(100\) \S+, \d+% of max_seconds, ETA \d+:\d\d"
+    progress = r"\] stop.max_seconds=10: [\d,]+ env steps, return\(100\) \S+, \d+% of max_seconds, ETA \d+:\d\d"
     assert re.search(progress, said_first + said_second), said_first + said_second
 
     table = io.StringIO()
