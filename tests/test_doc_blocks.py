@@ -63,10 +63,11 @@ RUN_BY: dict[tuple[str, str], tuple[str, ...]] = {
         "test_results_shell.py::test_plot_writes_one_labelled_curve_per_run_and_prints_its_path",
     ),
     ("README.md", "./dev eval runs/CartPole-v1__dqn__0__20260102-030405 --episodes 20"): (
-        "test_readme.py::test_readme_sweep_and_eval_commands_run_as_written",
+        FROM_A_CLONE,
+        "test_evaluation.py::test_the_readme_sequence_eval_then_video_writes_both_into_the_run_without_warnings",
     ),
     ("README.md", "./dev sweep configs/cartpole_dqn.yaml --grid seed=0,1 --grid algo.lr=1e-4,3e-4 --parallel 2"): (
-        "test_readme.py::test_readme_sweep_and_eval_commands_run_as_written",
+        FROM_A_CLONE,
     ),
     # the same sweep through tianji_dask.deploy.slurm_sweep, with a plan that fits the local Slurm
     ("docs/cli.md", "./dev sweep configs/cartpole_dqn.yaml --grid seed=0,1,2,3 --parallel 2 --slurm --plan $P"): (
