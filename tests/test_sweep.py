@@ -198,6 +198,31 @@ def test_the_live_view_on_a_terminal_and_in_a_log():
     assert re.search(r"\[2/2\] seed=1 +- +- +starting", shown) and "2 running, 0 ended, 0 waiting" in shown, shown
 
 
+class _InterruptedFlush(io.StringIO):
+    """A log whose first flush is interrupted, as a Ctrl-C lands after a line was written."""
+
+    interrupted = False
+
+    def flush(self) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+
+
+def test_a_line_interrupted_as_it_is_written_is_not_written_again_with_the_next():
+    """A sweep's Ctrl-C lands anywhere, also between a line's write and its flush: the next line
+    must not bring the first back (the sweep test sends its signal on seeing that line)."""
+    log = _InterruptedFlush()
+    view = SweepProgress(Console(file=log, width=120))
+    with pytest.raises(KeyboardInterrupt):
+        view.line("[1/4] seed=0: max_seconds after 1,264 env steps")
+    view.line("interrupted: stopping 1 running run(s)")
+    assert log.getvalue().splitlines() == [
+        "[1/4] seed=0: max_seconds after 1,264 env steps",
+        "interrupted: stopping 1 running run(s)",
+    ]
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [

@@ -68,7 +68,14 @@ class SweepProgress:
             self._live.start()
 
     def line(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False)
+        if self._live is not None:  # printed above the live table
+            self.console.print(text, highlight=False, markup=False)
+            return
+        # a plain write: rich's print empties its buffer after the write, so a Ctrl-C between the
+        # two would have the next line print this one again
+        out = self.console.file
+        out.write(text + "\n")
+        out.flush()
 
     def update(self, runs: Sequence[SweepRun]) -> None:
         labels = {id(r): f"[{k}/{len(runs)}] {r.name}" for k, r in enumerate(runs, start=1)}

@@ -277,6 +277,11 @@ def sweep(
     return planned.run(parallel, client, on_line, on_runs=on_runs)
 
 
+def _handle(r: SweepRun) -> Run:
+    assert r.handle is not None, r.name
+    return r.handle
+
+
 class _Runner:
     def __init__(
         self,
@@ -311,28 +316,28 @@ class _Runner:
             raise
 
     def _stop(self, running: list[SweepRun]) -> None:
-        """Stop the runs in progress and wait for their results; a second Ctrl-C hurries them
-        (``Run.stop(now=True)``), a third leaves at once."""
-        now = False
-        if running:
-            self.on_line(
-                f"interrupted: stopping {len(running)} running run(s), their results written "
-                "(again to stop at once); no more runs start"
-            )
-        for r in running:
-            if r.handle is not None:
-                r.handle.stop("stopped")
-        while running:
+        """Stop the runs in progress and wait for their results; a second Ctrl-C, wherever it
+        falls, hurries them (``Run.stop(now=True)``), a third leaves at once."""
+        left = [r for r in running if r.handle is not None]
+        asked = now = False
+        while left:
             try:
-                self._ended(running[0])
-                running.pop(0)
+                if not asked:
+                    asked = True
+                    self.on_line(
+                        f"interrupted: stopping {len(left)} running run(s), their results written "
+                        "(again to stop at once); no more runs start"
+                    )
+                    for r in left:
+                        _handle(r).stop("stopped")
+                self._ended(left[0])
+                left.pop(0)
             except KeyboardInterrupt:
                 if now:
                     raise
                 now = True
-                for r in running:
-                    if r.handle is not None:
-                        r.handle.stop("stopped", now=True)
+                for r in left:
+                    _handle(r).stop("stopped", now=True)
 
     def _label(self, r: SweepRun) -> str:
         return f"[{self.planned.runs.index(r) + 1}/{self.total}] {r.name}"
