@@ -464,14 +464,16 @@ def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, a
     from tianji_dask.progress import Progress
     from tianji_dask.results.rundir import RunDirExists
     from tianji_dask.runtime.driver import Run, train
+    from tianji_dask.runtime.startup_timeline import process_started_at
 
+    started_at = process_started_at()
     progress = Progress(cfg.stop, off_policy=spec_for(cfg).off_policy)
     on = {"on_row": progress.update, "on_event": progress.event, "tls": args.tls}
     try:
         if resume_point is not None:
-            run = Run(cfg, client=client, resume=resume_point, **on)
+            run = Run(cfg, client=client, resume=resume_point, started_at=started_at, **on)
         else:
-            run = train(cfg, client, out=args.out, serial=args.serial, **on)
+            run = train(cfg, client, out=args.out, serial=args.serial, started_at=started_at, **on)
     except (RunDirExists, ConfigError) as exc:
         progress.close()
         return _bad_input(str(exc))

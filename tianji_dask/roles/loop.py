@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat
+    from tianji_dask.roles.heartbeats import ActorCounters, Heartbeat, LearnerCounters
 
 
 def never() -> bool:
@@ -37,6 +37,11 @@ class LearnerLoopRole(LoopRole, Protocol):
     @property
     def module(self) -> Any:
         """The network data-parallel ranks keep identical (a ``torch.nn.Module``)."""
+        ...
+
+    @property
+    def counters(self) -> LearnerCounters:
+        """Its cumulative counters (a subclass of LearnerCounters per algorithm)."""
         ...
 
     def wants_update(self) -> bool:

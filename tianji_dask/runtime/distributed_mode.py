@@ -12,6 +12,7 @@ from tianji_dask.errors import HostLost
 from tianji_dask.results.resumable import ResumePoint
 from tianji_dask.runtime.cluster.run_hosts import StartAbandoned
 from tianji_dask.runtime.run_loop import RunLoop
+from tianji_dask.runtime.startup_timeline import StartupTimeline
 
 if TYPE_CHECKING:
     from tianji_dask.runtime.cluster.cluster import RunCluster
@@ -33,6 +34,7 @@ class DistributedMode:
         resume: ResumePoint | None,
         on_event: Callable[[str], None],
         on_cluster_up: Callable[[RunCluster], None],
+        startup: StartupTimeline,
     ):
         self.loop = loop
         self._client = client
@@ -42,6 +44,7 @@ class DistributedMode:
         self._resume = resume
         self._on_event = on_event
         self._on_cluster_up = on_cluster_up
+        self.startup = startup
 
     def run(self) -> None:
         """The run, from its cluster's start to its end. Asked to stop while it starts (its
@@ -71,11 +74,14 @@ class DistributedMode:
             stop=requested,
             security=self._security,
         ) as run_cluster:
+            self.startup.mark("cluster_up", time.time())
             self._on_cluster_up(run_cluster)
             if requested.is_set():
                 raise StartAbandoned("the run was asked to stop before its hosts were created")
-            run_cluster.supervisor.subscribe(recorder.add)
+            run_cluster.supervisor.subscribe(self._heartbeat)
             self._start_hosts(run_cluster)
+            assert run_cluster.hosts is not None
+            self.startup.expect_hosts([f"{role} {i}" for role, i in run_cluster.hosts.handles])
             recorder.set_attrs(
                 {"scheduler_address": run_cluster.scheduler_address, "worker_addresses": run_cluster.worker_addresses}
             )
@@ -86,7 +92,8 @@ class DistributedMode:
                 loop.checkpoints.snapshot = None
                 run_cluster.stop_hosts()
                 for hb in run_cluster.final_heartbeats():
-                    recorder.add(hb)
+                    self._heartbeat(hb)
+                recorder.set_attrs(self.startup.attrs())
                 loop.last_row()
             if loop.cfg.run.checkpoint:
                 stopped = loop.stopping.reason == "stopped"
@@ -94,6 +101,10 @@ class DistributedMode:
                     run_cluster.learner_checkpoint, hurry=loop.stopping.hurry.is_set(), stopped=stopped
                 )
         loop.last_evaluations(hurry=loop.stopping.hurry.is_set())  # the cluster closed: its cores free
+
+    def _heartbeat(self, hb: dict) -> None:
+        self.loop.recorder.add(hb)
+        self.startup.add(hb)
 
     def _start_hosts(self, run_cluster: RunCluster) -> None:
         """The run's hosts; those of a continued run from its checkpoint and its actors' counts."""

@@ -41,6 +41,7 @@ from tianji_dask.runtime.distributed_mode import DistributedMode
 from tianji_dask.runtime.result_writer import ResultWriter
 from tianji_dask.runtime.run_loop import RunLoop, Stopping
 from tianji_dask.runtime.serial_mode import run_serial
+from tianji_dask.runtime.startup_timeline import StartupTimeline
 from tianji_dask.runtime.training_evaluation import TrainingEvaluations
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class Run:
         runs_root: Path | None = None,
         tls: bool = False,
         resume: ResumePoint | None = None,
+        started_at: float | None = None,
     ):
         deployment_settings()  # a wrong tianji.* Dask setting is refused before anything starts
         if resume is not None and serial:
@@ -113,6 +115,7 @@ class Run:
         if self._tensorboard is not None:
             given_on_row = _both(self._tensorboard, given_on_row)
         self._loop = self._run_loop(given_on_row, on_event, resume)
+        self.startup = self._startup_timeline(started_at, on_event)
         self._mode: Callable[[], None] = (
             partial(run_serial, self._loop)
             if serial
@@ -125,6 +128,7 @@ class Run:
                 resume=resume,
                 on_event=on_event,
                 on_cluster_up=self._cluster_is_up,
+                startup=self.startup,
             ).run
         )
         self.dashboard_link: str | None = None
@@ -226,6 +230,16 @@ class Run:
             if self._loop.evaluations is not None:
                 self._loop.evaluations.close()
             self._finish(error)
+
+    def _startup_timeline(self, started_at: float | None, on_event: Callable[[str], None]) -> StartupTimeline:
+        """The run's start-up timeline, from ``started_at`` (the process's start) or this call."""
+        if started_at is None:
+            return StartupTimeline(self.t0, "train() call", on_complete=partial(self._startup_complete, on_event))
+        return StartupTimeline(started_at, "process start", on_complete=partial(self._startup_complete, on_event))
+
+    def _startup_complete(self, on_event: Callable[[str], None], line: str) -> None:
+        self.recorder.set_attrs(self.startup.attrs())
+        on_event(line)
 
     def _cluster_is_up(self, run_cluster: RunCluster) -> None:
         self.dashboard_link = run_cluster.dashboard_link
@@ -330,6 +344,7 @@ def train(
     on_row=None,
     on_event=None,
     tls: bool = False,
+    started_at: float | None = None,
 ) -> Run:
     """Start a training run and return its :class:`Run` handle at once.
 
@@ -339,7 +354,8 @@ def train(
     certificates made for the run (``run.security``; ``run.wait_for_cluster()`` returns its
     tls:// address once it is up). ``on_row(row)`` is called with every metrics row (progress
     display), ``on_event(text)`` with notable events (scheduler address, dashboard link,
-    lost hosts).
+    lost hosts, the start-up timeline). ``started_at``: the unix time the start-up timeline
+    (``run.startup``, metrics.nc's ``startup_*`` attributes) counts from; default this call.
     """
     return Run(
         config,
@@ -349,4 +365,5 @@ def train(
         on_row=on_row,
         on_event=on_event,
         tls=tls,
+        started_at=started_at,
     )

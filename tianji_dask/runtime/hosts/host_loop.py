@@ -12,7 +12,8 @@ import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import psutil
 
@@ -38,6 +39,9 @@ class HostLoop(ABC, Generic[R]):
     (:meth:`_make_role`) and may change what a step is and what happens around the loop."""
 
     role_name = "?"
+    #: the start-up phases this host reports (name -> a test of its built role); the time of
+    #: each is taken when its test first holds, between two steps
+    startup_phases: ClassVar[dict[str, Callable[[Any], bool]]] = {}
 
     def __init__(self, run_id: str, cfg: ExperimentConfig, host_id: int, incarnation: int, worker: Worker):
         self.run_id = run_id
@@ -55,6 +59,9 @@ class HostLoop(ABC, Generic[R]):
         self._proc = psutil.Process()
         self._ready_s: float | None = None  # from the loop thread's start to the loop's first step
         self._built_s: float | None = None  # from the loop thread's start to the role built
+        # unix times of this host's start-up phases: "built", then those of startup_phases()
+        self._startup: dict[str, float] = {}
+        self._pending_phases: dict[str, Callable[[Any], bool]] = {}
 
     def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._main, name=f"tianji-{self.role_name}-{self.id}", daemon=True)
@@ -69,12 +76,16 @@ class HostLoop(ABC, Generic[R]):
             bind_thread(self._device())
             began = time.monotonic()
             self.role = self._make_role()
+            self._startup["built"] = time.time()
             self._built_s = time.monotonic() - began
+            self._pending_phases = dict(self.startup_phases)
             self._before_loop()
             self._ready_s = time.monotonic() - began
             next_beat = time.monotonic()
             step = self._step
             while self._continue():
+                if self._pending_phases:  # until each phase is seen: one test a step after that
+                    self._note_phases()
                 step()
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + interval
@@ -84,6 +95,14 @@ class HostLoop(ABC, Generic[R]):
         finally:
             self._close()
             self._beat()
+
+    def _note_phases(self) -> None:
+        """Take the time of each start-up phase whose test holds now."""
+        role = self._built
+        for name, reached in list(self._pending_phases.items()):
+            if reached(role):
+                self._startup[name] = time.time()
+                del self._pending_phases[name]
 
     def _close(self) -> None:
         """The role's and the host's cleanup: its channels closed (their names stay the run's)."""
@@ -113,6 +132,8 @@ class HostLoop(ABC, Generic[R]):
             hb["ready_s"] = self._ready_s
             hb["built_s"] = self._built_s
             hb["build_parts"] = dict(getattr(self.role, "build_parts", {}))
+        if self._startup:
+            hb["startup"] = dict(self._startup)
         self._last = hb
         self.worker.log_event(metrics_topic(self.run_id), hb)
 

@@ -17,7 +17,7 @@ import concurrent.futures
 import functools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from distributed import Actor, get_worker
@@ -217,6 +217,11 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
     """
 
     role_name = "learner"
+    startup_phases: ClassVar[dict[str, Callable[[Any], bool]]] = {
+        "first_learner_update": lambda role: role.counters.updates > 0,
+        # the rank that publishes (data-parallel ranks but the first have no publisher)
+        "first_parameters": lambda role: role.publisher is not None and role.counters.param_version >= 0,
+    }
 
     def _torch_threads(self) -> int:
         return self.cfg.topology.learner_torch_threads
@@ -403,6 +408,9 @@ class ActorHost(_LoopHost[ActorLoopRole]):
     """Steps a vector env with the newest parameters and pushes chunks to the buffer."""
 
     role_name = "actor"
+    startup_phases: ClassVar[dict[str, Callable[[Any], bool]]] = {
+        "first_env_step": lambda role: role.counters.env_steps > 0
+    }
 
     def __init__(
         self,

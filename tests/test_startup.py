@@ -1,0 +1,111 @@
+"""A run's start-up timeline (issue 69): the seconds from the process's start to the cluster up,
+the hosts built, the first parameters, the first env step and the first learner update, in
+metrics.nc's attributes and said once as a line."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import xarray as xr
+from conftest import ROOT
+
+from tianji_dask.runtime.startup_timeline import PHASES, StartupTimeline, process_started_at
+
+ORDERED = ("cluster_up", "first_parameters", "first_env_step", "first_learner_update")
+
+
+def _beat(role: str, i: int, incarnation: int = 0, **times: float) -> dict:
+    return {"role": role, "id": i, "incarnation": incarnation, "startup": times}
+
+
+def test_the_timeline_takes_the_earliest_host_of_each_phase_and_is_said_once_complete():
+    said: list[str] = []
+    timeline = StartupTimeline(100.0, "process start", on_complete=said.append)
+    timeline.mark("cluster_up", 102.0)
+    timeline.expect_hosts(["actor 0", "actor 1", "buffer 0", "learner 0"])
+    timeline.add(_beat("learner", 0, built=102.5, first_parameters=102.6))
+    timeline.add(_beat("buffer", 0, built=102.2))
+    timeline.add(_beat("actor", 1, built=102.4, first_env_step=103.0))
+    timeline.add(_beat("actor", 0, built=102.3, first_env_step=102.8))
+    assert "hosts_built" not in timeline.seconds() or timeline.seconds()["hosts_built"] == pytest.approx(2.5)
+    assert not said  # no learner update yet
+    timeline.add(_beat("learner", 0, incarnation=1, built=150.0, first_learner_update=151.0))  # a re-creation
+    assert not said
+    timeline.add(_beat("learner", 0, built=102.5, first_parameters=102.6, first_learner_update=104.0))
+    assert said == [
+        "start-up, seconds from the process start: cluster up 2.0, hosts built 2.5, first parameters 2.6, "
+        "first env step 2.8, first learner update 4.0"
+    ]
+    timeline.add(_beat("actor", 0, built=102.3, first_env_step=102.8))
+    assert len(said) == 1
+    attrs = timeline.attrs()
+    assert attrs["startup_first_env_step_s"] == pytest.approx(2.8)  # actor 0's, the earlier
+    assert attrs["startup_origin"] == "process start"
+    assert json.loads(str(attrs["startup_hosts_built_json"])) == {
+        "actor 0": 2.3,
+        "actor 1": 2.4,
+        "buffer 0": 2.2,
+        "learner 0": 2.5,
+    }
+
+
+def test_a_phase_not_reached_is_nan_and_a_host_not_built_keeps_hosts_built_out():
+    timeline = StartupTimeline(10.0, "train() call")
+    timeline.mark("cluster_up", 11.0)
+    timeline.expect_hosts(["actor 0", "learner 0"])
+    timeline.add(_beat("learner", 0, built=11.5, first_parameters=11.6))
+    attrs = timeline.attrs()
+    assert attrs["startup_cluster_up_s"] == pytest.approx(1.0)
+    assert math.isnan(float(attrs["startup_hosts_built_s"]))  # the actor was never built
+    assert math.isnan(float(attrs["startup_first_env_step_s"]))
+    with pytest.raises(ValueError, match="unknown start-up phase 'cluster'"):
+        timeline.mark("cluster", 12.0)
+
+
+def test_the_process_start_is_this_interpreters_to_a_clock_tick():
+    code = (
+        "import time; from tianji_dask.runtime.startup_timeline import process_started_at as p; print(p(), time.time())"
+    )
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    started, now = map(float, out.split())
+    assert before - 0.05 <= started <= now, (before, started, now)
+    assert process_started_at() < before
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_cli_run_records_its_start_up_from_the_process_start_in_order(tmp_path):
+    out = tmp_path / "run"
+    began = time.time()
+    done = subprocess.run(
+        [sys.executable, "-m", "tianji_dask.cli", "train", "configs/cartpole_dqn.yaml", "--out", str(out)]
+        + ["--set", "stop.target_return=null", "--set", "stop.max_env_steps=6000", "--set", "topology.actors=2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        stdin=subprocess.DEVNULL,
+    )
+    ended = time.time()
+    assert done.returncode == 0, done.stderr
+    said = re.findall(r"^start-up, seconds from the process start: (.*)$", done.stderr, re.M)
+    assert len(said) == 1, done.stderr
+    with xr.open_dataset(out / "metrics.nc") as ds:
+        attrs = dict(ds.attrs)
+    seconds = {phase: float(attrs[f"startup_{phase}_s"]) for phase in PHASES}
+    assert attrs["startup_origin"] == "process start"
+    assert 0 < seconds["cluster_up"] and all(not math.isnan(s) for s in seconds.values()), seconds
+    assert [seconds[p] for p in ORDERED] == sorted(seconds[p] for p in ORDERED), seconds
+    assert seconds["cluster_up"] <= seconds["hosts_built"] < ended - began, seconds
+    built = json.loads(attrs["startup_hosts_built_json"])
+    assert set(built) == {"actor 0", "actor 1", "buffer 0", "learner 0"}, built
+    assert max(built.values()) == pytest.approx(seconds["hosts_built"], abs=1e-3)
+    for phase, s in seconds.items():  # the line says the same figures
+        assert f"{phase.replace('_', ' ')} {s:.1f}" in said[0], (phase, said[0])
