@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tianji_dask.runtime.processes import forked_workers
+from tianji_dask.runtime.processes import fork_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole_dqn.yaml"
@@ -276,7 +276,8 @@ def forked_local_cluster(**kwargs):
     notebook starts them, are what the notebooks' and the README's tests run on."""
     from distributed import LocalCluster
 
-    from tianji_dask.runtime.processes.forked_workers import ForkedNanny, start_fork_server
+    from tianji_dask.runtime.processes.fork_server import start_fork_server
+    from tianji_dask.runtime.processes.forked_workers import ForkedNanny
 
     start_fork_server()
     return LocalCluster(worker_class=ForkedNanny, **kwargs)
@@ -312,15 +313,15 @@ FORK_SERVER = "multiprocessing.forkserver import main"  # in the fork server's c
 # and each run's learner imports torch._dynamo as it builds its optimizer: imported in the server,
 # once a test process instead of once a run. (A run's own process keeps it out of the server: it
 # would delay the cluster's start, where in the learner it overlaps the actors' build.)
-forked_workers.PRELOAD.insert(
-    forked_workers.PRELOAD.index("tianji_dask.runtime.processes.fork_server_frozen"), "torch._dynamo"
+fork_server.PRELOAD.insert(
+    fork_server.PRELOAD.index("tianji_dask.runtime.processes.fork_server_frozen"), "torch._dynamo"
 )
 
 
 def worker_processes(root: int | None = None) -> list:
     """The live Dask worker processes under process ``root`` (default: this one): spawned ones
     (``spawn_main`` in their command line), and those forked from a fork server
-    (``tianji_dask.runtime.processes.forked_workers``), whose command line is the server's: its children. Not the
+    (``tianji_dask.runtime.processes.fork_server``), whose command line is the server's: its children. Not the
     fork server itself."""
     import os
 

@@ -1,5 +1,5 @@
 """The run's LocalCluster forks its workers from a fork server that imported torch, gymnasium and
-the roles (``tianji_dask.runtime.processes.forked_workers``), so no worker pays seconds of importing them. (A
+the roles (``tianji_dask.runtime.processes.fork_server``), so no worker pays seconds of importing them. (A
 server that Dask started again with its own preload list, after the first had died, failed this.)"""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tianji_dask.runtime.processes.forked_workers import PRELOAD
+from tianji_dask.runtime.processes.fork_server import PRELOAD
 
 
 def _imported(names: list[str]) -> dict[str, bool]:

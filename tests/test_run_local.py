@@ -38,7 +38,7 @@ def short_config(h, *extra: str):
 
 def children() -> set[int]:
     """Child processes of this one, except multiprocessing's resource tracker and the fork server
-    of the runs' workers (tianji_dask.runtime.processes.forked_workers), which live as long as this process once
+    of the runs' workers (tianji_dask.runtime.processes.fork_server), which live as long as this process once
     started (the first run of the process starts them)."""
     out = set()
     for p in psutil.Process().children(recursive=True):

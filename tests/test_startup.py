@@ -1,6 +1,7 @@
 """A run's start-up timeline (issue 69): the seconds from the process's start to the cluster up,
 the hosts built, the first parameters, the first env step and the first learner update, in
-metrics.nc's attributes and said once as a line."""
+metrics.nc's attributes and said once as a line; and the learner's optimiser made after its
+first parameters are out, so that the actors do not wait for it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import sys
 import time
 
 import pytest
+import torch
 import xarray as xr
 from conftest import ROOT
 
+from tianji_dask.algos.dqn.core import DQNLearner
+from tianji_dask.algos.ppo.core import PPOLearner
+from tianji_dask.config.schema import DQNConfig, PPOConfig
 from tianji_dask.runtime.startup_timeline import PHASES, StartupTimeline, process_started_at
 
 ORDERED = ("cluster_up", "first_parameters", "first_env_step", "first_learner_update")
@@ -77,6 +82,29 @@ def test_the_process_start_is_this_interpreters_to_a_clock_tick():
     started, now = map(float, out.split())
     assert before - 0.05 <= started <= now, (before, started, now)
     assert process_started_at() < before
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_a_learner_core_makes_its_optimiser_only_when_prepared_or_updated(algo):
+    """Making a torch optimiser imports torch._dynamo (seconds): a learner core built for its
+    first parameters has none yet; ``prepare()`` makes it, once, or the first update does."""
+
+    def core_of(seed: int):
+        if algo == "dqn":
+            return DQNLearner(4, 2, DQNConfig(name="dqn", hidden_sizes=[16]), seed=seed)
+        return PPOLearner(4, 2, PPOConfig(name="ppo", hidden_sizes=[16]), seed=seed)
+
+    core = core_of(0)
+    assert core.run._optim is None
+    core.prepare()
+    made = core.run._optim
+    assert isinstance(made, torch.optim.Adam)
+    core.prepare()
+    assert core.run._optim is made
+    state = core.state()
+    fresh = core_of(1)
+    fresh.restore(state)  # a restore makes its own
+    assert isinstance(fresh.run._optim, torch.optim.Adam)
 
 
 @pytest.mark.integration

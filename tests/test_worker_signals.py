@@ -67,7 +67,7 @@ def test_a_process_spawned_as_the_block_ends_still_starts_through_the_launcher()
 
 
 def _cluster_processes() -> list[psutil.Process]:
-    """This process's worker processes and fork server (``tianji_dask.runtime.processes.forked_workers``), from the
+    """This process's worker processes and fork server (``tianji_dask.runtime.processes.fork_server``), from the
     moment they exist (a spawned one from its exec, before which it is a fork of this process
     with the signals already blocked)."""
     out = worker_processes()

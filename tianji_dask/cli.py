@@ -370,13 +370,30 @@ class _SecondSignalStopsAtOnce:
 
 
 def cmd_train(args) -> int:
+    refusal = _train_arguments_problem(args)
+    if refusal:
+        return _bad_input(refusal)
+    started_fork_server = False
+    if not (args.scheduler or args.slurm or args.serial or args.check):
+        from tianji_dask.runtime.processes.fork_server import start_fork_server
+
+        # the run's own LocalCluster forks its workers from it: its seconds of imports overlap
+        # the checks' and the driver's own
+        started_fork_server = start_fork_server()
+    try:
+        return _train(args)
+    finally:
+        if started_fork_server:
+            from tianji_dask.runtime.processes.fork_server import end_fork_server
+
+            end_fork_server()  # one still importing (bad input, a run stopped as it started) would outlive us
+
+
+def _train(args) -> int:
     from tianji_dask.config import ConfigError
     from tianji_dask.deploy.planner import PlanError
     from tianji_dask.deploy.preflight import SchedulerUnreachable
 
-    refusal = _train_arguments_problem(args)
-    if refusal:
-        return _bad_input(refusal)
     try:
         cfg, plan, resume_point = _checked_train(args)
     except (ConfigError, PlanError, SchedulerUnreachable) as exc:
@@ -495,9 +512,6 @@ def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, a
             client.close()
         if cluster is not None:
             cluster.close()  # cancels the jobs
-        from tianji_dask.runtime.processes.forked_workers import end_fork_server
-
-        end_fork_server()  # one still importing (a run stopped as it started) would outlive this process
     _report(result)
     if interrupted is not None:
         return 128 + int(interrupted)

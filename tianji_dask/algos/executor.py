@@ -22,6 +22,7 @@ calling thread's current device is (a worker's host on its second GPU).
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
@@ -129,13 +130,23 @@ COMPILE_BACKEND = "inductor"
 
 
 def compiled(fn: Callable, device: torch.device) -> Callable:
-    """``fn`` through ``torch.compile`` (:data:`COMPILE_BACKEND`, static shapes); refused with
-    the fix where inductor has no compiler for ``device``
-    (:func:`~tianji_dask.config.machine.compiler_problem`)."""
+    """``fn`` through ``torch.compile`` (:data:`COMPILE_BACKEND`, static shapes), wrapped at its
+    first call: ``torch.compile`` imports torch._dynamo, seconds that a learner spends after its
+    first parameters are published. Refused at once, with the fix, where inductor has no
+    compiler for ``device`` (:func:`~tianji_dask.config.machine.compiler_problem`)."""
     problem = compiler_problem(device.type)
     if problem:
         raise RuntimeError(f"algo.compile=true: {problem}")
-    return torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
+    made: Callable | None = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal made
+        if made is None:
+            made = torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
+        return made(*args, **kwargs)
+
+    return call
 
 
 class Executor:
@@ -168,7 +179,8 @@ class Executor:
         self.graphs = graphs and cuda
         #: the launches' graphs by key, captured against the current optimiser (a new one forgets them)
         self.captured: dict[Hashable, GraphedStep] = {}
-        self.optim: torch.optim.Adam | None = None
+        self._optim: torch.optim.Adam | None = None
+        self._adam_args: tuple[float, dict] | None = None
         self._params: list[nn.Parameter] = []
         self._max_grad_norm = 0.0
         self._optimizer_step: Callable[[], None] = self._clipped_step
@@ -183,26 +195,42 @@ class Executor:
         """``fn`` through :func:`compiled` where compiling, else ``fn`` itself."""
         return compiled(fn, self.device) if self.compile else fn
 
-    def adam(self, params: Iterable[nn.Parameter], lr: float, max_grad_norm: float, **kwargs) -> torch.optim.Adam:
-        """The optimiser :meth:`apply` steps, gradients clipped to ``max_grad_norm`` first: Adam, fused
-        (one kernel per step), or when compiling multi-tensor, which the compiler fuses with the
-        clipping; on CUDA capturable, its learning rate a device tensor (:meth:`set_lr`). A new
-        optimiser forgets the graphs: a captured step keeps reading the state it was captured with."""
+    def adam(self, params: Iterable[nn.Parameter], lr: float, max_grad_norm: float, **kwargs) -> None:
+        """Set up the optimiser :meth:`apply` steps, gradients clipped to ``max_grad_norm``
+        first: Adam, fused (one kernel per step), or when compiling multi-tensor, which the
+        compiler fuses with the clipping; on CUDA capturable, its learning rate a device tensor
+        (:meth:`set_lr`). It is made at its first use (:attr:`optim`): making a torch optimiser
+        imports torch._dynamo, seconds that a learner spends after its first parameters are
+        published (:meth:`~tianji_dask.roles.learner_core.LearnerCore.prepare`). A new optimiser
+        forgets the graphs: a captured step keeps reading the state it was captured with."""
         self._params = list(params)
         self._max_grad_norm = max_grad_norm
-        cuda = self.device.type == "cuda"
-        lr_value = torch.tensor(lr, device=self.device) if cuda else lr
-        fused = not self.compile
-        self.optim = torch.optim.Adam(
-            self._params, lr=lr_value, capturable=cuda, fused=fused, foreach=not fused, **kwargs
-        )
+        self._adam_args = (lr, kwargs)
+        self._optim = None
         self._optimizer_step = self.compiled(self._clipped_step)
         self.captured = {}
-        return self.optim
+
+    @property
+    def optim(self) -> torch.optim.Adam:
+        """The optimiser :meth:`adam` set up, made now if it was not yet."""
+        if self._optim is None:
+            if self._adam_args is None:
+                raise RuntimeError("the executor's optimiser is used before adam() set it up")
+            lr, kwargs = self._adam_args
+            cuda = self.device.type == "cuda"
+            fused = not self.compile
+            self._optim = torch.optim.Adam(
+                self._params,
+                lr=torch.tensor(lr, device=self.device) if cuda else lr,
+                capturable=cuda,
+                fused=fused,
+                foreach=not fused,
+                **kwargs,
+            )
+        return self._optim
 
     def set_lr(self, lr: float) -> None:
         """The learning rate from now on (in place on CUDA, where graphs read it)."""
-        assert self.optim is not None
         for g in self.optim.param_groups:
             if isinstance(g["lr"], torch.Tensor):
                 g["lr"].fill_(lr)
@@ -210,7 +238,6 @@ class Executor:
                 g["lr"] = lr
 
     def zero_grad(self) -> None:
-        assert self.optim is not None
         self.optim.zero_grad(set_to_none=True)
 
     def apply(self, loss: torch.Tensor, grad_hook: Callable[[], None] | None = None) -> None:
@@ -226,7 +253,6 @@ class Executor:
         self._optimizer_step()
 
     def _clipped_step(self) -> None:
-        assert self.optim is not None
         nn.utils.clip_grad_norm_(self._params, self._max_grad_norm, foreach=True)
         self.optim.step()
 

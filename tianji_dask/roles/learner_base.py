@@ -73,6 +73,10 @@ class LearnerBase(ABC):
     def _setup(self) -> None:  # noqa: B027 - optional hook, empty by default
         """The subclass's own state, once the learner core and counters exist."""
 
+    def prepare(self) -> None:
+        """The learner core's :meth:`~tianji_dask.roles.learner_core.LearnerCore.prepare`."""
+        self.learner_core.prepare()
+
     def _publish_version(self, version: int, dropped: np.ndarray | None = None) -> None:
         if self.publisher is not None:  # in a data-parallel group only rank 0 publishes
             consumed = self.counters.samples * self.world_size

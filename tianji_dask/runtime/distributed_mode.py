@@ -50,7 +50,7 @@ class DistributedMode:
         """The run, from its cluster's start to its end. Asked to stop while it starts (its
         LocalCluster, its hosts), it gives the start up at once: what started is ended, no
         checkpoint is written (no learner trained), the results say ``stopped``."""
-        from tianji_dask.runtime.processes.forked_workers import start_fork_server
+        from tianji_dask.runtime.processes.fork_server import start_fork_server
 
         if self._client is None:
             start_fork_server()  # the run's LocalCluster forks from it: its seconds of imports overlap ours

@@ -228,13 +228,34 @@ class DQNLearner:
             self.run.compiled(values) for values in (_no_grad_values(self.online), _no_grad_values(self.target))
         )
         self._make_optimizer()
-        if algo.compile:
-            image = network == "nature_cnn"
-            shape = ATARI_OBS_SHAPE if image else (obs_dim,)
-            self._compile_now(shape, torch.uint8 if image else torch.float32)
+        image = network == "nature_cnn"
+        self._obs_shape: tuple[int, ...] = ATARI_OBS_SHAPE if image else (obs_dim,)
+        self._obs_dtype = torch.uint8 if image else torch.float32
+        self._prepared = False
+        self._restored = False
 
     def _make_optimizer(self) -> None:
-        self.optim = self.run.adam(self.online.parameters(), self.algo.lr, self.algo.max_grad_norm)
+        self.run.adam(self.online.parameters(), self.algo.lr, self.algo.max_grad_norm)
+
+    @property
+    def optim(self) -> torch.optim.Adam:
+        return self.run.optim
+
+    def prepare(self) -> None:
+        """The optimiser made and, with ``algo.compile``, the loss, its backward and the Adam
+        step compiled (:meth:`_compile_now`): what an update needs and the actors do not, done
+        once the first parameters are out, while the replay fills. A restored learner keeps
+        its state through the compile."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if not self.algo.compile:
+            self.run.optim  # noqa: B018 - made now, not at the first update
+            return
+        saved = self.state() if self._restored else None
+        self._compile_now(self._obs_shape, self._obs_dtype)
+        if saved is not None:
+            self.restore(saved)
 
     def update(self, batch: Mapping[str, np.ndarray | torch.Tensor], grad_hook=None) -> torch.Tensor:
         """One gradient step on ``batch`` (numpy arrays, or tensors on the device);
@@ -386,6 +407,7 @@ class DQNLearner:
         its own weights and its sync schedule (the update count)."""
         self.online.load_state_dict(component(state, "online", "DQN"))
         self.target.load_state_dict(component(state, "target", "DQN"))
+        self._restored = True
         self._make_optimizer()
         load_optimizer_state(self.optim, component(state, "optim_state", "DQN"))
         self.updates = int(component(state, "schedule", "DQN")["updates"])

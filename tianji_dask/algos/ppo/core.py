@@ -379,7 +379,16 @@ class PPOLearner:
         self._make_optimizer()
 
     def _make_optimizer(self) -> None:
-        self.optim = self.run.adam(self.net.parameters(), self.algo.lr, self.algo.max_grad_norm, eps=1e-5)
+        self.run.adam(self.net.parameters(), self.algo.lr, self.algo.max_grad_norm, eps=1e-5)
+
+    @property
+    def optim(self) -> torch.optim.Adam:
+        return self.run.optim
+
+    def prepare(self) -> None:
+        """The optimiser made: what an update needs and the actors do not, done once the first
+        parameters are out."""
+        self.run.optim  # noqa: B018 - made now, not at the first update
 
     def set_lr_for(self, env_steps: int) -> float:
         algo = self.algo

@@ -37,12 +37,8 @@ from tianji_dask.runtime.cluster.worker_deaths import death_reasons, watch_worke
 from tianji_dask.runtime.hosts.hosts import stop_event_name
 from tianji_dask.runtime.processes.client_context import current_client
 from tianji_dask.runtime.processes.cuda_mps import PrivateMps, cuda_processes, mps_control
-from tianji_dask.runtime.processes.forked_workers import (
-    ForkedNanny,
-    end_fork_server,
-    start_fork_server,
-    wait_for_fork_server,
-)
+from tianji_dask.runtime.processes.fork_server import end_fork_server, start_fork_server, wait_for_fork_server
+from tianji_dask.runtime.processes.forked_workers import ForkedNanny
 from tianji_dask.runtime.processes.worker_signals import spawned_ignoring_driver_signals
 
 if TYPE_CHECKING:
@@ -118,7 +114,7 @@ def local_cluster(
     # (the run checks before it starts that the replay fits: checks.check_replay_fits).
     # The workers leave SIGINT and SIGTERM to the driver from their first instruction on
     # (tianji_dask.runtime.processes.worker_signals).
-    # Their processes fork from a server that imported the roles (tianji_dask.runtime.processes.forked_workers);
+    # Their processes fork from a server that imported the roles (tianji_dask.runtime.processes.fork_server);
     # the channel benchmark's spawn without importing them.
     preload = [
         "tianji_dask.runtime.processes.worker_signals",

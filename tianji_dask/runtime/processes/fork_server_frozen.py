@@ -1,4 +1,4 @@
-"""Imported last in the fork server (:data:`tianji_dask.runtime.processes.forked_workers.PRELOAD`): ``gc.freeze()``
+"""Imported last in the fork server (:data:`tianji_dask.runtime.processes.fork_server.PRELOAD`): ``gc.freeze()``
 moves every object the server's imports made into the collector's permanent generation, so that
 no forked worker's full collections walk torch's and Dask's objects again, nor copy the memory
 pages that hold them, which the worker shares with the server."""

@@ -14,7 +14,7 @@ Two pieces, for the two ways a worker comes to life:
   shell script that ignores both signals and then execs Python: an ignored signal stays ignored
   across ``exec`` (and Python leaves an ignored SIGINT alone). So a signal can reach no worker
   from its fork on, through the seconds of importing Dask.
-  The run's fork server (:mod:`tianji_dask.runtime.processes.forked_workers`) is started the same way; the
+  The run's fork server (:mod:`tianji_dask.runtime.processes.fork_server`) is started the same way; the
   workers forked from it inherit its ignored signals.
 - The worker preload (``preload=["tianji_dask.runtime.processes.worker_signals"]``): ``dask_setup`` makes the worker
   ignore both signals once it runs, whoever started the process (a nanny restart, a batch job).

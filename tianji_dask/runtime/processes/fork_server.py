@@ -1,0 +1,102 @@
+"""The fork server a run's LocalCluster forks its worker processes from: multiprocessing's
+``forkserver``, one per driver process, with everything a worker of a run imports imported once
+(:data:`PRELOAD`), so that a worker's start takes a fraction of a second instead of the seconds
+of those imports. It ends with the process that started it.
+
+:func:`start_fork_server` starts it inside
+:func:`~tianji_dask.runtime.processes.worker_signals.spawned_ignoring_driver_signals`, so the server
+and every worker forked from it ignore SIGINT and SIGTERM from their first instruction (an ignored
+signal stays ignored across ``fork``), with Dask's pre-spawn environment (``MALLOC_TRIM_THRESHOLD_``,
+``OMP_NUM_THREADS``: read when a process starts, and a fork inherits the server's). This module
+imports only what starting it needs (not Dask's distributed), so that the CLI can start it at
+its first line, its imports overlapping the driver's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import threading
+
+import dask.config
+import psutil
+
+from tianji_dask.runtime.processes.worker_signals import spawned_ignoring_driver_signals
+
+# imported once in the fork server: everything a worker of a run imports
+PRELOAD = [
+    "distributed",
+    "gymnasium",
+    "tianji_dask.runtime.hosts.hosts",
+    "tianji_dask.runtime.hosts.dataparallel",  # imports torch, which the hosts module leaves to its learners
+    "tianji_dask.runtime.processes.fork_server_frozen",  # last: gc.freeze() after the imports
+]
+
+
+def start_fork_server() -> bool:
+    """Start the fork server with :data:`PRELOAD` imported, if it is not running; whether it
+    started one. It returns at once: the server imports while the caller goes on, and the first
+    fork waits for it, so a driver that starts it early has its seconds of imports overlap its own."""
+    started = not fork_server_running()
+    with spawned_ignoring_driver_signals():
+        os.environ.update(pre_spawn_environ())
+        multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+        multiprocessing.forkserver.ensure_running()
+    return started
+
+
+def fork_server_running() -> bool:
+    """Whether this process's fork server runs (started, and neither ended nor a zombie)."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if not pid:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for_fork_server(give_up: threading.Event, poll_s: float = 0.05) -> bool:
+    """Wait until the fork server has made its imports (a process forked from it, which exits
+    at once, has started); False as soon as ``give_up`` is set, leaving it to import on. A run's
+    LocalCluster starts once this returns True: its start then takes a fraction of a second,
+    where the imports take seconds that a stop would otherwise have to wait out."""
+    ready = threading.Event()
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):  # a server that failed: the LocalCluster's start says why
+            process = multiprocessing.get_context("forkserver").Process(target=int, name="tianji-fork-probe")
+            process.start()
+            process.join()
+        ready.set()
+
+    threading.Thread(target=probe, name="tianji-fork-server-probe", daemon=True).start()
+    while not ready.wait(poll_s):
+        if give_up.is_set():
+            return False
+    return True
+
+
+def end_fork_server() -> None:
+    """End this process's fork server, if one runs: one still importing takes the CPU a stopping
+    run writes its results with, and would end by itself only once its imports are done. Not
+    reaped: the next run's ``ensure_running`` reaps it and starts another (the pid of an unreaped
+    child is no other process's)."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def pre_spawn_environ() -> dict[str, str]:
+    """What Dask's nanny puts in the parent's environment before it starts a worker process:
+    ``distributed.nanny.pre-spawn-environ`` (a variable already set wins), and a fixed
+    ``PYTHONHASHSEED`` for hashing that is the same in every worker."""
+    config = dask.config.get("distributed.nanny.pre-spawn-environ", default=None) or {}
+    env = {k: os.environ.get(k, str(v)) for k, v in config.items() if v is not None}
+    if env.get("PYTHONHASHSEED") in (None, "0"):
+        env["PYTHONHASHSEED"] = "6640"  # Dask's number
+    return env
