@@ -18,14 +18,16 @@ last host's loop begun: every actor stepping). For an off-policy config also ``r
 when the actors' env steps first reached ``algo.learning_starts`` (from metrics.nc's rows,
 to ``run.metrics_interval``), and ``update_after_replay_s``, the first learner update after it.
 
-``--tree NAME=PATH`` adds a tree (a checkout or a copy of one, run with ``PYTHONPATH=PATH`` and
-this interpreter's packages); ``--before REF`` adds the commit REF in a temporary git worktree;
+``--tree NAME=PATH`` adds a tree (a checkout or a copy of one, run with PATH first on
+``PYTHONPATH`` and this interpreter's packages); ``--before REF`` adds the commit REF in a temporary git worktree;
 the tree this script is in is ``this``. ``--compile-cache cold`` gives every run an empty inductor
 and Triton cache; ``warm`` one shared cache, filled by one run before the measured ones; by
 default the machine's own.
 
-Writes ``<out>/startup.json`` (every run, the medians per tree and phase, the load average and
-machine) and ``<out>/startup.nc`` (dims ``tree`` x ``repeat``) and prints the medians.
+Writes each run's output, every line with its seconds since the spawn, to
+``<out>/logs/<k>-<tree>-<seed>.log``, ``<out>/startup.json`` (every run, the medians per tree
+and phase, the load average and machine) and ``<out>/startup.nc`` (dims ``tree`` x ``repeat``)
+and prints the medians.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class TimedRun:
         return "\n".join(line for _, line in self.lines)
 
 
-def measure(tree: Path, config: str, seed: int, out: Path, args, env: dict[str, str]) -> dict:
+def measure(tree: Path, config: str, seed: int, out: Path, log: Path, args, env: dict[str, str]) -> dict:
     cmd = [sys.executable, "-m", "tianji_dask.cli", "train", config, "--out", str(out), "--set", f"seed={seed}"]
     for override in args.set:
         cmd += ["--set", override]
@@ -125,6 +127,8 @@ def measure(tree: Path, config: str, seed: int, out: Path, args, env: dict[str, 
         run.proc.kill()
         run.proc.wait()
     run._reader.join(5)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("".join(f"{t:7.2f} {line}\n" for t, line in run.lines))
     row: dict = {"seed": seed, "exit_code": run.proc.returncode, "load_avg_1m": load}
     row["exit_s"] = time.monotonic() - run.t0
     row["hosts_ready_line_s"] = run.seen(HOSTS_READY) or math.nan
@@ -175,6 +179,11 @@ def trees_of(args, scratch: Path) -> dict[str, Path]:
     if args.before:
         trees[f"before {args.before}"] = add_worktree(args.before, scratch)
     return trees
+
+
+def python_path(tree: Path) -> str:
+    """``tree`` first on the path, then what the caller's path had (wheels installed with ``--target``)."""
+    return os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def cache_env(mode: str, scratch: Path, run: int) -> dict[str, str]:
@@ -237,13 +246,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.compile_cache == "warm":
                 for name, tree in trees.items():
-                    env = {**os.environ, "PYTHONPATH": str(tree), **cache_env("warm", scratch, 0)}
-                    measure(tree, args.config, args.first_seed - 1, scratch / f"warm-up-{len(rows)}-{name}", args, env)
+                    env = {**os.environ, "PYTHONPATH": python_path(tree), **cache_env("warm", scratch, 0)}
+                    warm_up = scratch / f"warm-up-{name.replace(' ', '-')}"
+                    measure(
+                        tree, args.config, args.first_seed - 1, warm_up, out / "logs" / f"{warm_up.name}.log", args, env
+                    )
             for k in range(args.repeats):
                 for name in names if k % 2 == 0 else names[::-1]:
                     tree, seed = trees[name], args.first_seed + k
-                    env = {**os.environ, "PYTHONPATH": str(tree), **cache_env(args.compile_cache, scratch, len(rows))}
-                    row = measure(tree, args.config, seed, scratch / f"run-{len(rows)}", args, env)
+                    env = {
+                        **os.environ,
+                        "PYTHONPATH": python_path(tree),
+                        **cache_env(args.compile_cache, scratch, len(rows)),
+                    }
+                    log = out / "logs" / f"{len(rows)}-{name.replace(' ', '-')}-{seed}.log"
+                    row = measure(tree, args.config, seed, scratch / f"run-{len(rows)}", log, args, env)
                     row.update(tree=name, repeat=k)
                     rows.append(row)
                     print(
