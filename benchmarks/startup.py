@@ -59,6 +59,7 @@ HOSTS_READY = re.compile(r"^hosts ready ")
 FIGURES = (
     *(f"{p}_s" for p in PHASES),
     "hosts_ready_line_s",
+    "learner_prepare_s",
     "replay_ready_s",
     "update_after_replay_s",
     "exit_s",
@@ -71,6 +72,7 @@ DESCRIBED = {
     "first_env_step_s": "seconds from the process start to the first env step",
     "first_learner_update_s": "seconds from the process start to the first learner update",
     "hosts_ready_line_s": "seconds from the process's spawn to its 'hosts ready' line",
+    "learner_prepare_s": "seconds the slowest learner took for its optimiser and compile after its first parameters",
     "replay_ready_s": "seconds from the process start to env steps reaching algo.learning_starts",
     "update_after_replay_s": "first learner update after the replay reached algo.learning_starts",
     "exit_s": "seconds from the process's spawn to its exit after the SIGINT",
@@ -138,6 +140,7 @@ def measure(tree: Path, config: str, seed: int, out: Path, log: Path, args, env:
     with xr.open_dataset(metrics) as ds:
         for phase in PHASES:
             row[f"{phase}_s"] = float(ds.attrs.get(f"startup_{phase}_s", math.nan))
+        row["learner_prepare_s"] = float(ds.attrs.get("startup_learner_prepare_s", math.nan))
         row.update(replay_figures(ds, row))
     return row
 
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(
                         f"{name} seed {seed}: "
-                        + ", ".join(f"{key.removesuffix('_s')} {row[key]:.2f}" for key in FIGURES[:7])
+                        + ", ".join(f"{key.removesuffix('_s')} {row[key]:.2f}" for key in FIGURES[:8])
                         + f"  load {row['load_avg_1m']:.2f}",
                         flush=True,
                     )
@@ -278,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in summary:
         print(
             f"{s['tree']} (median of {s['runs']}): "
-            + ", ".join(f"{key.removesuffix('_s')} {s[f'median_{key}']:.2f}" for key in FIGURES[:7])
+            + ", ".join(f"{key.removesuffix('_s')} {s[f'median_{key}']:.2f}" for key in FIGURES[:8])
         )
     meta = {"config": args.config, "overrides": args.set, "compile_cache": args.compile_cache, **machine()}
     (out / "startup.json").write_text(json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2))

@@ -15,10 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+import distributed  # noqa: F401 - imported before pytest's capture handler is on the root logger (below)
 import numpy as np
 import pytest
 
 from tianji_dask.runtime.processes import fork_server
+
+# Dask puts its stream handler on the "distributed" logger as it is first imported, unless the
+# root logger has a handler already (pytest's, during a test): imported here, as in a user's
+# process, its log output is what the tests of it see.
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole_dqn.yaml"

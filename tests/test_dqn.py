@@ -531,9 +531,11 @@ def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread
     frames = torch._dynamo.utils.counters["frames"]
     before = frames["ok"]
     eager, fused = DQNLearner(4, 2, cfg, seed=0), DQNLearner(4, 2, cfg.model_copy(update={"compile": True}), seed=0)
+    assert frames["ok"] == before  # nothing compiled as it is built: its first parameters go out first
+    fused.prepare()
     assert isinstance(fused.optim, torch.optim.Adam) and fused.optim.defaults["foreach"]
     compiled_at_start = frames["ok"]
-    assert compiled_at_start >= before + 2  # the loss and the step, before the first update
+    assert compiled_at_start >= before + 2  # the loss and the step, as it prepares, before the first update
     for s in range(5):
         batch = fixed_batch(seed=s)
         torch.testing.assert_close(fused.update(batch), eager.update(batch), msg=f"update {s}")
@@ -543,6 +545,7 @@ def test_a_compiled_learner_trains_as_the_eager_one_and_resumes(one_torch_thread
             torch.testing.assert_close(p, q, msg=name)
     resumed = DQNLearner(4, 2, cfg.model_copy(update={"compile": True}), seed=1)
     resumed.restore(fused.state())
+    resumed.prepare()  # compiled with the state it restored, which it keeps
     batch = fixed_batch(seed=9)
     torch.testing.assert_close(resumed.update(batch), eager.update(batch))
     assert resumed.updates == eager.updates == 6

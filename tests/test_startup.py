@@ -42,7 +42,12 @@ def test_the_timeline_takes_the_earliest_host_of_each_phase_and_is_said_once_com
     assert not said  # no learner update yet
     timeline.add(_beat("learner", 0, incarnation=1, built=150.0, first_learner_update=151.0))  # a re-creation
     assert not said
-    timeline.add(_beat("learner", 0, built=102.5, first_parameters=102.6, first_learner_update=104.0))
+    timeline.add(
+        {
+            **_beat("learner", 0, built=102.5, first_parameters=102.6, first_learner_update=104.0),
+            "build_parts": {"prepare": 1.2},
+        }
+    )
     assert said == [
         "start-up, seconds from the process start: cluster up 2.0, hosts built 2.5, first parameters 2.6, "
         "first env step 2.8, first learner update 4.0"
@@ -52,6 +57,7 @@ def test_the_timeline_takes_the_earliest_host_of_each_phase_and_is_said_once_com
     attrs = timeline.attrs()
     assert attrs["startup_first_env_step_s"] == pytest.approx(2.8)  # actor 0's, the earlier
     assert attrs["startup_origin"] == "process start"
+    assert attrs["startup_learner_prepare_s"] == 1.2
     assert json.loads(str(attrs["startup_hosts_built_json"])) == {
         "actor 0": 2.3,
         "actor 1": 2.4,
@@ -129,7 +135,7 @@ def test_a_cli_run_records_its_start_up_from_the_process_start_in_order(tmp_path
         attrs = dict(ds.attrs)
     seconds = {phase: float(attrs[f"startup_{phase}_s"]) for phase in PHASES}
     assert attrs["startup_origin"] == "process start"
-    assert 0 < seconds["cluster_up"] and all(not math.isnan(s) for s in seconds.values()), seconds
+    assert seconds["cluster_up"] > 0 and all(not math.isnan(s) for s in seconds.values()), seconds
     assert [seconds[p] for p in ORDERED] == sorted(seconds[p] for p in ORDERED), seconds
     assert seconds["cluster_up"] <= seconds["hosts_built"] < ended - began, seconds
     built = json.loads(attrs["startup_hosts_built_json"])

@@ -11,7 +11,9 @@ step, the first learner to update); the hosts' later incarnations (re-created af
 not start-up.
 
 The timeline goes into metrics.nc's attributes (``startup_<phase>_s``, ``startup_origin`` and
-its unix time ``startup_origin_unix``, ``startup_hosts_built_json``) and is said once, as one line, when every phase is in.
+its unix time ``startup_origin_unix``, ``startup_hosts_built_json``, and
+``startup_learner_prepare_s``: the longest learner's prepare, its optimiser and compile, made
+after its first parameters are out) and is said once, as one line, when every phase is in.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class StartupTimeline:
         self._lock = threading.Lock()
         self._at: dict[str, float] = {}
         self._built: dict[str, float] = {}
+        self._prepare_s: dict[str, float] = {}
         self._hosts: set[str] | None = None
         self._said = False
 
@@ -79,7 +82,10 @@ class StartupTimeline:
         if not times or heartbeat.get("incarnation", 0) != 0:
             return
         host = f"{heartbeat.get('role')} {heartbeat.get('id')}"
+        prepare_s = (heartbeat.get("build_parts") or {}).get("prepare")
         with self._lock:
+            if prepare_s is not None:
+                self._prepare_s.setdefault(host, float(prepare_s))
             if "built" in times:
                 self._built.setdefault(host, float(times["built"]))
             for phase in HOST_PHASES:
@@ -103,11 +109,13 @@ class StartupTimeline:
         seconds = self.seconds()
         with self._lock:
             built = {host: round(t - self.origin, 3) for host, t in sorted(self._built.items())}
+            prepare_s = max(self._prepare_s.values(), default=math.nan)
         return {
             **{f"startup_{phase}_s": seconds.get(phase, math.nan) for phase in PHASES},
             "startup_origin": self.origin_name,
             "startup_origin_unix": self.origin,
             "startup_hosts_built_json": json.dumps(built),
+            "startup_learner_prepare_s": prepare_s,
         }
 
     def line(self) -> str:

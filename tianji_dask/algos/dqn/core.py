@@ -249,10 +249,13 @@ class DQNLearner:
         if self._prepared:
             return
         self._prepared = True
+        self.run.optim  # noqa: B018 - made now, before a compiled step reads it
         if not self.algo.compile:
-            self.run.optim  # noqa: B018 - made now, not at the first update
             return
-        saved = self.state() if self._restored else None
+        # a copy: the compile's zero-gradient step moves the parameters of a restored Adam
+        saved = (
+            {c: {k: v.clone() for k, v in part.items()} for c, part in self.state().items()} if self._restored else None
+        )
         self._compile_now(self._obs_shape, self._obs_dtype)
         if saved is not None:
             self.restore(saved)

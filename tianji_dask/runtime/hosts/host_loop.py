@@ -62,6 +62,8 @@ class HostLoop(ABC, Generic[R]):
         # unix times of this host's start-up phases: "built", then those of startup_phases()
         self._startup: dict[str, float] = {}
         self._pending_phases: dict[str, Callable[[Any], bool]] = {}
+        # seconds of the parts of its start the host itself times (a learner's prepare)
+        self._start_parts: dict[str, float] = {}
 
     def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._main, name=f"tianji-{self.role_name}-{self.id}", daemon=True)
@@ -131,7 +133,7 @@ class HostLoop(ABC, Generic[R]):
         if self._ready_s is not None:
             hb["ready_s"] = self._ready_s
             hb["built_s"] = self._built_s
-            hb["build_parts"] = dict(getattr(self.role, "build_parts", {}))
+            hb["build_parts"] = {**getattr(self.role, "build_parts", {}), **self._start_parts}
         if self._startup:
             hb["startup"] = dict(self._startup)
         self._last = hb

@@ -325,7 +325,9 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
     def _before_loop(self) -> None:
         self._built.publish()  # version 0: actors start acting as soon as it lands
         self._note_phases()
+        began = time.monotonic()
         self._built.prepare()  # the optimiser and compiled kernels: seconds the actors need not wait
+        self._start_parts["prepare"] = time.monotonic() - began
 
     def _continue(self) -> bool:
         return self.updates.running(self._stop.is_set())
