@@ -134,12 +134,14 @@ def test_distributed_run_on_its_own_local_cluster(h, own_cluster_run):
     times = {
         role: (float(s), float(built), float(envs or 0))
         for role, s, built, envs in re.findall(
-            r"(\w+ \d+) in ([0-9.]+) s \(built in ([0-9.]+) s(?:, its envs ([0-9.]+) s)?\)", ready
+            r"(\w+ \d+) in ([0-9.]+) s \(built in ([0-9.]+) s(?:, its envs ([0-9.]+) s)?(?:, its prepare [0-9.]+ s)?\)",
+            ready,
         )
     }
     assert times.keys() == {"actor 0", "buffer 0", "learner 0"}, ready
     assert all(0 <= envs <= built <= s < 60 for s, built, envs in times.values()), ready
     assert "actor 0 in" in ready and ", its envs " in ready.split("actor 0 in")[1].split(")")[0], ready
+    assert ", its prepare " in ready.split("learner 0 in")[1].split(")")[0], ready
 
     n = h.check_run_dir(result.run_dir, cfg, mode="distributed")
     assert h.running_at_the_end(n), n["end_rates"]

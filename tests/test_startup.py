@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ from conftest import ROOT
 
 from tianji_dask.algos.dqn.core import DQNLearner
 from tianji_dask.algos.ppo.core import PPOLearner
+from tianji_dask.config.machine import compiler_problem
 from tianji_dask.config.schema import DQNConfig, PPOConfig
 from tianji_dask.runtime.startup_timeline import PHASES, StartupTimeline, process_started_at
 
@@ -143,3 +146,46 @@ def test_a_cli_run_records_its_start_up_from_the_process_start_in_order(tmp_path
     assert max(built.values()) == pytest.approx(seconds["hosts_built"], abs=1e-3)
     for phase, s in seconds.items():  # the line says the same figures
         assert f"{phase.replace('_', ' ')} {s:.1f}" in said[0], (phase, said[0])
+
+
+def _run_until_started(out, env: dict[str, str], *overrides: str) -> dict:
+    """``tianji-dask train`` of the CartPole config, stopped (SIGINT) once its start-up timeline
+    is complete; metrics.nc's attributes."""
+    cmd = [sys.executable, "-m", "tianji_dask.cli", "train", "configs/cartpole_dqn.yaml", "--out", str(out)]
+    for override in ("stop.target_return=null", *overrides):
+        cmd += ["--set", override]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    said = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        said.append(line)
+        if line.startswith("start-up, seconds from the process start: "):
+            proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 128 + signal.SIGINT, "".join(said)
+    with xr.open_dataset(out / "metrics.nc") as ds:
+        return dict(ds.attrs)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_second_run_compiles_its_learner_from_the_cache_the_first_left(tmp_path):
+    """``algo.compile``: the first run on a machine compiles its learner (inductor's C++ on this
+    machine: tens of seconds); the next finds the kernels in inductor's cache (per user, kept
+    between runs) and prepares in a fraction of that time, while its actors step."""
+    problem = compiler_problem("cpu")
+    if problem:
+        pytest.skip(problem)
+    # one compile thread: on two cores the compile pool costs more than it saves
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "compile-cache"),
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
+    cold = _run_until_started(tmp_path / "first", env, "algo.compile=true")
+    warm = _run_until_started(tmp_path / "second", env, "algo.compile=true", "seed=1")
+    first, second = cold["startup_learner_prepare_s"], warm["startup_learner_prepare_s"]
+    assert second < first / 2, (first, second)
+    for attrs in (cold, warm):  # the actors stepped before the learner had prepared
+        prepared = attrs["startup_first_parameters_s"] + attrs["startup_learner_prepare_s"]
+        assert attrs["startup_first_env_step_s"] < prepared < attrs["startup_first_learner_update_s"] + 0.01, attrs

@@ -14,12 +14,17 @@ its first line, its imports overlapping the driver's own.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shutil
 import signal
+import tempfile
 import threading
+import time
 
 import dask.config
 import psutil
@@ -36,16 +41,32 @@ PRELOAD = [
 ]
 
 
+#: the variable naming the file the fork server creates once its imports are done
+READY_VARIABLE = "TIANJI_FORK_SERVER_READY"
+_ready_file: str | None = None  # that of the server this process started last
+
+
 def start_fork_server() -> bool:
     """Start the fork server with :data:`PRELOAD` imported, if it is not running; whether it
     started one. It returns at once: the server imports while the caller goes on, and the first
     fork waits for it, so a driver that starts it early has its seconds of imports overlap its own."""
+    global _ready_file
     started = not fork_server_running()
     with spawned_ignoring_driver_signals():
         os.environ.update(pre_spawn_environ())
+        if started:
+            _ready_file = os.path.join(_ready_directory(), f"ready-{time.monotonic_ns()}")
+            os.environ[READY_VARIABLE] = _ready_file
         multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
         multiprocessing.forkserver.ensure_running()
     return started
+
+
+@functools.cache
+def _ready_directory() -> str:
+    directory = tempfile.mkdtemp(prefix="tianji-dask-fork-server-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
 
 
 def fork_server_running() -> bool:
@@ -59,11 +80,25 @@ def fork_server_running() -> bool:
         return False
 
 
-def wait_for_fork_server(give_up: threading.Event, poll_s: float = 0.05) -> bool:
-    """Wait until the fork server has made its imports (a process forked from it, which exits
-    at once, has started); False as soon as ``give_up`` is set, leaving it to import on. A run's
-    LocalCluster starts once this returns True: its start then takes a fraction of a second,
-    where the imports take seconds that a stop would otherwise have to wait out."""
+def wait_for_fork_server(give_up: threading.Event, poll_s: float = 0.02) -> bool:
+    """Wait until the fork server has made its imports (its ready file exists, or it ended: the
+    LocalCluster's start then says why); False as soon as ``give_up`` is set, leaving it to
+    import on. A run's LocalCluster starts once this returns True: its start then takes a
+    fraction of a second, where the imports take seconds that a stop would otherwise have to
+    wait out. A server this process did not start (no ready file of ours) is waited for with a
+    process forked from it, which exits at once."""
+    if _ready_file is None or not fork_server_running():
+        return _wait_for_a_fork(give_up, poll_s)
+    while not os.path.exists(_ready_file):
+        if give_up.is_set():
+            return False
+        if not fork_server_running():
+            return True
+        time.sleep(poll_s)
+    return True
+
+
+def _wait_for_a_fork(give_up: threading.Event, poll_s: float) -> bool:
     ready = threading.Event()
 
     def probe() -> None:
