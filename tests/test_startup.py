@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -116,63 +115,53 @@ def test_a_learner_core_makes_its_optimiser_only_when_prepared_or_updated(algo):
     assert isinstance(fresh.run._optim, torch.optim.Adam)
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(120)
-def test_a_cli_run_records_its_start_up_from_the_process_start_in_order(tmp_path):
-    out = tmp_path / "run"
-    began = time.time()
-    done = subprocess.run(
-        [sys.executable, "-m", "tianji_dask.cli", "train", "configs/cartpole_dqn.yaml", "--out", str(out)]
-        + ["--set", "stop.target_return=null", "--set", "stop.max_env_steps=6000", "--set", "topology.actors=2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        stdin=subprocess.DEVNULL,
-    )
-    ended = time.time()
-    assert done.returncode == 0, done.stderr
-    said = re.findall(r"^start-up, seconds from the process start: (.*)$", done.stderr, re.M)
-    assert len(said) == 1, done.stderr
-    with xr.open_dataset(out / "metrics.nc") as ds:
-        attrs = dict(ds.attrs)
-    seconds = {phase: float(attrs[f"startup_{phase}_s"]) for phase in PHASES}
-    assert attrs["startup_origin"] == "process start"
-    assert seconds["cluster_up"] > 0 and all(not math.isnan(s) for s in seconds.values()), seconds
-    assert [seconds[p] for p in ORDERED] == sorted(seconds[p] for p in ORDERED), seconds
-    assert seconds["cluster_up"] <= seconds["hosts_built"] < ended - began, seconds
-    built = json.loads(attrs["startup_hosts_built_json"])
-    assert set(built) == {"actor 0", "actor 1", "buffer 0", "learner 0"}, built
-    assert max(built.values()) == pytest.approx(seconds["hosts_built"], abs=1e-3)
-    for phase, s in seconds.items():  # the line says the same figures
-        assert f"{phase.replace('_', ' ')} {s:.1f}" in said[0], (phase, said[0])
-
-
-def _run_until_started(out, env: dict[str, str], *overrides: str) -> dict:
+def _run_until_started(out, env: dict[str, str], *overrides: str) -> tuple[dict, str]:
     """``tianji-dask train`` of the CartPole config, stopped (SIGINT) once its start-up timeline
-    is complete; metrics.nc's attributes."""
+    is complete: metrics.nc's attributes, and the line that said the timeline."""
     cmd = [sys.executable, "-m", "tianji_dask.cli", "train", "configs/cartpole_dqn.yaml", "--out", str(out)]
     for override in ("stop.target_return=null", *overrides):
         cmd += ["--set", override]
+    began = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    said = []
+    said: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:
         said.append(line)
         if line.startswith("start-up, seconds from the process start: "):
+            ended = time.time()
             proc.send_signal(signal.SIGINT)
     assert proc.wait(60) == 128 + signal.SIGINT, "".join(said)
+    (timeline,) = [line for line in said if line.startswith("start-up, ")]
     with xr.open_dataset(out / "metrics.nc") as ds:
-        return dict(ds.attrs)
+        attrs = dict(ds.attrs)
+    _check_timeline(attrs, timeline, ended - began)
+    return attrs, timeline
+
+
+def _check_timeline(attrs: dict, said: str, within_s: float) -> None:
+    """The timeline of a CLI run: from the process start, every phase reached, in order, each
+    host's built time, and the line saying the same figures."""
+    seconds = {phase: float(attrs[f"startup_{phase}_s"]) for phase in PHASES}
+    assert attrs["startup_origin"] == "process start"
+    assert seconds["cluster_up"] > 0 and all(not math.isnan(s) for s in seconds.values()), seconds
+    assert [seconds[p] for p in ORDERED] == sorted(seconds[p] for p in ORDERED), seconds
+    assert seconds["cluster_up"] <= seconds["hosts_built"] < within_s, seconds
+    built = json.loads(attrs["startup_hosts_built_json"])
+    assert set(built) == {"actor 0", "buffer 0", "learner 0"}, built
+    assert max(built.values()) == pytest.approx(seconds["hosts_built"], abs=1e-3)
+    for phase, s in seconds.items():
+        assert f"{phase.replace('_', ' ')} {s:.1f}" in said, (phase, said)
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_a_second_run_compiles_its_learner_from_the_cache_the_first_left(tmp_path):
-    """``algo.compile``: the first run on a machine compiles its learner (inductor's C++ on this
-    machine: tens of seconds); the next finds the kernels in inductor's cache (per user, kept
-    between runs) and prepares in a fraction of that time, while its actors step."""
+def test_cli_runs_record_their_start_up_and_the_second_compiles_from_the_first_runs_cache(tmp_path):
+    """Two ``tianji-dask train`` runs with ``algo.compile``, stopped as their start-up ends: each
+    records its timeline from the process's start; the first on a machine compiles its learner
+    (inductor's C++ here: tens of seconds), the next finds the kernels in inductor's cache (per
+    user, kept between runs) and prepares in a fraction of that time; in both the actors step
+    before the learner has prepared."""
     problem = compiler_problem("cpu")
     if problem:
         pytest.skip(problem)
@@ -182,10 +171,10 @@ def test_a_second_run_compiles_its_learner_from_the_cache_the_first_left(tmp_pat
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "compile-cache"),
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
     }
-    cold = _run_until_started(tmp_path / "first", env, "algo.compile=true")
-    warm = _run_until_started(tmp_path / "second", env, "algo.compile=true", "seed=1")
+    cold, _ = _run_until_started(tmp_path / "first", env, "algo.compile=true")
+    warm, _ = _run_until_started(tmp_path / "second", env, "algo.compile=true", "seed=1")
     first, second = cold["startup_learner_prepare_s"], warm["startup_learner_prepare_s"]
     assert second < first / 2, (first, second)
-    for attrs in (cold, warm):  # the actors stepped before the learner had prepared
+    for attrs in (cold, warm):
         prepared = attrs["startup_first_parameters_s"] + attrs["startup_learner_prepare_s"]
         assert attrs["startup_first_env_step_s"] < prepared < attrs["startup_first_learner_update_s"] + 0.01, attrs
