@@ -24,10 +24,10 @@ the tree this script is in is ``this``. ``--compile-cache cold`` gives every run
 and Triton cache; ``warm`` one shared cache, filled by one run before the measured ones; by
 default the machine's own.
 
-Writes each run's output, every line with its seconds since the spawn, to
-``<out>/logs/<k>-<tree>-<seed>.log``, ``<out>/startup.json`` (every run, the medians per tree
+Writes ``<out>/startup.json`` (every run, the medians per tree
 and phase, the load average and machine) and ``<out>/startup.nc`` (dims ``tree`` x ``repeat``)
-and prints the medians.
+and prints the medians; with ``--logs DIR`` each run's output too, every line with its seconds
+since the spawn (``DIR/<k>-<tree>-<seed>.log``).
 """
 
 from __future__ import annotations
@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after-ready-s", type=float, default=2.0, help="a tree without the timeline: seconds kept on")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take to complete its start-up")
     p.add_argument("--out", type=Path, help="default benchmarks/results/startup_<config>")
+    p.add_argument("--logs", type=Path, help="keep each run's timestamped output here (default: not kept)")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats: at least 1")
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                         "PYTHONPATH": python_path(tree),
                         **cache_env(args.compile_cache, scratch, len(rows)),
                     }
-                    log = out / "logs" / f"{len(rows)}-{name.replace(' ', '-')}-{seed}.log"
+                    log = (args.logs or scratch / "logs") / f"{len(rows)}-{name.replace(' ', '-')}-{seed}.log"
                     row = measure(tree, args.config, seed, scratch / f"run-{len(rows)}", log, args, env)
                     row.update(tree=name, repeat=k)
                     rows.append(row)

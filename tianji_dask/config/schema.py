@@ -228,9 +228,11 @@ class DQNConfig(_Section):
     compile: bool = Field(
         False,
         description="torch.compile the learner's loss (forward and backward) and its clipped Adam "
-        "step, fusing their many small kernels (on CUDA inside the update's CUDA graph); the "
-        "first updates compile, for tens of seconds. Needs a C++ compiler on a CPU learner and "
-        "Triton on a CUDA one",
+        "step, fusing their many small kernels (on CUDA inside the update's CUDA graph). The "
+        "learner compiles after its first parameters are out, while the actors fill the replay: "
+        "tens of seconds the first time on a machine, a few once inductor's cache (per user, "
+        "TORCHINDUCTOR_CACHE_DIR, kept between runs) holds the kernels. Needs a C++ compiler on "
+        "a CPU learner and Triton on a CUDA one",
     )
     ratio_tolerance: float | None = Field(
         0.25,

@@ -247,7 +247,14 @@ class RunCluster:
                 self.client.cancel(futures)
                 from distributed import Event
 
-                Event(stop_event_name(self.run_id), client=self.client).clear()
+                # set: the hosts already made stop, and their watches of it end (one still
+                # waiting as its worker closes has its wait cancelled by the scheduler, which
+                # logs the CancelledError as an error); cleared only on a scheduler that
+                # outlives the run, so that it keeps nothing of it
+                stop = Event(stop_event_name(self.run_id), client=self.client)
+                stop.set()
+                if self._own_cluster is None:
+                    stop.clear()
             self.hosts = None
         finally:
             self._current_client.__exit__(None, None, None)
