@@ -85,6 +85,14 @@ def test_plan_from_a_saved_profile_and_train_with_it(measured, tmp_path):
     assert "warning" not in run.stderr
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert f"learner_threads: {plan.learner_threads}" in saved and f"batch_size: {plan.batch_size}" in saved
+    # what the plan predicted, beside what the run measured
+    with xr.open_dataset(tmp_path / "run" / "metrics.nc") as ds:
+        attrs = dict(ds.attrs)
+        measured_fps = float(ds.env_fps.max())
+    assert attrs["plan_actor_env_steps_per_s"] == pytest.approx(plan.predicted["actor_env_steps_per_s"])
+    assert attrs["plan_train_samples_per_s"] == pytest.approx(plan.predicted["train_samples_per_s"])
+    assert attrs["plan_replay_ratio"] == plan.replay_ratio and attrs["plan_bottleneck"] == plan.bottleneck
+    assert measured_fps > 0
 
 
 def test_plan_refusals(measured, tmp_path):

@@ -408,7 +408,7 @@ def _train(args) -> int:
     if isinstance(client_and_cluster, int):
         return client_and_cluster
     client, cluster = client_and_cluster
-    return _train_with_progress(cfg, resume_point, client, cluster, args)
+    return _train_with_progress(cfg, resume_point, client, cluster, args, plan)
 
 
 def _train_arguments_problem(args) -> str | None:
@@ -473,7 +473,7 @@ def _train_client(cfg: ExperimentConfig, plan, args) -> tuple[Any, Any] | int:
     return client, cluster
 
 
-def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, args) -> int:
+def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, args, plan=None) -> int:
     """Start the run with its progress on stderr and the driver's signal handling, wait for its
     end, close what the CLI started; the exit code."""
     from tianji_dask.algos.registry import spec_for
@@ -490,7 +490,8 @@ def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, a
         if resume_point is not None:
             run = Run(cfg, client=client, resume=resume_point, started_at=started_at, **on)
         else:
-            run = train(cfg, client, out=args.out, serial=args.serial, started_at=started_at, **on)
+            predicted = plan.predictions() if plan is not None else None
+            run = train(cfg, client, out=args.out, serial=args.serial, started_at=started_at, plan=predicted, **on)
     except (RunDirExists, ConfigError) as exc:
         progress.close()
         return _bad_input(str(exc))

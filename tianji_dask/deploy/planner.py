@@ -293,6 +293,17 @@ class Plan:
                 out["algo.target_update_interval"] = self.target_update_interval
         return out
 
+    def predictions(self) -> dict[str, float | str]:
+        """What the plan predicts for the whole run, as a run records it beside what it measures
+        (metrics.nc's ``plan_*`` attributes): the env steps per second its actors produce (TR_A)
+        and its learners consume (TR_L / R), the training rate in env steps and in samples, the
+        replay ratio R and the bottleneck."""
+        return {
+            **{f"plan_{name}": float(value) for name, value in self.predicted.items()},
+            "plan_replay_ratio": float(self.replay_ratio),
+            "plan_bottleneck": self.bottleneck,
+        }
+
     def apply(self, cfg: ExperimentConfig):
         """``cfg`` with the plan's fields set; refuses a plan made for another algorithm or env."""
         from tianji_dask.config import ConfigError, apply_overrides, validate_config

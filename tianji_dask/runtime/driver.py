@@ -22,7 +22,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -89,6 +89,7 @@ class Run:
         tls: bool = False,
         resume: ResumePoint | None = None,
         started_at: float | None = None,
+        plan: Mapping[str, float | str] | None = None,
     ):
         deployment_settings()  # a wrong tianji.* Dask setting is refused before anything starts
         if resume is not None and serial:
@@ -109,12 +110,9 @@ class Run:
         self._done = threading.Event()
         self.result: RunResult | None = None
         self.t0 = time.time()
-        self.recorder = _recorder(cfg, self.name, self.t0, serial=serial, resume=resume)
+        self.recorder = _recorder(cfg, self.name, self.t0, serial=serial, resume=resume, plan=plan)
         self._tensorboard = TensorBoardRows(self.run_dir, self.t0) if cfg.run.tensorboard else None
-        given_on_row = on_row or (lambda row: None)
-        if self._tensorboard is not None:
-            given_on_row = _both(self._tensorboard, given_on_row)
-        self._loop = self._run_loop(given_on_row, on_event, resume)
+        self._loop = self._run_loop(on_row or (lambda row: None), on_event, resume)
         self.startup = self._startup_timeline(started_at, on_event)
         self._mode: Callable[[], None] = (
             partial(run_serial, self._loop)
@@ -138,8 +136,11 @@ class Run:
         self._thread.start()
 
     def _run_loop(self, on_row: Callable[[dict], None], on_event: Callable[[str], None], resume) -> RunLoop:
-        """The run's loop with its writers: results, checkpoints and, if asked, evaluations."""
+        """The run's loop with its writers: results, checkpoints and, if asked, evaluations and
+        TensorBoard's rows (before ``on_row``)."""
         cfg = self.cfg
+        if self._tensorboard is not None:
+            on_row = _both(self._tensorboard, on_row)
         checkpoints = CheckpointWriter(
             cfg, run_name=self.name, run_dir=self.run_dir, tally=self.recorder.tally, t0=self.t0, on_event=on_event
         )
@@ -270,14 +271,23 @@ class Run:
         self._done.set()
 
 
-def _recorder(cfg: ExperimentConfig, name: str, t0: float, *, serial: bool, resume: ResumePoint | None):
-    """The run's metrics recorder; a continued run's goes on from its files."""
+def _recorder(
+    cfg: ExperimentConfig,
+    name: str,
+    t0: float,
+    *,
+    serial: bool,
+    resume: ResumePoint | None,
+    plan: Mapping[str, float | str] | None = None,
+):
+    """The run's metrics recorder; a continued run's goes on from its files. ``plan``: the
+    predictions of the plan that sized it, recorded as attributes."""
     recorder = MetricsRecorder(
         run_name=name,
         target_return=cfg.stop.target_return,
         config_json=cfg.to_json(),
         t0=t0,
-        attrs={"mode": "serial" if serial else "distributed", "env_id": cfg.env.id, "seed": cfg.seed},
+        attrs={"mode": "serial" if serial else "distributed", "env_id": cfg.env.id, "seed": cfg.seed, **(plan or {})},
     )
     if resume is not None:
         recorder.continue_from(resume.metrics, resume.episodes)
@@ -345,6 +355,7 @@ def train(
     on_event=None,
     tls: bool = False,
     started_at: float | None = None,
+    plan: Mapping[str, float | str] | None = None,
 ) -> Run:
     """Start a training run and return its :class:`Run` handle at once.
 
@@ -356,6 +367,8 @@ def train(
     display), ``on_event(text)`` with notable events (scheduler address, dashboard link,
     lost hosts, the start-up timeline). ``started_at``: the unix time the start-up timeline
     (``run.startup``, metrics.nc's ``startup_*`` attributes) counts from; default this call.
+    ``plan``: the predictions of the plan the config was sized by (``Plan.predictions()``),
+    recorded as metrics.nc's ``plan_*`` attributes beside the rates the run measures.
     """
     return Run(
         config,
@@ -366,4 +379,5 @@ def train(
         on_event=on_event,
         tls=tls,
         started_at=started_at,
+        plan=plan,
     )
