@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tianji_dask.config.schema import ExperimentConfig
+    from tianji_dask.deploy.planner import Plan
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -473,7 +474,7 @@ def _train_client(cfg: ExperimentConfig, plan, args) -> tuple[Any, Any] | int:
     return client, cluster
 
 
-def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, args, plan=None) -> int:
+def _train_with_progress(cfg: ExperimentConfig, resume_point, client, cluster, args, plan: Plan | None = None) -> int:
     """Start the run with its progress on stderr and the driver's signal handling, wait for its
     end, close what the CLI started; the exit code."""
     from tianji_dask.algos.registry import spec_for

@@ -47,9 +47,8 @@ def process_started_at() -> float:
 
 
 class StartupTimeline:
-    """Collects the phases from the driver (:meth:`mark`) and the hosts' heartbeats
-    (:meth:`add`); ``on_complete(line)`` is called once every phase is in.
-    ``hosts``: the hosts the run starts with, ``"actor 0"``-style names."""
+    """Collects the phases from the driver (:meth:`mark`, :meth:`expect_hosts`) and the hosts'
+    heartbeats (:meth:`add`); ``on_complete(line)`` is called once every phase is in."""
 
     def __init__(self, origin: float, origin_name: str, on_complete: Callable[[str], None] = lambda line: None):
         self.origin = origin
@@ -71,7 +70,8 @@ class StartupTimeline:
         self._say_if_complete()
 
     def expect_hosts(self, hosts: list[str]) -> None:
-        """The hosts the run started with: ``hosts_built`` is the last of them built."""
+        """The hosts the run started with (``"actor 0"``-style names): ``hosts_built`` is the
+        last of them built."""
         with self._lock:
             self._hosts = set(hosts)
         self._say_if_complete()

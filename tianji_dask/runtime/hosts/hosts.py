@@ -325,6 +325,8 @@ class LearnerHost(_LoopHost[LearnerLoopRole]):
     def _before_loop(self) -> None:
         self._built.publish()  # version 0: actors start acting as soon as it lands
         self._note_phases()
+        if self.publisher is None:  # a rank that never publishes: no test of it in every step
+            self._pending_phases.pop("first_parameters", None)
         began = time.monotonic()
         self._built.prepare()  # the optimiser and compiled kernels: seconds the actors need not wait
         self._start_parts["prepare"] = time.monotonic() - began

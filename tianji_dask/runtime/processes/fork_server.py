@@ -69,9 +69,14 @@ def _ready_directory() -> str:
     return directory
 
 
+def _server_pid() -> int | None:
+    """The pid of this process's fork server, once one was started (multiprocessing's own record)."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
 def fork_server_running() -> bool:
     """Whether this process's fork server runs (started, and neither ended nor a zombie)."""
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    pid = _server_pid()
     if not pid:
         return False
     try:
@@ -120,7 +125,7 @@ def end_fork_server() -> None:
     run writes its results with, and would end by itself only once its imports are done. Not
     reaped: the next run's ``ensure_running`` reaps it and starts another (the pid of an unreaped
     child is no other process's)."""
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    pid = _server_pid()
     if pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
